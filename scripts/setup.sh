@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine of the project's kind: rustup pieces, bpf-linker built against
+# the pinned toolchain's own LLVM, apt packages the tests use, and tracefs. A second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TC=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: must run as root (eBPF probes need CAP_BPF/CAP_PERFMON and tracefs)" >&2
+  exit 77
+fi
+
+# 1. The pinned nightly with rust-src (RUSTUP_AUTO_INSTALL=0 here: rust-toolchain.toml never installs itself).
+if ! rustup run "$TC" rustc --version >/dev/null 2>&1 \
+   || ! [ -d "$(rustup run "$TC" rustc --print sysroot)/lib/rustlib/src/rust/library" ]; then
+  log "installing toolchain $TC with rust-src"
+  rustup toolchain install "$TC" --profile minimal --component rust-src,rustfmt,clippy
+fi
+
+# 2. bpf-linker linked to that toolchain's libLLVM (same LLVM as the code it links).
+SR=$(rustup run "$TC" rustc --print sysroot)
+MAJOR=$(rustup run "$TC" rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+STAMP="$HOME/.cargo/bin/.bpf-linker-$TC"
+if ! [ -x "$HOME/.cargo/bin/bpf-linker" ] || ! [ -f "$STAMP" ]; then
+  LIB=$(cd "$SR/lib" && ls libLLVM*.so | head -1 | sed 's/^lib//; s/\.so$//')
+  log "building bpf-linker 0.13.0 against $LIB (LLVM $MAJOR)"
+  RUSTFLAGS="-L native=$SR/lib -l dylib=$LIB -C link-arg=-Wl,-rpath,$SR/lib" \
+    cargo +"$TC" install bpf-linker --version 0.13.0 --locked --force \
+      --no-default-features --features "llvm-$MAJOR,no-llvm-linking"
+  touch "$STAMP"
+fi
+
+# 3. apt packages: gcc for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info.
+need=()
+for p in gcc valgrind libc6-dbg; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+
+# 4. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
+if ! [ -e /sys/kernel/tracing/events ]; then
+  log "mounting tracefs"
+  mount -t tracefs nodev /sys/kernel/tracing
+fi

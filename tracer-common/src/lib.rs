@@ -1,0 +1,209 @@
+//! The kernel ↔ user ABI of leaktracer: the records the eBPF programs write into the ring buffer,
+//! the values of their maps, and the limits both halves agree on. Nothing else is shared.
+//!
+//! Every type is `#[repr(C)]`, has no `bool` and no implicit padding, and its size is pinned so that a
+//! change on one side without the other fails to compile.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Deepest user stack captured per allocation. Deeper stacks are truncated (the record says so).
+pub const MAX_FRAMES: usize = 64;
+/// Traced processes (tgids) the kernel filter can hold at once.
+pub const MAX_TRACED: u32 = 16_384;
+/// Threads that may be inside an allocator or a traced syscall at the same time.
+pub const MAX_PENDING: u32 = 65_536;
+/// Ring buffer size in bytes (a power of two, a multiple of the page size).
+pub const RINGBUF_BYTES: u32 = 64 << 20;
+
+/// What a record in the ring buffer says happened.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A heap block was returned: `addr`, `size`; `func` says which allocator function.
+    Alloc = 1,
+    /// `free(old_addr)`.
+    Free = 2,
+    /// `realloc(old_addr, size)` (or reallocarray) returned `addr`.
+    Realloc = 3,
+    /// `mmap` returned `addr` for `size` bytes; `aux` = prot << 32 | flags.
+    Mmap = 4,
+    /// `munmap(old_addr, old_size)` succeeded.
+    Munmap = 5,
+    /// `mremap(old_addr, old_size, size)` returned `addr`.
+    Mremap = 6,
+    /// `brk(old_addr)` returned the break `addr`.
+    Brk = 7,
+    /// The traced process `tgid` created process `aux` with clone flags `size`.
+    Fork = 8,
+    /// `tgid` replaced its image (execve).
+    Exec = 9,
+    /// The last thread of `tgid` exited.
+    Exit = 10,
+}
+
+impl EventKind {
+    /// Decodes the wire value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        use EventKind::*;
+        Some(match v {
+            1 => Alloc,
+            2 => Free,
+            3 => Realloc,
+            4 => Mmap,
+            5 => Munmap,
+            6 => Mremap,
+            7 => Brk,
+            8 => Fork,
+            9 => Exec,
+            10 => Exit,
+            _ => return None,
+        })
+    }
+}
+
+/// The allocator entry point behind an event (`Event::func`). Also the program's pending tag.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AllocFn {
+    Malloc = 1,
+    Calloc = 2,
+    Realloc = 3,
+    Reallocarray = 4,
+    PosixMemalign = 5,
+    AlignedAlloc = 6,
+    Memalign = 7,
+    Valloc = 8,
+    Pvalloc = 9,
+    Free = 10,
+    Mmap = 11,
+    Munmap = 12,
+    Mremap = 13,
+    Brk = 14,
+}
+
+impl AllocFn {
+    /// Decodes the wire value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        use AllocFn::*;
+        Some(match v {
+            1 => Malloc,
+            2 => Calloc,
+            3 => Realloc,
+            4 => Reallocarray,
+            5 => PosixMemalign,
+            6 => AlignedAlloc,
+            7 => Memalign,
+            8 => Valloc,
+            9 => Pvalloc,
+            10 => Free,
+            11 => Mmap,
+            12 => Munmap,
+            13 => Mremap,
+            14 => Brk,
+            _ => return None,
+        })
+    }
+
+    /// The C name of the function.
+    pub fn name(self) -> &'static str {
+        use AllocFn::*;
+        match self {
+            Malloc => "malloc",
+            Calloc => "calloc",
+            Realloc => "realloc",
+            Reallocarray => "reallocarray",
+            PosixMemalign => "posix_memalign",
+            AlignedAlloc => "aligned_alloc",
+            Memalign => "memalign",
+            Valloc => "valloc",
+            Pvalloc => "pvalloc",
+            Free => "free",
+            Mmap => "mmap",
+            Munmap => "munmap",
+            Mremap => "mremap",
+            Brk => "brk",
+        }
+    }
+}
+
+/// One ring-buffer record without a stack (frees, unmaps, process events).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Event {
+    /// An [`EventKind`] value.
+    pub kind: u32,
+    /// An [`AllocFn`] value, or 0.
+    pub func: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` at the event.
+    pub ts_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub old_addr: u64,
+    pub old_size: u64,
+    pub aux: u64,
+}
+const _: () = assert!(size_of::<Event>() == 64);
+
+/// A record that carries the user stack of the allocating thread.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackEvent {
+    pub event: Event,
+    /// Bytes `bpf_get_stack` wrote into `frames`, or its negative error.
+    pub stack_bytes: i64,
+    /// The return address at the user stack pointer when it points right after a call instruction:
+    /// the caller of a frameless function (libc's syscall wrappers), which the frame-pointer walk
+    /// skips. 0 when there is none.
+    pub leaf_caller: u64,
+    pub frames: [u64; MAX_FRAMES],
+}
+const _: () = assert!(size_of::<StackEvent>() == 64 + 16 + 8 * MAX_FRAMES);
+
+/// An allocator call in flight on one thread (entry seen, return not yet).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pending {
+    /// An [`AllocFn`] value.
+    pub func: u32,
+    /// Nested allocator entries on this thread (glibc's realloc calls malloc's public address).
+    pub depth: u32,
+    /// User stack pointer at the outermost entry.
+    pub sp: u64,
+    pub arg0: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub leaf_caller: u64,
+}
+const _: () = assert!(size_of::<Pending>() == 48);
+
+/// Indexes of the kernel-side counters (a per-CPU array). Every loss has its own slot.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Records written to the ring buffer.
+    EventsSent = 0,
+    /// Ring-buffer reservations that failed (buffer full): events lost.
+    RingbufFull = 1,
+    /// Inserts into the pending map that failed: an allocation whose return is lost.
+    PendingFull = 2,
+    /// Inserts into the traced-process map that failed: a child not followed.
+    TracedFull = 3,
+    /// Returns without a recorded entry (entry lost or probe attached mid-call).
+    ReturnWithoutEntry = 4,
+    /// `bpf_get_stack` errors (record sent without a stack).
+    StackErrors = 5,
+    /// Allocator calls made from inside another allocator call (handled by the outer one).
+    Nested = 6,
+}
+
+/// Number of counter slots.
+pub const COUNTERS: u32 = 8;
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
+    unsafe impl aya::Pod for super::Pending {}
+}

@@ -1,0 +1,213 @@
+//! Heap-level probes: the malloc family. Entry programs record the call's arguments per thread;
+//! one return program turns the result into an event with the caller's stack (taken at return, where
+//! the frame-pointer chain is intact and the direct caller is the first frame).
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracer_common::{AllocFn, Counter, EventKind, Pending};
+
+use crate::shared::{PENDING, count, emit, emit_with_stack, event, traced_current};
+
+/// Records an allocator entry. A call made while another allocator call of the same thread is in
+/// flight deeper on the stack (realloc → malloc, reallocarray → realloc) only bumps the depth:
+/// the outer call's return accounts for it.
+#[inline(always)]
+fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
+    let Some((id, _)) = traced_current() else {
+        return 0;
+    };
+    // SAFETY: `regs` is the probe's register block.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if let Some(p) = PENDING.get_ptr_mut(&id) {
+        // SAFETY: map value owned by this thread's key.
+        let p = unsafe { &mut *p };
+        if sp <= p.sp {
+            p.depth += 1;
+            count(Counter::Nested);
+            return 0;
+        }
+    }
+    let pending = Pending {
+        func: func as u32,
+        depth: 1,
+        sp,
+        arg0,
+        size,
+        aux: 0,
+        leaf_caller: 0,
+    };
+    if PENDING.insert(&id, &pending, 0).is_err() {
+        count(Counter::PendingFull);
+    }
+    0
+}
+
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+/// nmemb * size. On overflow the call fails and records nothing, so wrapping is harmless; an
+/// overflow check would need a 128-bit multiply helper that BPF does not have.
+#[inline(always)]
+fn mul(a: u64, b: u64) -> u64 {
+    a.wrapping_mul(b)
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Malloc, 0, arg(&ctx, 0))
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Calloc, 0, mul(arg(&ctx, 0), arg(&ctx, 1)))
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Realloc, arg(&ctx, 0), arg(&ctx, 1))
+}
+
+#[uprobe]
+pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    enter(
+        &ctx,
+        AllocFn::Reallocarray,
+        arg(&ctx, 0),
+        mul(arg(&ctx, 1), arg(&ctx, 2)),
+    )
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::PosixMemalign, arg(&ctx, 0), arg(&ctx, 2))
+}
+
+#[uprobe]
+pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::AlignedAlloc, 0, arg(&ctx, 1))
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Memalign, 0, arg(&ctx, 1))
+}
+
+#[uprobe]
+pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Valloc, 0, arg(&ctx, 0))
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Pvalloc, 0, arg(&ctx, 0))
+}
+
+/// Shared return program of every allocator above.
+#[uretprobe]
+pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    let Some(p) = PENDING.get_ptr_mut(&id) else {
+        if traced_current().is_some() {
+            count(Counter::ReturnWithoutEntry);
+        }
+        return 0;
+    };
+    // SAFETY: map value owned by this thread's key.
+    let p = unsafe { &mut *p };
+    if p.depth > 1 {
+        p.depth -= 1;
+        return 0;
+    }
+    let pending = *p;
+    let _ = PENDING.remove(&id);
+    let rv: u64 = ctx.ret();
+    finish(&ctx, &pending, id, rv);
+    0
+}
+
+#[inline(always)]
+fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, rv: u64) {
+    let Some(func) = AllocFn::from_u32(p.func) else {
+        return;
+    };
+    let mut ev = match func {
+        AllocFn::PosixMemalign => {
+            if rv as u32 != 0 {
+                return; // error code: nothing allocated, *memptr untouched
+            }
+            // SAFETY: user memory read that fails cleanly.
+            let Ok(addr) = (unsafe { bpf_probe_read_user(p.arg0 as *const u64) }) else {
+                return;
+            };
+            let mut ev = event(EventKind::Alloc, p.func, id);
+            ev.addr = addr;
+            ev
+        }
+        AllocFn::Realloc | AllocFn::Reallocarray => {
+            // NULL with a non-zero size is a failure: the old block is untouched.
+            if rv == 0 && p.size != 0 {
+                return;
+            }
+            let mut ev = event(EventKind::Realloc, p.func, id);
+            ev.old_addr = p.arg0;
+            ev.addr = rv;
+            ev
+        }
+        _ => {
+            if rv == 0 {
+                return;
+            }
+            let mut ev = event(EventKind::Alloc, p.func, id);
+            ev.addr = rv;
+            ev
+        }
+    };
+    ev.size = p.size;
+    if ev.addr == 0 {
+        emit(&ev); // realloc(p, 0): a free, no stack needed
+    } else {
+        emit_with_stack(ctx, &ev, 0);
+    }
+}
+
+/// `free(ptr)`, attached past its null test where that instruction is emulated (see
+/// tracer/src/probes/placement.rs); `rdi` still holds the pointer there.
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let Some((id, _)) = traced_current() else {
+        return 0;
+    };
+    let ptr = arg(&ctx, 0);
+    if ptr == 0 {
+        return 0;
+    }
+    // SAFETY: the probe's register block.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if let Some(p) = PENDING.get_ptr(&id) {
+        // SAFETY: map value owned by this thread's key.
+        if sp <= unsafe { (*p).sp } {
+            count(Counter::Nested); // realloc(p, 0) frees through free's public address
+            return 0;
+        }
+    }
+    let mut ev = event(EventKind::Free, AllocFn::Free as u32, id);
+    ev.old_addr = ptr;
+    emit(&ev);
+    0
+}
+
+/// Empty programs at the same points: the probe floor for the benchmark.
+#[uprobe]
+pub fn bare_enter(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe]
+pub fn bare_return(_ctx: RetProbeContext) -> u32 {
+    0
+}

@@ -1,0 +1,82 @@
+//! Process-tree tracepoints: new processes of traced processes are traced too (threads are already
+//! covered by their tgid), exec starts a fresh image, the last thread's exit ends the process.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
+use aya_log_ebpf::warn;
+use tracer_common::{Counter, EventKind};
+
+use crate::shared::{PENDING, SYS_PENDING, TRACED, count, emit, event, traced_current};
+
+/// Field offsets read by user space from the tracepoints' format files (they move between kernels).
+#[unsafe(no_mangle)]
+static NEWTASK_PID_OFF: aya_ebpf::Global<u32> = aya_ebpf::Global::new(8);
+#[unsafe(no_mangle)]
+static NEWTASK_FLAGS_OFF: aya_ebpf::Global<u32> = aya_ebpf::Global::new(32);
+/// Offset of `group_dead` in sched_process_exit, or 0 where the kernel does not have it.
+#[unsafe(no_mangle)]
+static EXIT_GROUP_DEAD_OFF: aya_ebpf::Global<u32> = aya_ebpf::Global::new(32);
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    let Some((id, _)) = traced_current() else {
+        return 0;
+    };
+    // SAFETY: in-bounds reads of the tracepoint record at offsets from its format file.
+    let (pid, flags) = unsafe {
+        (
+            ctx.read_at::<u32>(NEWTASK_PID_OFF.load() as usize)
+                .unwrap_or(0),
+            ctx.read_at::<u64>(NEWTASK_FLAGS_OFF.load() as usize)
+                .unwrap_or(0),
+        )
+    };
+    if flags & CLONE_THREAD != 0 || pid == 0 {
+        return 0;
+    }
+    if TRACED.insert(&pid, &1, 0).is_err() {
+        count(Counter::TracedFull);
+        warn!(
+            &ctx,
+            "traced-process map full: child {} of a traced process not followed", pid
+        );
+        return 0;
+    }
+    let mut ev = event(EventKind::Fork, 0, id);
+    ev.aux = pid as u64;
+    ev.size = flags;
+    emit(&ev);
+    0
+}
+
+#[tracepoint]
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    if let Some((id, _)) = traced_current() {
+        emit(&event(EventKind::Exec, 0, id));
+    }
+    0
+}
+
+#[tracepoint]
+pub fn process_exit(ctx: TracePointContext) -> u32 {
+    let Some((id, tgid)) = traced_current() else {
+        return 0;
+    };
+    let _ = PENDING.remove(&id);
+    let _ = SYS_PENDING.remove(&id);
+    let off = EXIT_GROUP_DEAD_OFF.load();
+    let group_dead = if off != 0 {
+        // SAFETY: in-bounds read at the offset from the format file.
+        unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
+    } else {
+        bpf_get_current_pid_tgid() as u32 == tgid
+    };
+    if group_dead {
+        let _ = TRACED.remove(&tgid);
+        emit(&event(EventKind::Exit, 0, id));
+    }
+    0
+}

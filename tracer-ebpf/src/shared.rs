@@ -1,0 +1,145 @@
+//! Maps, settings and helpers every program uses.
+
+use aya_ebpf::bindings::pt_regs;
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{
+    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES,
+    StackEvent,
+};
+
+/// Processes (tgids) being traced. User space seeds it; fork adds children, exit removes.
+#[map]
+pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
+
+/// Allocator calls in flight, keyed by pid_tgid.
+#[map]
+pub static PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(MAX_PENDING, 0);
+
+/// Traced syscalls in flight, keyed by pid_tgid.
+#[map]
+pub static SYS_PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(MAX_PENDING, 0);
+
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// Loss and activity counters, indexed by [`Counter`].
+#[map]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS, 0);
+
+/// The calling thread as (pid_tgid, tgid) when its process is traced.
+#[inline(always)]
+pub fn traced_current() -> Option<(u64, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // SAFETY: the value is only tested for presence.
+    unsafe { TRACED.get(&tgid) }.map(|_| (id, tgid))
+}
+
+#[inline(always)]
+pub fn count(c: Counter) {
+    if let Some(p) = STATS.get_ptr_mut(c as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+        unsafe { *p += 1 };
+    }
+}
+
+/// An event header for the current thread.
+#[inline(always)]
+pub fn event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
+    Event {
+        kind: kind as u32,
+        func,
+        tgid: (id >> 32) as u32,
+        tid: id as u32,
+        // SAFETY: helper without preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ..Event::default()
+    }
+}
+
+/// Sends a record without a stack.
+#[inline(always)]
+pub fn emit(ev: &Event) {
+    match EVENTS.output(ev, 0) {
+        Ok(()) => count(Counter::EventsSent),
+        Err(_) => count(Counter::RingbufFull),
+    }
+}
+
+/// Sends a record with the user stack of the current thread, written straight into the ring buffer.
+#[inline(always)]
+pub fn emit_with_stack<C: EbpfContext>(ctx: &C, ev: &Event, leaf_caller: u64) {
+    let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
+        count(Counter::RingbufFull);
+        return;
+    };
+    let rec = entry.as_mut_ptr();
+    // SAFETY: `rec` is an exclusive reservation of size_of::<StackEvent>() bytes.
+    let n = unsafe {
+        (*rec).event = *ev;
+        (*rec).leaf_caller = leaf_caller;
+        bpf_get_stack(
+            ctx.as_ptr(),
+            (*rec).frames.as_mut_ptr().cast(),
+            (MAX_FRAMES * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    // SAFETY: as above.
+    unsafe { (*rec).stack_bytes = n };
+    if n < 0 {
+        count(Counter::StackErrors);
+    }
+    entry.submit(0);
+    count(Counter::EventsSent);
+}
+
+/// The return address at the user stack pointer when the bytes before it encode a call: the caller
+/// of a frameless function, which a frame-pointer walk skips. Used where the thread is inside a
+/// syscall (the user registers are the task's saved ones).
+#[inline(always)]
+pub fn syscall_leaf_caller() -> u64 {
+    // SAFETY: helpers return a valid task and its user register block, or fail the reads below.
+    let sp = unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        match bpf_probe_read_kernel(&(*regs).rsp) {
+            Ok(sp) => sp,
+            Err(_) => return 0,
+        }
+    };
+    leaf_caller_at(sp)
+}
+
+/// As [`syscall_leaf_caller`] for a known user stack pointer.
+#[inline(always)]
+pub fn leaf_caller_at(sp: u64) -> u64 {
+    // SAFETY: user memory reads that fail cleanly.
+    let Ok(ret) = (unsafe { bpf_probe_read_user(sp as *const u64) }) else {
+        return 0;
+    };
+    if ret < 8 {
+        return 0;
+    }
+    // SAFETY: as above.
+    let Ok(b) = (unsafe { bpf_probe_read_user((ret - 8) as *const [u8; 8]) }) else {
+        return 0;
+    };
+    let call_rel32 = b[3] == 0xe8;
+    let call_rip_mem = b[2] == 0xff && b[3] == 0x15;
+    let call_reg = b[6] == 0xff && (b[7] & 0xf8) == 0xd0;
+    let call_reg_disp8 = b[5] == 0xff && (b[6] & 0xf8) == 0x50;
+    if call_rel32 || call_rip_mem || call_reg || call_reg_disp8 {
+        ret
+    } else {
+        0
+    }
+}

@@ -1,0 +1,120 @@
+//! The command line (clap derive): every flag documented here, validated into a session config.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// leaktracer: which call stacks of a process tree hold memory, from eBPF, with no code change.
+#[derive(Debug, Parser)]
+#[command(name = "leaktracer", version, about)]
+pub struct Cli {
+    /// Log more (-v: info, -vv: debug); logs go to stderr. RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start CMD with the probes attached before its first instruction, follow its children, report
+    /// while it runs and at exit. Exits with CMD's exit status.
+    Run {
+        #[command(flatten)]
+        report: ReportArgs,
+        /// The command and its arguments.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
+    /// Trace a running process (and the children it creates from now on) until Ctrl-C, the
+    /// duration, or its exit.
+    Attach {
+        #[command(flatten)]
+        report: ReportArgs,
+        /// Process id to trace.
+        pid: i32,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "S")]
+        duration: Option<f64>,
+    },
+}
+
+/// Report options shared by `run` and `attach`.
+#[derive(Debug, Args, Clone)]
+pub struct ReportArgs {
+    /// Print a report every S seconds while tracing (0: only the final one).
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub interval: f64,
+    /// Stacks listed per report.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Reports as JSON (one document per line, schema leaktracer.report/1) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write reports to FILE instead of stdout (the traced command keeps stdout).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    /// Checks values clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.interval.is_finite() && self.interval >= 0.0) {
+            return Err(format!(
+                "--interval must be a non-negative number of seconds, got {}",
+                self.interval
+            ));
+        }
+        if self.top == 0 {
+            return Err("--top must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_keeps_the_commands_own_flags() {
+        let cli = Cli::parse_from([
+            "leaktracer",
+            "run",
+            "--top",
+            "3",
+            "--",
+            "prog",
+            "--top",
+            "-x",
+        ]);
+        let Command::Run { report, command } = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(report.top, 3);
+        assert_eq!(command, ["prog", "--top", "-x"]);
+    }
+
+    #[test]
+    fn bad_interval_is_rejected() {
+        let r = ReportArgs {
+            interval: -1.0,
+            top: 1,
+            json: false,
+            output: None,
+        };
+        assert!(r.validate().unwrap_err().contains("--interval"));
+    }
+}

@@ -1,0 +1,295 @@
+//! Ring buffer → decoded events → the ledger's channel. Owns what must be captured while the traced
+//! processes live: their executable mappings (maps.rs) and command lines; turns raw kernel stacks
+//! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
+
+pub mod maps;
+mod stacks;
+
+use std::{os::fd::AsRawFd, sync::Arc, time::Duration};
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{mpsc, watch},
+};
+use tracer_common::{AllocFn, COUNTERS, Counter, Event, EventKind, StackEvent};
+
+pub use stacks::{Frame, StackId, StackTable};
+
+use crate::error::Error;
+
+/// An event as the ledger sees it: decoded, with its stack interned.
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    pub kind: EventKind,
+    pub func: Option<AllocFn>,
+    pub tgid: u32,
+    pub ts_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub old_addr: u64,
+    pub old_size: u64,
+    pub aux: u64,
+    pub stack: Option<StackId>,
+    /// For exec (and fork): the process's command line, read while it lives.
+    pub command: Option<String>,
+}
+
+/// Kernel-side counters summed over CPUs, indexed like [`Counter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters(pub [u64; COUNTERS as usize]);
+
+impl KernelCounters {
+    pub fn get(&self, c: Counter) -> u64 {
+        self.0[c as usize]
+    }
+}
+
+/// What ingest sends to the ledger, in order.
+#[derive(Debug)]
+pub enum Input {
+    /// A stack seen for the first time; always precedes the first event that uses it.
+    Stack {
+        id: StackId,
+        frames: Arc<[Frame]>,
+        truncated: bool,
+    },
+    Event(Decoded),
+    Kernel(KernelCounters),
+    /// User-space losses counted by ingest.
+    IngestLoss {
+        stack_table_full: u64,
+        undecodable: u64,
+    },
+}
+
+/// The kernel's event ring buffer, counters and log buffer, taken from the loaded object.
+pub struct KernelChannels {
+    events: RingBuf<MapData>,
+    stats: PerCpuArray<MapData, u64>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl KernelChannels {
+    pub(crate) fn take(bpf: &mut aya::Ebpf) -> Result<Self, Error> {
+        let mut map = |name: &str| {
+            bpf.take_map(name)
+                .ok_or_else(|| anyhow::anyhow!("map {name} missing"))
+        };
+        let events =
+            RingBuf::try_from(map("EVENTS")?).map_err(|e| anyhow::anyhow!("EVENTS: {e}"))?;
+        let stats =
+            PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
+        let logger = match aya_log::EbpfLogger::init(bpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "no eBPF log buffer");
+                None
+            }
+        };
+        Ok(Self {
+            events,
+            stats,
+            logger,
+        })
+    }
+}
+
+/// The ingest task: reads until `stop` turns true, then drains what is left and returns.
+pub async fn run(
+    ch: KernelChannels,
+    tx: mpsc::Sender<Input>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let KernelChannels {
+        events,
+        stats,
+        logger,
+    } = ch;
+    let mut ring = register(events)?;
+    let mut logs = match logger {
+        Some(l) => Some(register(l)?),
+        None => None,
+    };
+    let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
+    let mut decoder = Decoder::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                decoder.drain(guard.get_inner_mut(), &tx).await?;
+                guard.clear_ready();
+            }
+            guard = readable(&mut logs) => {
+                let mut guard = guard?;
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                tx.send(Input::Kernel(counters_of(&stats))).await?;
+                decoder.report_losses(&tx).await?;
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    decoder.drain(ring.get_mut(), &tx).await?;
+    if let Some(l) = logs.as_mut() {
+        l.get_mut().flush();
+    }
+    tx.send(Input::Kernel(counters_of(&stats))).await?;
+    decoder.report_losses(&tx).await?;
+    Ok(())
+}
+
+/// Registers a descriptor this task owns with the reactor.
+fn register<T: AsRawFd>(inner: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: `inner` owns its descriptor for as long as the AsyncFd holds it; nothing else closes it.
+    unsafe { AsyncFd::register(inner) }.map_err(|e| e.into_parts().1)
+}
+
+async fn readable<T: AsRawFd>(
+    fd: &mut Option<AsyncFd<T>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, T>> {
+    match fd {
+        Some(fd) => fd.readable_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl KernelChannels {
+    fn counters_from(stats: &PerCpuArray<MapData, u64>) -> KernelCounters {
+        let mut out = KernelCounters::default();
+        for (i, slot) in out.0.iter_mut().enumerate() {
+            if let Ok(values) = stats.get(&(i as u32), 0) {
+                *slot = values.iter().sum();
+            }
+        }
+        out
+    }
+}
+
+/// Decoding state: mappings per process and the stack interner.
+#[derive(Default)]
+struct Decoder {
+    maps: maps::MapsCache,
+    stacks: stacks::Interner,
+    undecodable: u64,
+}
+
+impl Decoder {
+    async fn drain(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        tx: &mpsc::Sender<Input>,
+    ) -> anyhow::Result<()> {
+        let mut batch = Vec::new();
+        while let Some(item) = ring.next() {
+            self.decode(&item, &mut batch);
+            drop(item);
+            for input in batch.drain(..) {
+                tx.send(input).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn report_losses(&self, tx: &mpsc::Sender<Input>) -> anyhow::Result<()> {
+        let stack_table_full = self.stacks.overflowed();
+        tx.send(Input::IngestLoss {
+            stack_table_full,
+            undecodable: self.undecodable,
+        })
+        .await?;
+        Ok(())
+    }
+
+    fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        let (ev, stack) = if bytes.len() >= size_of::<StackEvent>() {
+            // SAFETY: the length was checked; StackEvent is plain data, read unaligned.
+            let se = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<StackEvent>()) };
+            (se.event, Some(se))
+        } else if bytes.len() >= size_of::<Event>() {
+            // SAFETY: as above for Event.
+            (
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) },
+                None,
+            )
+        } else {
+            self.undecodable += 1;
+            return;
+        };
+        let Some(kind) = EventKind::from_u32(ev.kind) else {
+            self.undecodable += 1;
+            return;
+        };
+        self.observe_process(kind, &ev);
+        let stack = stack.and_then(|se| self.intern(&se, out));
+        let command = match kind {
+            EventKind::Exec => read_command(ev.tgid),
+            EventKind::Fork => read_command(ev.aux as u32),
+            _ => None,
+        };
+        out.push(Input::Event(Decoded {
+            kind,
+            func: AllocFn::from_u32(ev.func),
+            tgid: ev.tgid,
+            ts_ns: ev.ts_ns,
+            addr: ev.addr,
+            size: ev.size,
+            old_addr: ev.old_addr,
+            old_size: ev.old_size,
+            aux: ev.aux,
+            stack,
+            command,
+        }));
+    }
+
+    /// Keeps the mapping snapshots in step with the process's life.
+    fn observe_process(&mut self, kind: EventKind, ev: &Event) {
+        const PROT_EXEC: u64 = 0x4;
+        const MAP_ANONYMOUS: u64 = 0x20;
+        match kind {
+            EventKind::Exec => self.maps.refresh(ev.tgid),
+            EventKind::Fork => self.maps.inherit(ev.tgid, ev.aux as u32),
+            EventKind::Mmap if (ev.aux >> 32) & PROT_EXEC != 0 && ev.aux & MAP_ANONYMOUS == 0 => {
+                self.maps.refresh(ev.tgid)
+            }
+            EventKind::Exit => self.maps.forget(ev.tgid),
+            _ => {}
+        }
+    }
+
+    fn intern(&mut self, se: &StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
+        let n = if se.stack_bytes > 0 {
+            (se.stack_bytes as usize / 8).min(se.frames.len())
+        } else {
+            0
+        };
+        let mut raw: Vec<u64> = se.frames[..n].to_vec();
+        if se.leaf_caller != 0 && raw.get(1) != Some(&se.leaf_caller) && !raw.is_empty() {
+            raw.insert(1, se.leaf_caller);
+        }
+        let truncated = n == se.frames.len();
+        let (id, new) = self.stacks.intern(se.event.tgid, raw, &mut self.maps)?;
+        if let Some(frames) = new {
+            out.push(Input::Stack {
+                id,
+                frames,
+                truncated,
+            });
+        }
+        Some(id)
+    }
+}
+
+/// The command line of a live process, NUL separators turned into spaces.
+pub fn read_command(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let text: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    (!text.is_empty()).then(|| text.join(" "))
+}

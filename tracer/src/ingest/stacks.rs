@@ -1,0 +1,129 @@
+//! Stack interning. The kernel hands over raw return addresses of one address space; they become
+//! frames of (module, file offset), and identical frame lists share one [`StackId`] across processes
+//! (forked workers running the same code aggregate naturally).
+
+use std::{collections::HashMap, sync::Arc};
+
+use super::maps::MapsCache;
+
+/// Interned stacks kept before new ones are refused (and counted).
+const MAX_STACKS: usize = 1 << 20;
+
+/// An interned stack. 0 is never used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct StackId(pub u32);
+
+/// One frame: a return address resolved to the file that contains it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// The mapped file, or `None` when the address was in no known file mapping.
+    pub module: Option<Arc<str>>,
+    /// Offset in `module`'s file, or the raw address when `module` is `None`.
+    pub offset: u64,
+    /// The virtual address in the process it was first seen in.
+    pub addr: u64,
+}
+
+/// Raw (process, addresses) → id, and normalized frames → id.
+#[derive(Default)]
+pub struct Interner {
+    raw: HashMap<(u32, Vec<u64>), StackId>,
+    normalized: HashMap<Vec<(Option<Arc<str>>, u64)>, StackId>,
+    overflowed: u64,
+}
+
+impl Interner {
+    /// The id of this stack, and its frames when it is new.
+    pub fn intern(
+        &mut self,
+        tgid: u32,
+        raw: Vec<u64>,
+        maps: &mut MapsCache,
+    ) -> Option<(StackId, Option<Arc<[Frame]>>)> {
+        let key = (tgid, raw);
+        if let Some(id) = self.raw.get(&key) {
+            return Some((*id, None));
+        }
+        if self.raw.len() >= MAX_STACKS {
+            self.overflowed += 1;
+            return None;
+        }
+        let frames: Vec<Frame> = key
+            .1
+            .iter()
+            .map(|&addr| match maps.resolve(tgid, addr) {
+                Some((module, offset)) => Frame {
+                    module: Some(module),
+                    offset,
+                    addr,
+                },
+                None => Frame {
+                    module: None,
+                    offset: addr,
+                    addr,
+                },
+            })
+            .collect();
+        let norm: Vec<_> = frames
+            .iter()
+            .map(|f| (f.module.clone(), f.offset))
+            .collect();
+        let next = StackId(self.normalized.len() as u32 + 1);
+        let mut fresh = false;
+        let id = *self.normalized.entry(norm).or_insert_with(|| {
+            fresh = true;
+            next
+        });
+        self.raw.insert(key, id);
+        Some((id, fresh.then(|| Arc::from(frames))))
+    }
+
+    /// Stacks refused because the table was full.
+    pub fn overflowed(&self) -> u64 {
+        self.overflowed
+    }
+}
+
+/// The ledger's copy of every interned stack.
+#[derive(Default)]
+pub struct StackTable {
+    stacks: HashMap<StackId, (Arc<[Frame]>, bool)>,
+}
+
+impl StackTable {
+    pub fn insert(&mut self, id: StackId, frames: Arc<[Frame]>, truncated: bool) {
+        self.stacks.insert(id, (frames, truncated));
+    }
+
+    /// Frames and whether the capture was truncated at the depth limit.
+    pub fn get(&self, id: StackId) -> Option<(&Arc<[Frame]>, bool)> {
+        self.stacks.get(&id).map(|(f, t)| (f, *t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_raw_stack_interns_once_and_unknown_addresses_stay_raw() {
+        let mut maps = MapsCache::default();
+        let mut i = Interner::default();
+        // pid 0 has no /proc/0/maps: every frame stays unresolved.
+        let (a, new_a) = i.intern(0, vec![0x1000, 0x2000], &mut maps).unwrap();
+        let (b, new_b) = i.intern(0, vec![0x1000, 0x2000], &mut maps).unwrap();
+        let (c, _) = i.intern(0, vec![0x1000, 0x3000], &mut maps).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let frames = new_a.unwrap();
+        assert!(new_b.is_none());
+        assert_eq!(
+            frames[1],
+            Frame {
+                module: None,
+                offset: 0x2000,
+                addr: 0x2000
+            }
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! Starting the command for `run`: forked, then held before execve until the probes are attached
+//! and its pid is in the traced map, so not one of its allocations is missed.
+
+use std::{
+    ffi::CString,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use crate::error::Error;
+
+/// A forked child waiting for [`HeldChild::release`] before it execs.
+pub struct HeldChild {
+    pub pid: u32,
+    gate: OwnedFd,
+    exec_error: OwnedFd,
+    program: PathBuf,
+}
+
+/// Finds `cmd` the way execvp would: a path when it has a slash, else in $PATH.
+pub fn resolve(cmd: &str) -> Result<PathBuf, Error> {
+    let executable = |p: &Path| {
+        let c = CString::new(p.as_os_str().as_bytes()).ok();
+        // SAFETY: access(2) on a NUL-terminated path.
+        p.is_file() && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
+    };
+    if cmd.contains('/') {
+        let p = PathBuf::from(cmd);
+        return if executable(&p) {
+            Ok(p)
+        } else {
+            Err(Error::CommandNotFound(cmd.into()))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| executable(p))
+        .ok_or_else(|| Error::CommandNotFound(cmd.into()))
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(anyhow::anyhow!("pipe2: {}", std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: both descriptors were just created and are owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Forks `argv` (argv[0] resolved through PATH) and holds it before execve.
+pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
+    let program = resolve(&argv[0])?;
+    let c_program =
+        CString::new(program.as_os_str().as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("argument with a NUL byte: {e}"))?;
+    let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+    c_argv.push(std::ptr::null());
+    let (gate_r, gate_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    // SAFETY: the child only calls async-signal-safe functions (read, execv, write, _exit) on data
+    // prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(anyhow::anyhow!("fork: {}", std::io::Error::last_os_error()).into());
+    }
+    if pid == 0 {
+        // SAFETY: see above; the child never returns from this block.
+        unsafe {
+            let mut b = 0u8;
+            libc::read(gate_r.as_raw_fd(), (&raw mut b).cast(), 1);
+            libc::execv(c_program.as_ptr(), c_argv.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(err_w.as_raw_fd(), (&raw const errno).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    drop(gate_r);
+    drop(err_w);
+    Ok(HeldChild {
+        pid: pid as u32,
+        gate: gate_w,
+        exec_error: err_r,
+        program,
+    })
+}
+
+impl HeldChild {
+    /// Lets the child exec; fails if execve failed.
+    pub fn release(self) -> Result<u32, Error> {
+        let b = 1u8;
+        // SAFETY: one-byte write to our pipe end.
+        unsafe { libc::write(self.gate.as_raw_fd(), (&raw const b).cast(), 1) };
+        drop(self.gate);
+        let mut errno = 0i32;
+        // SAFETY: reading at most 4 bytes into `errno`; EOF means execve succeeded (CLOEXEC).
+        let n = unsafe { libc::read(self.exec_error.as_raw_fd(), (&raw mut errno).cast(), 4) };
+        if n == 4 {
+            wait(self.pid);
+            let e = std::io::Error::from_raw_os_error(errno);
+            return Err(Error::CommandNotFound(format!(
+                "{}: {e}",
+                self.program.display()
+            )));
+        }
+        Ok(self.pid)
+    }
+}
+
+/// Waits for `pid` and returns its exit status as a shell would (128 + signal when killed).
+pub fn wait(pid: u32) -> i32 {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on our own child.
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        if r == pid as i32 {
+            break;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 1;
+        }
+    }
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    }
+}

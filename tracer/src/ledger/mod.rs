@@ -1,0 +1,196 @@
+//! The single owner of tracing state: processes and their outstanding allocations, the stack table,
+//! and every loss counter. Fed in order by ingest; queried for aggregates by the report.
+
+mod process;
+mod regions;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use tracer_common::{AllocFn, EventKind};
+
+pub use process::{Mismatches, Process, page_up};
+
+use crate::ingest::{Decoded, Input, KernelCounters, StackId, StackTable};
+
+/// Where a piece of memory came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub stack: Option<StackId>,
+    pub ts_ns: u64,
+    pub func: Option<AllocFn>,
+    /// Copied from the parent at fork.
+    pub inherited: bool,
+}
+
+/// The level an allocation was seen at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Heap,
+    Mmap,
+    Brk,
+}
+
+/// Outstanding memory of one (process, stack, kind, inherited) group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub pid: u32,
+    pub stack: Option<StackId>,
+    pub kind: Kind,
+    pub inherited: bool,
+    pub bytes: u64,
+    pub blocks: u64,
+    pub oldest_ns: u64,
+    pub funcs: Vec<AllocFn>,
+}
+
+/// Losses seen outside the kernel.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct IngestLosses {
+    pub stack_table_full: u64,
+    pub undecodable: u64,
+}
+
+/// All tracing state.
+#[derive(Default)]
+pub struct Ledger {
+    pub procs: BTreeMap<u32, Process>,
+    pub stacks: StackTable,
+    pub kernel: KernelCounters,
+    pub ingest: IngestLosses,
+    pub events: u64,
+}
+
+const CLONE_VM: u64 = 0x100;
+const MAP_ANONYMOUS: u64 = 0x20;
+
+impl Ledger {
+    /// Registers a root process (the launched command or the attached pid).
+    pub fn add_root(&mut self, pid: u32, command: String, now_ns: u64) {
+        self.procs
+            .entry(pid)
+            .or_insert_with(|| Process::new(pid, None, command, now_ns));
+    }
+
+    pub fn apply(&mut self, input: Input) {
+        match input {
+            Input::Stack {
+                id,
+                frames,
+                truncated,
+            } => self.stacks.insert(id, frames, truncated),
+            Input::Event(ev) => self.apply_event(ev),
+            Input::Kernel(k) => self.kernel = k,
+            Input::IngestLoss {
+                stack_table_full,
+                undecodable,
+            } => {
+                self.ingest = IngestLosses {
+                    stack_table_full,
+                    undecodable,
+                }
+            }
+        }
+    }
+
+    fn apply_event(&mut self, ev: Decoded) {
+        self.events += 1;
+        if ev.kind == EventKind::Fork {
+            return self.fork(&ev);
+        }
+        let origin = Origin {
+            stack: ev.stack,
+            ts_ns: ev.ts_ns,
+            func: ev.func,
+            inherited: false,
+        };
+        let p = self.procs.entry(ev.tgid).or_insert_with(|| {
+            Process::new(
+                ev.tgid,
+                None,
+                ev.command.clone().unwrap_or_default(),
+                ev.ts_ns,
+            )
+        });
+        match ev.kind {
+            EventKind::Alloc => p.alloc(ev.addr, ev.size, origin),
+            EventKind::Free => p.free(ev.old_addr),
+            EventKind::Realloc => p.realloc(ev.old_addr, ev.addr, ev.size, origin),
+            EventKind::Mmap => p.mmap(ev.addr, ev.size, ev.aux & MAP_ANONYMOUS != 0, origin),
+            EventKind::Munmap => p.munmap(ev.old_addr, ev.old_size),
+            EventKind::Mremap => p.mremap(ev.old_addr, ev.old_size, ev.addr, ev.size),
+            EventKind::Brk => p.brk(ev.addr, origin),
+            EventKind::Exec => p.exec(ev.command),
+            EventKind::Exit => p.exited_ns = Some(ev.ts_ns),
+            EventKind::Fork => {}
+        }
+    }
+
+    fn fork(&mut self, ev: &Decoded) {
+        let child = ev.aux as u32;
+        let shares_vm = ev.size & CLONE_VM != 0;
+        let proc = match self.procs.get(&ev.tgid) {
+            Some(parent) if !shares_vm => {
+                Process::forked_from(parent, child, ev.command.clone(), ev.ts_ns)
+            }
+            Some(parent) => Process::new(child, Some(parent.pid), parent.command.clone(), ev.ts_ns),
+            None => Process::new(
+                child,
+                Some(ev.tgid),
+                ev.command.clone().unwrap_or_default(),
+                ev.ts_ns,
+            ),
+        };
+        self.procs.insert(child, proc);
+    }
+
+    /// Outstanding memory grouped by (process, stack, kind, inherited), largest first.
+    pub fn groups(&self) -> Vec<Group> {
+        let mut acc: HashMap<(u32, Option<StackId>, Kind, bool), Group> = HashMap::new();
+        for p in self.procs.values() {
+            let heap = p.heap.values().map(|b| (Kind::Heap, b.size, &b.origin));
+            let mmaps = p
+                .mmaps
+                .iter()
+                .map(|(s, r)| (Kind::Mmap, r.end - s, &r.origin));
+            let brk = p
+                .brk
+                .segments
+                .iter()
+                .map(|(s, r)| (Kind::Brk, r.end - s, &r.origin));
+            for (kind, bytes, o) in heap.chain(mmaps).chain(brk) {
+                let g = acc
+                    .entry((p.pid, o.stack, kind, o.inherited))
+                    .or_insert_with(|| Group {
+                        pid: p.pid,
+                        stack: o.stack,
+                        kind,
+                        inherited: o.inherited,
+                        bytes: 0,
+                        blocks: 0,
+                        oldest_ns: o.ts_ns,
+                        funcs: Vec::new(),
+                    });
+                g.bytes += bytes;
+                g.blocks += 1;
+                g.oldest_ns = g.oldest_ns.min(o.ts_ns);
+                if let Some(f) = o.func
+                    && !g.funcs.contains(&f)
+                {
+                    g.funcs.push(f);
+                }
+            }
+        }
+        let mut groups: Vec<Group> = acc.into_values().collect();
+        groups.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then(a.pid.cmp(&b.pid))
+                .then(a.stack.cmp(&b.stack))
+        });
+        groups
+    }
+}

@@ -1,0 +1,170 @@
+//! One traced process's outstanding memory: heap blocks, anonymous mappings and the brk heap, each
+//! with its origin. Exact semantics of realloc, munmap, mremap and brk live here.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use tracer_common::AllocFn;
+
+use super::{Origin, regions::Regions};
+
+const PAGE: u64 = 4096;
+
+pub fn page_up(n: u64) -> u64 {
+    n.saturating_add(PAGE - 1) & !(PAGE - 1)
+}
+
+/// A heap block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub size: u64,
+    pub origin: Origin,
+}
+
+/// Things that did not match what the process had, counted rather than guessed.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Mismatches {
+    /// free/realloc of an address with no outstanding block (allocated before tracing began).
+    pub unmatched_frees: u64,
+    /// Bytes munmap'd that no tracked region covered.
+    pub unmatched_unmap_bytes: u64,
+    /// Allocations returned at an address that was still outstanding (its free was missed).
+    pub reused_addresses: u64,
+}
+
+/// The program break: everything above `base` up to `top` was grown while traced.
+#[derive(Clone, Debug, Default)]
+pub struct Brk {
+    pub base: Option<u64>,
+    pub top: u64,
+    pub segments: Regions,
+}
+
+/// A traced process.
+#[derive(Clone, Debug, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub command: String,
+    pub started_ns: u64,
+    pub exited_ns: Option<u64>,
+    pub execs: u32,
+    pub heap: HashMap<u64, Block>,
+    pub mmaps: Regions,
+    pub brk: Brk,
+    pub mismatches: Mismatches,
+}
+
+impl Process {
+    pub fn new(pid: u32, ppid: Option<u32>, command: String, started_ns: u64) -> Self {
+        Self {
+            pid,
+            ppid,
+            command,
+            started_ns,
+            ..Self::default()
+        }
+    }
+
+    /// A forked child: the parent's outstanding memory, marked inherited (it is really in the
+    /// child's address space, and the child may free it).
+    pub fn forked_from(parent: &Process, pid: u32, command: Option<String>, ts_ns: u64) -> Self {
+        let mut heap = parent.heap.clone();
+        heap.values_mut().for_each(|b| b.origin.inherited = true);
+        Self {
+            pid,
+            ppid: Some(parent.pid),
+            command: command.unwrap_or_else(|| parent.command.clone()),
+            started_ns: ts_ns,
+            heap,
+            mmaps: parent.mmaps.inherited(),
+            brk: Brk {
+                base: parent.brk.base,
+                top: parent.brk.top,
+                segments: parent.brk.segments.inherited(),
+            },
+            ..Self::default()
+        }
+    }
+
+    /// execve: a fresh image, nothing of the old address space survives.
+    pub fn exec(&mut self, command: Option<String>) {
+        self.heap.clear();
+        self.mmaps = Regions::default();
+        self.brk = Brk::default();
+        self.execs += 1;
+        if let Some(c) = command {
+            self.command = c;
+        }
+    }
+
+    pub fn alloc(&mut self, addr: u64, size: u64, origin: Origin) {
+        let size = if origin.func == Some(AllocFn::Pvalloc) {
+            page_up(size)
+        } else {
+            size
+        };
+        if self.heap.insert(addr, Block { size, origin }).is_some() {
+            self.mismatches.reused_addresses += 1;
+        }
+    }
+
+    pub fn free(&mut self, addr: u64) {
+        if self.heap.remove(&addr).is_none() {
+            self.mismatches.unmatched_frees += 1;
+        }
+    }
+
+    /// realloc(old, size) returned `new`: NULL old is malloc, NULL result (size 0) is free, anything
+    /// else moves or resizes the block, which now belongs to the realloc call's stack.
+    pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) {
+        if old != 0 {
+            self.free(old);
+        }
+        if new != 0 {
+            self.alloc(new, size, origin);
+        }
+    }
+
+    /// A successful mmap: anonymous mappings are tracked; any mapping replaces what it covers.
+    pub fn mmap(&mut self, addr: u64, len: u64, anonymous: bool, origin: Origin) {
+        let end = addr.saturating_add(page_up(len));
+        if anonymous {
+            self.mmaps.insert(addr, end, origin);
+        } else {
+            self.mmaps.remove(addr, end);
+        }
+    }
+
+    pub fn munmap(&mut self, addr: u64, len: u64) {
+        let len = page_up(len);
+        let removed = self.mmaps.remove(addr, addr.saturating_add(len));
+        self.mismatches.unmatched_unmap_bytes += len - removed.min(len);
+    }
+
+    /// mremap keeps the original region's origin at its new place and size.
+    pub fn mremap(&mut self, old: u64, old_len: u64, new: u64, new_len: u64) {
+        let Some(origin) = self.mmaps.origin_at(old).cloned() else {
+            return; // a file mapping or one from before tracing: not ours to count
+        };
+        self.mmaps.remove(old, old.saturating_add(page_up(old_len)));
+        self.mmaps
+            .insert(new, new.saturating_add(page_up(new_len)), origin);
+    }
+
+    /// brk(requested) returned `result`, the new break. Growth belongs to the caller; shrinking
+    /// releases the highest segments first.
+    pub fn brk(&mut self, result: u64, origin: Origin) {
+        let Some(_) = self.brk.base else {
+            self.brk.base = Some(result);
+            self.brk.top = result;
+            return;
+        };
+        if result > self.brk.top {
+            self.brk.segments.insert(self.brk.top, result, origin);
+        } else if result < self.brk.top {
+            self.brk.segments.remove(result, self.brk.top);
+        }
+        self.brk.top = result;
+    }
+}

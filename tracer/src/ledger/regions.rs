@@ -1,0 +1,132 @@
+//! Page-level regions of one address space: non-overlapping [start, end) ranges, each with the stack
+//! that created it. Unmapping part of a region splits it; mapping over a range replaces it.
+
+use std::collections::BTreeMap;
+
+use super::Origin;
+
+/// A mapped range and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub end: u64,
+    pub origin: Origin,
+}
+
+/// Regions keyed by start address.
+#[derive(Clone, Debug, Default)]
+pub struct Regions {
+    map: BTreeMap<u64, Region>,
+}
+
+impl Regions {
+    /// Adds [start, end), replacing whatever overlapped it.
+    pub fn insert(&mut self, start: u64, end: u64, origin: Origin) {
+        self.remove(start, end);
+        self.map.insert(start, Region { end, origin });
+    }
+
+    /// Removes [start, end), splitting regions that straddle its edges. Returns the bytes removed.
+    pub fn remove(&mut self, start: u64, end: u64) -> u64 {
+        let mut removed = 0;
+        let overlapping: Vec<u64> = self
+            .map
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in overlapping {
+            let Some(r) = self.map.remove(&s) else {
+                continue;
+            };
+            if s < start {
+                self.map.insert(
+                    s,
+                    Region {
+                        end: start,
+                        origin: r.origin.clone(),
+                    },
+                );
+            }
+            if r.end > end {
+                self.map.insert(
+                    end,
+                    Region {
+                        end: r.end,
+                        origin: r.origin.clone(),
+                    },
+                );
+            }
+            removed += r.end.min(end) - s.max(start);
+        }
+        removed
+    }
+
+    /// The origin of the region containing `addr`.
+    pub fn origin_at(&self, addr: u64) -> Option<&Origin> {
+        let (_, r) = self.map.range(..=addr).next_back()?;
+        (r.end > addr).then_some(&r.origin)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Region)> {
+        self.map.iter().map(|(s, r)| (*s, r))
+    }
+
+    /// Copies for a forked child, every region marked inherited.
+    pub fn inherited(&self) -> Self {
+        let mut map = self.map.clone();
+        map.values_mut().for_each(|r| r.origin.inherited = true);
+        Self { map }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.map.iter().map(|(s, r)| r.end - s).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::StackId;
+
+    fn o(stack: u32) -> Origin {
+        Origin {
+            stack: Some(StackId(stack)),
+            ts_ns: 0,
+            func: None,
+            inherited: false,
+        }
+    }
+
+    #[test]
+    fn partial_unmap_splits_and_counts_exactly() {
+        let mut r = Regions::default();
+        r.insert(0x10000, 0x20000, o(1));
+        assert_eq!(r.remove(0x14000, 0x15000), 0x1000);
+        assert_eq!(r.bytes(), 0x10000 - 0x1000);
+        assert_eq!(r.origin_at(0x13fff), Some(&o(1)));
+        assert_eq!(r.origin_at(0x14000), None);
+        assert_eq!(r.origin_at(0x15000), Some(&o(1)));
+        assert_eq!(
+            r.remove(0x0, 0x14000),
+            0x4000,
+            "head removed across the start"
+        );
+        assert_eq!(
+            r.remove(0x1f000, 0x30000),
+            0x1000,
+            "tail removed past the end"
+        );
+        assert_eq!(r.bytes(), 0xa000);
+    }
+
+    #[test]
+    fn mapping_over_a_range_replaces_it() {
+        let mut r = Regions::default();
+        r.insert(0x1000, 0x5000, o(1));
+        r.insert(0x2000, 0x3000, o(2));
+        assert_eq!(r.bytes(), 0x4000);
+        assert_eq!(r.origin_at(0x2800), Some(&o(2)));
+        assert_eq!(r.origin_at(0x3800), Some(&o(1)));
+    }
+}

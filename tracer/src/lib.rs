@@ -1,0 +1,11 @@
+//! leaktracer: an eBPF leak tracer. Data flows one way: probes → ingest → ledger → report.
+
+pub mod cli;
+pub mod error;
+pub mod ingest;
+pub mod launch;
+pub mod ledger;
+pub mod probes;
+pub mod report;
+pub mod session;
+pub mod symbolize;

@@ -1,0 +1,306 @@
+//! Reports: the ledger's aggregates with symbolized stacks, as text or as JSON (schema
+//! `leaktracer.report/1`, documented in README.md; tests and later tools read it).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tracer_common::Counter;
+
+use crate::{
+    ledger::{Group, Kind, Ledger, Mismatches, Process},
+    probes::AttachedFn,
+    symbolize::{SymFrame, Symbolizer},
+};
+
+pub const SCHEMA: &str = "leaktracer.report/1";
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Amount {
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// Bytes and blocks per kind.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct KindTotals {
+    pub heap: Amount,
+    pub mmap: Amount,
+    pub brk: Amount,
+}
+
+impl KindTotals {
+    fn add(&mut self, kind: Kind, bytes: u64, blocks: u64) {
+        let a = match kind {
+            Kind::Heap => &mut self.heap,
+            Kind::Mmap => &mut self.mmap,
+            Kind::Brk => &mut self.brk,
+        };
+        a.bytes += bytes;
+        a.blocks += blocks;
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcReport {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub command: String,
+    pub exited: bool,
+    pub execs: u32,
+    /// Memory the process allocated itself.
+    pub own: KindTotals,
+    /// Memory copied from the parent at fork and still outstanding in this process.
+    pub inherited: KindTotals,
+    pub mismatches: Mismatches,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StackReport {
+    pub pid: u32,
+    pub kind: Kind,
+    pub inherited: bool,
+    pub bytes: u64,
+    pub blocks: u64,
+    pub oldest_age_s: f64,
+    /// Allocator functions behind these blocks (malloc, calloc, mmap…).
+    pub allocators: Vec<&'static str>,
+    /// The capture hit the depth limit: outer frames are missing.
+    pub truncated: bool,
+    pub frames: Vec<SymFrame>,
+}
+
+/// Everything lost or mismatched, kernel and user side. Shown in every report.
+#[derive(Debug, Default, Serialize)]
+pub struct Losses {
+    pub events_sent: u64,
+    pub ringbuf_full: u64,
+    pub pending_full: u64,
+    pub traced_full: u64,
+    pub stack_errors: u64,
+    pub return_without_entry: u64,
+    pub stack_table_full: u64,
+    pub undecodable: u64,
+    pub unmatched_frees: u64,
+    pub unmatched_unmap_bytes: u64,
+    pub reused_addresses: u64,
+    /// Not a loss: allocator calls made inside another (realloc → malloc), accounted by the outer.
+    pub nested_calls: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    #[serde(rename = "final")]
+    pub final_report: bool,
+    pub elapsed_s: f64,
+    /// Sum of `own` over all processes.
+    pub totals: KindTotals,
+    pub processes: Vec<ProcReport>,
+    pub stacks: Vec<StackReport>,
+    pub losses: Losses,
+    pub probes: Vec<AttachedFn>,
+    pub events: u64,
+}
+
+/// What the report needs besides the ledger.
+pub struct Context<'a> {
+    pub final_report: bool,
+    pub elapsed_s: f64,
+    pub now_ns: u64,
+    pub top: usize,
+    pub probes: &'a [AttachedFn],
+}
+
+pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
+    let groups = ledger.groups();
+    let mut processes: Vec<ProcReport> = ledger.procs.values().map(proc_report).collect();
+    for g in &groups {
+        if let Some(p) = processes.iter_mut().find(|p| p.pid == g.pid) {
+            let t = if g.inherited {
+                &mut p.inherited
+            } else {
+                &mut p.own
+            };
+            t.add(g.kind, g.bytes, g.blocks);
+        }
+    }
+    let mut totals = KindTotals::default();
+    for p in &processes {
+        for (k, a) in [
+            (Kind::Heap, p.own.heap),
+            (Kind::Mmap, p.own.mmap),
+            (Kind::Brk, p.own.brk),
+        ] {
+            totals.add(k, a.bytes, a.blocks);
+        }
+    }
+    let stacks = groups
+        .iter()
+        .take(cx.top)
+        .map(|g| stack_report(ledger, sym, g, cx.now_ns))
+        .collect();
+    Report {
+        schema: SCHEMA,
+        final_report: cx.final_report,
+        elapsed_s: cx.elapsed_s,
+        totals,
+        processes,
+        stacks,
+        losses: losses(ledger),
+        probes: cx.probes.to_vec(),
+        events: ledger.events,
+    }
+}
+
+fn proc_report(p: &Process) -> ProcReport {
+    ProcReport {
+        pid: p.pid,
+        ppid: p.ppid,
+        command: p.command.clone(),
+        exited: p.exited_ns.is_some(),
+        execs: p.execs,
+        own: KindTotals::default(),
+        inherited: KindTotals::default(),
+        mismatches: p.mismatches,
+    }
+}
+
+fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -> StackReport {
+    let (frames, truncated) = match g.stack.and_then(|id| ledger.stacks.get(id)) {
+        Some((frames, truncated)) => (frames.iter().map(|f| sym.frame(f)).collect(), truncated),
+        None => (Vec::new(), false),
+    };
+    StackReport {
+        pid: g.pid,
+        kind: g.kind,
+        inherited: g.inherited,
+        bytes: g.bytes,
+        blocks: g.blocks,
+        oldest_age_s: now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9,
+        allocators: g.funcs.iter().map(|f| f.name()).collect(),
+        truncated,
+        frames,
+    }
+}
+
+fn losses(ledger: &Ledger) -> Losses {
+    let k = &ledger.kernel;
+    let mut l = Losses {
+        events_sent: k.get(Counter::EventsSent),
+        ringbuf_full: k.get(Counter::RingbufFull),
+        pending_full: k.get(Counter::PendingFull),
+        traced_full: k.get(Counter::TracedFull),
+        stack_errors: k.get(Counter::StackErrors),
+        return_without_entry: k.get(Counter::ReturnWithoutEntry),
+        nested_calls: k.get(Counter::Nested),
+        stack_table_full: ledger.ingest.stack_table_full,
+        undecodable: ledger.ingest.undecodable,
+        ..Losses::default()
+    };
+    for p in ledger.procs.values() {
+        l.unmatched_frees += p.mismatches.unmatched_frees;
+        l.unmatched_unmap_bytes += p.mismatches.unmatched_unmap_bytes;
+        l.reused_addresses += p.mismatches.reused_addresses;
+    }
+    l
+}
+
+/// Human-readable rendering.
+pub fn text(r: &Report) -> String {
+    let mut s = String::new();
+    let title = if r.final_report {
+        "final report"
+    } else {
+        "report"
+    };
+    let _ = writeln!(
+        s,
+        "== leaktracer {title} after {:.1}s: {} events ==",
+        r.elapsed_s, r.events
+    );
+    let _ = writeln!(
+        s,
+        "outstanding: heap {} in {} blocks, mmap {} in {} regions, brk {}",
+        human(r.totals.heap.bytes),
+        r.totals.heap.blocks,
+        human(r.totals.mmap.bytes),
+        r.totals.mmap.blocks,
+        human(r.totals.brk.bytes),
+    );
+    let l = &r.losses;
+    let _ = writeln!(
+        s,
+        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} | unmatched: frees={} unmap_bytes={} reused_addresses={}",
+        l.ringbuf_full,
+        l.pending_full,
+        l.traced_full,
+        l.stack_errors,
+        l.return_without_entry,
+        l.stack_table_full,
+        l.undecodable,
+        l.unmatched_frees,
+        l.unmatched_unmap_bytes,
+        l.reused_addresses
+    );
+    let _ = writeln!(s, "\nprocesses:");
+    for p in &r.processes {
+        let state = if p.exited { "exited" } else { "running" };
+        let _ = writeln!(
+            s,
+            "  pid {:>7} ppid {:>7} {state:<7} heap {:>10} ({} blocks) mmap {:>10} brk {:>10}  inherited heap {:>10}  {}",
+            p.pid,
+            p.ppid.map_or_else(|| "-".into(), |v| v.to_string()),
+            human(p.own.heap.bytes),
+            p.own.heap.blocks,
+            human(p.own.mmap.bytes),
+            human(p.own.brk.bytes),
+            human(p.inherited.heap.bytes),
+            p.command,
+        );
+    }
+    let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
+    for (i, st) in r.stacks.iter().enumerate() {
+        let inh = if st.inherited { " (inherited)" } else { "" };
+        let _ = writeln!(
+            s,
+            "#{:<2} {} in {} blocks, {:?}{inh} via {}, pid {}, oldest {:.1}s",
+            i + 1,
+            human(st.bytes),
+            st.blocks,
+            st.kind,
+            st.allocators.join("/"),
+            st.pid,
+            st.oldest_age_s
+        );
+        for f in st.frames.iter().take(12) {
+            let func = f.function.as_deref().unwrap_or("??");
+            let loc = match (&f.file, f.line) {
+                (Some(file), Some(line)) => format!(" {file}:{line}"),
+                _ => String::new(),
+            };
+            let module = f
+                .module
+                .as_deref()
+                .map(|m| m.rsplit('/').next().unwrap_or(m))
+                .unwrap_or("?");
+            let _ = writeln!(s, "      {func}{loc} [{module}]");
+        }
+    }
+    s
+}
+
+/// Bytes in binary units.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}

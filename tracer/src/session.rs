@@ -1,0 +1,262 @@
+//! A tracing session: probes loaded and attached, the ingest task feeding the ledger, reports out.
+//! The loop here is the ledger's only owner: inputs, report ticks and the end condition are
+//! handled in one `select!`, nothing else touches the state.
+
+use std::{
+    fs::File,
+    io::Write,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::{
+    cli::ReportArgs,
+    error::Error,
+    ingest::{self, maps::ProcMaps},
+    launch::{self, HeldChild},
+    ledger::Ledger,
+    probes::{Mode, Probes},
+    report,
+    symbolize::Symbolizer,
+};
+
+/// What to trace.
+pub enum Target {
+    Launch(Vec<String>),
+    Attach { pid: i32, duration: Option<f64> },
+}
+
+/// Nanoseconds on the clock bpf_ktime_get_ns() uses.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Runs a session to its end and returns the process exit code.
+pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
+    if let Target::Attach { pid, .. } = &target {
+        check_pid(*pid)?;
+    }
+    let mut probes = Probes::load(Mode::Full)?;
+    let (root, command, libc_of) = match &target {
+        Target::Launch(argv) => {
+            let child = launch::spawn_held(argv)?;
+            (Root::Held(Some(child)), argv.join(" "), std::process::id())
+        }
+        Target::Attach { pid, duration } => {
+            let command = ingest::read_command(*pid as u32).unwrap_or_default();
+            (
+                Root::Attached {
+                    pid: *pid as u32,
+                    duration: *duration,
+                },
+                command,
+                *pid as u32,
+            )
+        }
+    };
+    let libcs = ProcMaps::read(libc_of)
+        .map(|m| m.libraries("libc.so"))
+        .unwrap_or_default();
+    if libcs.is_empty() {
+        return Err(Error::NoLibc(libc_of as i32));
+    }
+    for lib in &libcs {
+        probes.attach_heap(&PathBuf::from(&**lib))?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
+    runtime.block_on(trace(probes, root, command, args))
+}
+
+/// The traced root process.
+enum Root {
+    Held(Option<HeldChild>),
+    Attached { pid: u32, duration: Option<f64> },
+}
+
+fn check_pid(pid: i32) -> Result<(), Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|_| Error::NoSuchProcess(pid))?;
+    // Field 9 (after the parenthesized comm) holds the flags; PF_KTHREAD = 0x00200000.
+    let flags = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    if pid <= 0 {
+        return Err(Error::NoSuchProcess(pid));
+    }
+    if flags & 0x0020_0000 != 0 {
+        return Err(Error::KernelThread(pid));
+    }
+    Ok(())
+}
+
+async fn trace(
+    mut probes: Probes,
+    mut root: Root,
+    command: String,
+    args: ReportArgs,
+) -> Result<i32, Error> {
+    let channels = probes.take_channels()?;
+    let (tx, mut rx) = mpsc::channel(1 << 16);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let ingest = tokio::spawn(ingest::run(channels, tx, stop_rx));
+    let started = Instant::now();
+    let mut ledger = Ledger::default();
+    let root_pid = match &mut root {
+        Root::Held(child) => {
+            let child = child.take().expect("held child present");
+            probes.trace_pid(child.pid)?;
+            ledger.add_root(child.pid, command, monotonic_ns());
+            child.release()?
+        }
+        Root::Attached { pid, .. } => {
+            probes.trace_pid(*pid)?;
+            ledger.add_root(*pid, command, monotonic_ns());
+            *pid
+        }
+    };
+    tracing::info!(pid = root_pid, "tracing");
+    let mut out = Output::open(&args)?;
+    let mut sym = Symbolizer::default();
+    let probes_info: Arc<[_]> = probes.attached().into();
+    let mut end = Box::pin(end_of(&root, root_pid));
+    let mut tick = ticker(args.interval);
+    let exit_code = loop {
+        tokio::select! {
+            Some(input) = rx.recv() => ledger.apply(input),
+            _ = tick.tick() => {
+                let r = make_report(&ledger, &mut sym, &args, &probes_info, started, false);
+                out.write(&r, args.json)?;
+            }
+            code = &mut end => break code,
+        }
+    };
+    let _ = stop_tx.send(true);
+    while let Some(input) = rx.recv().await {
+        ledger.apply(input);
+    }
+    ingest
+        .await
+        .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
+    let r = make_report(&ledger, &mut sym, &args, &probes_info, started, true);
+    out.write(&r, args.json)?;
+    drop(probes);
+    Ok(exit_code)
+}
+
+fn ticker(interval: f64) -> tokio::time::Interval {
+    let period = if interval > 0.0 {
+        Duration::from_secs_f64(interval)
+    } else {
+        Duration::from_secs(365 * 86400)
+    };
+    let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// Resolves with the exit code when the session should end: the launched command exits (its
+/// status), or for attach: the target exits, the duration passes or Ctrl-C (0).
+async fn end_of(root: &Root, pid: u32) -> i32 {
+    match root {
+        Root::Held(_) => {
+            let waiter = tokio::task::spawn_blocking(move || launch::wait(pid));
+            tokio::pin!(waiter);
+            loop {
+                tokio::select! {
+                    code = &mut waiter => break code.unwrap_or(1),
+                    // The command got the same SIGINT from the terminal; its exit ends the session.
+                    _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: waiting for the command to exit"),
+                }
+            }
+        }
+        Root::Attached { duration, .. } => {
+            let limit = duration.map_or(Duration::MAX, Duration::from_secs_f64);
+            tokio::select! {
+                _ = tokio::time::sleep(limit) => {}
+                _ = tokio::signal::ctrl_c() => {}
+                _ = exited(pid) => {}
+            }
+            0
+        }
+    }
+}
+
+async fn exited(pid: u32) {
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        if matches!(state, None | Some("Z") | Some("X")) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn make_report(
+    ledger: &Ledger,
+    sym: &mut Symbolizer,
+    args: &ReportArgs,
+    probes: &[crate::probes::AttachedFn],
+    started: Instant,
+    final_report: bool,
+) -> report::Report {
+    let cx = report::Context {
+        final_report,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        now_ns: monotonic_ns(),
+        top: args.top,
+        probes,
+    };
+    report::build(ledger, sym, &cx)
+}
+
+/// Where reports go.
+enum Output {
+    Stdout,
+    File(File),
+}
+
+impl Output {
+    fn open(args: &ReportArgs) -> Result<Self, Error> {
+        Ok(match &args.output {
+            None => Self::Stdout,
+            Some(p) => {
+                Self::File(File::create(p).map_err(|e| {
+                    anyhow::anyhow!("cannot write report file {}: {e}", p.display())
+                })?)
+            }
+        })
+    }
+
+    fn write(&mut self, r: &report::Report, json: bool) -> Result<(), Error> {
+        let text = if json {
+            let mut s = serde_json::to_string(r).map_err(|e| anyhow::anyhow!("{e}"))?;
+            s.push('\n');
+            s
+        } else {
+            report::text(r)
+        };
+        let res = match self {
+            Self::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
+            Self::File(f) => f.write_all(text.as_bytes()),
+        };
+        res.map_err(|e| anyhow::anyhow!("writing the report: {e}").into())
+    }
+}
