@@ -80,6 +80,8 @@ pub enum AllocFn {
     Munmap = 12,
     Mremap = 13,
     Brk = 14,
+    /// libc's sbrk wrapper (probed so the brk it makes gets its caller's stack).
+    Sbrk = 15,
 }
 
 impl AllocFn {
@@ -101,6 +103,7 @@ impl AllocFn {
             12 => Munmap,
             13 => Mremap,
             14 => Brk,
+            15 => Sbrk,
             _ => return None,
         })
     }
@@ -123,6 +126,7 @@ impl AllocFn {
             Munmap => "munmap",
             Mremap => "mremap",
             Brk => "brk",
+            Sbrk => "sbrk",
         }
     }
 }
@@ -176,8 +180,12 @@ pub struct Pending {
     pub size: u64,
     pub aux: u64,
     pub leaf_caller: u64,
+    /// A page-level event (mmap, mremap, brk) raised inside this call. It is sent when the call
+    /// returns, with the stack taken there: the frame-pointer chain inside libc is not reliable,
+    /// the caller's is. `kind` 0: none.
+    pub deferred: Event,
 }
-const _: () = assert!(size_of::<Pending>() == 48);
+const _: () = assert!(size_of::<Pending>() == 48 + 64);
 
 /// Indexes of the kernel-side counters (a per-CPU array). Every loss has its own slot.
 #[repr(u32)]

@@ -36,8 +36,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
         sp,
         arg0,
         size,
-        aux: 0,
-        leaf_caller: 0,
+        ..Pending::default()
     };
     if PENDING.insert(&id, &pending, 0).is_err() {
         count(Counter::PendingFull);
@@ -102,6 +101,18 @@ pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Valloc, 0, arg(&ctx, 0))
 }
 
+/// libc wrappers whose syscalls leaktracer sees at page level; probed only so that the syscall's
+/// event carries the wrapper caller's stack (see `Pending::deferred`).
+#[uprobe]
+pub fn sbrk_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Sbrk, 0, 0)
+}
+
+#[uprobe]
+pub fn mremap_wrapper_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::Mremap, 0, 0)
+}
+
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Pvalloc, 0, arg(&ctx, 0))
@@ -127,6 +138,9 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let _ = PENDING.remove(&id);
     let rv: u64 = ctx.ret();
     finish(&ctx, &pending, id, rv);
+    if pending.deferred.kind != 0 {
+        emit_with_stack(&ctx, &pending.deferred, 0);
+    }
     0
 }
 
@@ -136,6 +150,7 @@ fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, rv: u64) {
         return;
     };
     let mut ev = match func {
+        AllocFn::Sbrk | AllocFn::Mremap => return, // only their deferred syscall event counts
         AllocFn::PosixMemalign => {
             if rv as u32 != 0 {
                 return; // error code: nothing allocated, *memptr untouched

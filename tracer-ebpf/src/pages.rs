@@ -5,7 +5,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{AllocFn, EventKind, Pending};
 
 use crate::shared::{
-    SYS_PENDING, emit, emit_with_stack, event, syscall_leaf_caller, traced_current,
+    PENDING, SYS_PENDING, emit, emit_with_stack, event, syscall_leaf_caller, traced_current,
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -30,11 +30,11 @@ fn save(func: AllocFn, id: u64, arg0: u64, size: u64, aux: u64, stack: bool) {
     let p = Pending {
         func: func as u32,
         depth: 1,
-        sp: 0,
         arg0,
         size,
         aux,
         leaf_caller,
+        ..Pending::default()
     };
     if SYS_PENDING.insert(&id, &p, 0).is_err() {
         crate::shared::count(tracer_common::Counter::PendingFull);
@@ -53,6 +53,23 @@ fn take(ctx: &TracePointContext, func: AllocFn) -> Option<(u64, Pending, i64)> {
         return None;
     }
     Some((id, p, ret))
+}
+
+/// Sends an event that needs a stack, or parks it in the thread's allocator call in flight (malloc
+/// growing the heap, sbrk, mremap), whose return sends it with the caller's stack. A second event in
+/// the same call first sends the parked one, so events stay in order.
+#[inline(always)]
+fn defer_or_emit(ctx: &TracePointContext, id: u64, ev: &tracer_common::Event, leaf_caller: u64) {
+    let Some(p) = PENDING.get_ptr_mut(&id) else {
+        emit_with_stack(ctx, ev, leaf_caller);
+        return;
+    };
+    // SAFETY: map value owned by this thread's key.
+    let p = unsafe { &mut *p };
+    if p.deferred.kind != 0 {
+        emit_with_stack(ctx, &p.deferred, 0);
+    }
+    p.deferred = *ev;
 }
 
 #[tracepoint]
@@ -80,7 +97,7 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
         ev.size = p.size;
         ev.aux = p.aux;
         if p.aux & MAP_ANONYMOUS != 0 {
-            emit_with_stack(&ctx, &ev, p.leaf_caller);
+            defer_or_emit(&ctx, id, &ev, p.leaf_caller);
         } else {
             emit(&ev); // file mapping: user space refreshes its view of the process's modules
         }
@@ -137,7 +154,7 @@ pub fn mremap_exit(ctx: TracePointContext) -> u32 {
         ev.old_size = p.aux;
         ev.addr = ret as u64;
         ev.size = p.size;
-        emit_with_stack(&ctx, &ev, p.leaf_caller);
+        defer_or_emit(&ctx, id, &ev, p.leaf_caller);
     }
     0
 }
@@ -156,7 +173,11 @@ pub fn brk_exit(ctx: TracePointContext) -> u32 {
         let mut ev = event(EventKind::Brk, p.func, id);
         ev.old_addr = p.arg0;
         ev.addr = ret as u64;
-        emit_with_stack(&ctx, &ev, p.leaf_caller);
+        if p.arg0 == 0 {
+            emit(&ev); // brk(0) asks for the break: no stack needed, nothing to attribute
+        } else {
+            defer_or_emit(&ctx, id, &ev, p.leaf_caller);
+        }
     }
     0
 }

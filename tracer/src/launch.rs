@@ -128,6 +128,11 @@ pub fn wait(pid: u32) -> i32 {
             return 1;
         }
     }
+    exit_code(status)
+}
+
+/// A wait status as a shell exit code (128 + signal when killed).
+pub fn exit_code(status: i32) -> i32 {
     if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else if libc::WIFSIGNALED(status) {

@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod error;
+pub mod hold;
 pub mod ingest;
 pub mod launch;
 pub mod ledger;

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use crate::{
     cli::ReportArgs,
     error::Error,
+    hold::{self, Hold},
     ingest::{self, maps::ProcMaps},
     launch::{self, HeldChild},
     ledger::Ledger,
@@ -113,27 +114,33 @@ async fn trace(
     let channels = probes.take_channels()?;
     let (tx, mut rx) = mpsc::channel(1 << 16);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let ingest = tokio::spawn(ingest::run(channels, tx, stop_rx));
+    let (hold_tx, hold_rx) = mpsc::channel(64);
+    let ingest = tokio::spawn(ingest::run(channels, tx, hold_rx, stop_rx));
     let started = Instant::now();
     let mut ledger = Ledger::default();
-    let root_pid = match &mut root {
+    let (root_pid, hold) = match &mut root {
         Root::Held(child) => {
             let child = child.take().expect("held child present");
             probes.trace_pid(child.pid)?;
             ledger.add_root(child.pid, command, monotonic_ns());
-            child.release()?
+            let hold = hold::start(child.pid, hold_tx);
+            (child.release()?, hold)
         }
         Root::Attached { pid, .. } => {
             probes.trace_pid(*pid)?;
             ledger.add_root(*pid, command, monotonic_ns());
-            *pid
+            (*pid, hold::start(*pid, hold_tx))
         }
     };
     tracing::info!(pid = root_pid, "tracing");
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
     let probes_info: Arc<[_]> = probes.attached().into();
-    let mut end = Box::pin(end_of(&root, root_pid));
+    let (hold, root_exit) = match hold {
+        Some(Hold { root_exit, stop }) => (Some(stop), Some(root_exit)),
+        None => (None, None),
+    };
+    let mut end = Box::pin(end_of(&root, root_pid, root_exit));
     let mut tick = ticker(args.interval);
     let exit_code = loop {
         tokio::select! {
@@ -145,6 +152,9 @@ async fn trace(
             code = &mut end => break code,
         }
     };
+    if let Some(h) = hold {
+        let _ = h.send(());
+    }
     let _ = stop_tx.send(true);
     while let Some(input) = rx.recv().await {
         ledger.apply(input);
@@ -171,14 +181,26 @@ fn ticker(interval: f64) -> tokio::time::Interval {
 
 /// Resolves with the exit code when the session should end: the launched command exits (its
 /// status), or for attach: the target exits, the duration passes or Ctrl-C (0).
-async fn end_of(root: &Root, pid: u32) -> i32 {
+async fn end_of(
+    root: &Root,
+    pid: u32,
+    held_exit: Option<tokio::sync::oneshot::Receiver<i32>>,
+) -> i32 {
     match root {
         Root::Held(_) => {
-            let waiter = tokio::task::spawn_blocking(move || launch::wait(pid));
+            // The hold thread reaps the command when it traces it; otherwise wait here.
+            let waiter = async move {
+                match held_exit {
+                    Some(rx) => rx.await.unwrap_or(1),
+                    None => tokio::task::spawn_blocking(move || launch::wait(pid))
+                        .await
+                        .unwrap_or(1),
+                }
+            };
             tokio::pin!(waiter);
             loop {
                 tokio::select! {
-                    code = &mut waiter => break code.unwrap_or(1),
+                    code = &mut waiter => break code,
                     // The command got the same SIGINT from the terminal; its exit ends the session.
                     _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: waiting for the command to exit"),
                 }

@@ -16,7 +16,7 @@ use tracer_common::{AllocFn, COUNTERS, Counter, Event, EventKind, StackEvent};
 
 pub use stacks::{Frame, StackId, StackTable};
 
-use crate::error::Error;
+use crate::{error::Error, hold::HoldRequest};
 
 /// An event as the ledger sees it: decoded, with its stack interned.
 #[derive(Clone, Debug)]
@@ -99,6 +99,7 @@ impl KernelChannels {
 pub async fn run(
     ch: KernelChannels,
     tx: mpsc::Sender<Input>,
+    mut holds: mpsc::Receiver<HoldRequest>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let KernelChannels {
@@ -125,6 +126,12 @@ pub async fn run(
                 let mut guard = guard?;
                 guard.get_inner_mut().flush();
                 guard.clear_ready();
+            }
+            Some((pid, done)) = holds.recv() => {
+                // The process is stopped at exit with its memory intact: capture, then drain.
+                decoder.maps.refresh(pid);
+                decoder.drain(ring.get_mut(), &tx).await?;
+                let _ = done.send(());
             }
             _ = tick.tick() => {
                 tx.send(Input::Kernel(counters_of(&stats))).await?;
@@ -223,6 +230,15 @@ impl Decoder {
             self.undecodable += 1;
             return;
         };
+        tracing::trace!(
+            ?kind,
+            func = ev.func,
+            tgid = ev.tgid,
+            addr = ev.addr,
+            size = ev.size,
+            old = ev.old_addr,
+            "event"
+        );
         self.observe_process(kind, &ev);
         let stack = stack.and_then(|se| self.intern(&se, out));
         let command = match kind {
@@ -266,7 +282,12 @@ impl Decoder {
         } else {
             0
         };
-        let mut raw: Vec<u64> = se.frames[..n].to_vec();
+        // A walk that ran off the chain ends in zero or tiny "addresses": not frames.
+        let mut raw: Vec<u64> = se.frames[..n]
+            .iter()
+            .copied()
+            .take_while(|&a| a >= 4096)
+            .collect();
         if se.leaf_caller != 0 && raw.get(1) != Some(&se.leaf_caller) && !raw.is_empty() {
             raw.insert(1, se.leaf_caller);
         }
