@@ -40,6 +40,8 @@ pub enum EventKind {
     Exec = 9,
     /// The last thread of `tgid` exited.
     Exit = 10,
+    /// `mprotect(old_addr, old_size, aux)` succeeded.
+    Mprotect = 11,
 }
 
 impl EventKind {
@@ -57,6 +59,7 @@ impl EventKind {
             8 => Fork,
             9 => Exec,
             10 => Exit,
+            11 => Mprotect,
             _ => return None,
         })
     }
@@ -82,6 +85,7 @@ pub enum AllocFn {
     Brk = 14,
     /// libc's sbrk wrapper (probed so the brk it makes gets its caller's stack).
     Sbrk = 15,
+    Mprotect = 16,
 }
 
 impl AllocFn {
@@ -104,6 +108,7 @@ impl AllocFn {
             13 => Mremap,
             14 => Brk,
             15 => Sbrk,
+            16 => Mprotect,
             _ => return None,
         })
     }
@@ -127,6 +132,7 @@ impl AllocFn {
             Mremap => "mremap",
             Brk => "brk",
             Sbrk => "sbrk",
+            Mprotect => "mprotect",
         }
     }
 }
@@ -180,12 +186,17 @@ pub struct Pending {
     pub size: u64,
     pub aux: u64,
     pub leaf_caller: u64,
-    /// A page-level event (mmap, mremap, brk) raised inside this call. It is sent when the call
-    /// returns, with the stack taken there: the frame-pointer chain inside libc is not reliable,
-    /// the caller's is. `kind` 0: none.
-    pub deferred: Event,
+    /// Page-level events (mmap, munmap, mremap, mprotect, brk) raised inside this call, in order.
+    /// They are sent when the call returns, with the stack taken there: the frame-pointer chain
+    /// inside libc is not reliable, the caller's is.
+    pub deferred: [Event; MAX_DEFERRED],
+    /// Entries used in `deferred`.
+    pub n_deferred: u64,
 }
-const _: () = assert!(size_of::<Pending>() == 48 + 64);
+const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 8);
+
+/// Page-level events parked per allocator call (glibc's arena creation makes four).
+pub const MAX_DEFERRED: usize = 4;
 
 /// Indexes of the kernel-side counters (a per-CPU array). Every loss has its own slot.
 #[repr(u32)]

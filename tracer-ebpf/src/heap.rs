@@ -9,7 +9,10 @@ use aya_ebpf::{
 };
 use tracer_common::{AllocFn, Counter, EventKind, Pending};
 
-use crate::shared::{PENDING, count, emit, emit_with_stack, event, traced_current};
+use crate::{
+    pages::flush,
+    shared::{PENDING, count, emit, emit_with_stack, event, traced_current},
+};
 
 /// Records an allocator entry. A call made while another allocator call of the same thread is in
 /// flight deeper on the stack (realloc → malloc, reallocarray → realloc) only bumps the depth:
@@ -128,19 +131,16 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         }
         return 0;
     };
-    // SAFETY: map value owned by this thread's key.
+    // SAFETY: map value owned by this thread's key, removed only below.
     let p = unsafe { &mut *p };
     if p.depth > 1 {
         p.depth -= 1;
         return 0;
     }
-    let pending = *p;
-    let _ = PENDING.remove(&id);
     let rv: u64 = ctx.ret();
-    finish(&ctx, &pending, id, rv);
-    if pending.deferred.kind != 0 {
-        emit_with_stack(&ctx, &pending.deferred, 0);
-    }
+    finish(&ctx, p, id, rv);
+    flush(&ctx, p); // page-level events of this call, with its caller's stack
+    let _ = PENDING.remove(&id);
     0
 }
 

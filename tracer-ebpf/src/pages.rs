@@ -1,8 +1,10 @@
-//! Page-level probes: mmap, munmap, mremap and brk syscall tracepoints (they also catch direct
-//! syscalls). Entry records the arguments per thread; exit emits the event when the call succeeded.
+//! Page-level probes: mmap, munmap, mremap, mprotect and brk syscall tracepoints (they also catch
+//! direct syscalls). Entry records the arguments per thread; exit builds the event when the call
+//! succeeded. Inside an allocator call (malloc growing its heap, sbrk, mremap) events are parked in
+//! that call's pending entry, in order, and sent at its return with the caller's stack.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use tracer_common::{AllocFn, EventKind, Pending};
+use tracer_common::{AllocFn, Event, EventKind, MAX_DEFERRED, Pending};
 
 use crate::shared::{
     PENDING, SYS_PENDING, emit, emit_with_stack, event, syscall_leaf_caller, traced_current,
@@ -45,31 +47,75 @@ fn save(func: AllocFn, id: u64, arg0: u64, size: u64, aux: u64, stack: bool) {
 #[inline(always)]
 fn take(ctx: &TracePointContext, func: AllocFn) -> Option<(u64, Pending, i64)> {
     let (id, _) = traced_current()?;
-    // SAFETY: map value owned by this thread's key, copied out before removal.
-    let p = unsafe { *SYS_PENDING.get(&id)? };
+    let p = SYS_PENDING.get_ptr(&id)?;
+    // SAFETY: map value owned by this thread's key; the fields are copied before removal.
+    let (pfunc, arg0, size, aux, leaf_caller) =
+        unsafe { ((*p).func, (*p).arg0, (*p).size, (*p).aux, (*p).leaf_caller) };
     let _ = SYS_PENDING.remove(&id);
     let ret = sys_ret(ctx);
-    if p.func != func as u32 || (-4095..0).contains(&ret) {
+    if pfunc != func as u32 || (-4095..0).contains(&ret) {
         return None;
     }
+    let p = Pending {
+        func: pfunc,
+        depth: 1,
+        arg0,
+        size,
+        aux,
+        leaf_caller,
+        ..Pending::default()
+    };
     Some((id, p, ret))
 }
 
-/// Sends an event that needs a stack, or parks it in the thread's allocator call in flight (malloc
-/// growing the heap, sbrk, mremap), whose return sends it with the caller's stack. A second event in
-/// the same call first sends the parked one, so events stay in order.
+/// Whether an event is worth a stack: memory appearing (anonymous mmap, mremap, brk growth).
 #[inline(always)]
-fn defer_or_emit(ctx: &TracePointContext, id: u64, ev: &tracer_common::Event, leaf_caller: u64) {
-    let Some(p) = PENDING.get_ptr_mut(&id) else {
+pub fn needs_stack(ev: &Event) -> bool {
+    match ev.kind {
+        k if k == EventKind::Mmap as u32 => ev.aux & MAP_ANONYMOUS != 0,
+        k if k == EventKind::Mremap as u32 || k == EventKind::Brk as u32 => true,
+        _ => false,
+    }
+}
+
+/// Sends one event, with the current stack when it needs one.
+#[inline(always)]
+pub fn send<C: aya_ebpf::EbpfContext>(ctx: &C, ev: &Event, leaf_caller: u64) {
+    if needs_stack(ev) {
         emit_with_stack(ctx, ev, leaf_caller);
+    } else {
+        emit(ev);
+    }
+}
+
+/// Sends the events parked in `p`, in order, with the current stack.
+#[inline(always)]
+pub fn flush<C: aya_ebpf::EbpfContext>(ctx: &C, p: &mut Pending) {
+    for i in 0..MAX_DEFERRED {
+        if (i as u64) < p.n_deferred {
+            send(ctx, &p.deferred[i], 0);
+        }
+    }
+    p.n_deferred = 0;
+}
+
+/// Parks `ev` in the thread's allocator call in flight, or sends it now when there is none.
+#[inline(always)]
+fn defer_or_send(ctx: &TracePointContext, id: u64, ev: &Event, leaf_caller: u64) {
+    let Some(p) = PENDING.get_ptr_mut(&id) else {
+        send(ctx, ev, leaf_caller);
         return;
     };
     // SAFETY: map value owned by this thread's key.
     let p = unsafe { &mut *p };
-    if p.deferred.kind != 0 {
-        emit_with_stack(ctx, &p.deferred, 0);
+    if p.n_deferred >= MAX_DEFERRED as u64 {
+        flush(ctx, p);
     }
-    p.deferred = *ev;
+    let i = p.n_deferred as usize;
+    if i < MAX_DEFERRED {
+        p.deferred[i] = *ev;
+        p.n_deferred += 1;
+    }
 }
 
 #[tracepoint]
@@ -77,13 +123,14 @@ pub fn mmap_enter(ctx: TracePointContext) -> u32 {
     if let Some((id, _)) = traced_current() {
         let flags = sys_arg(&ctx, 3);
         let aux = (sys_arg(&ctx, 2) << 32) | (flags & 0xffff_ffff);
+        let anon = flags & MAP_ANONYMOUS != 0;
         save(
             AllocFn::Mmap,
             id,
             sys_arg(&ctx, 0),
             sys_arg(&ctx, 1),
             aux,
-            flags & MAP_ANONYMOUS != 0,
+            anon,
         );
     }
     0
@@ -96,11 +143,8 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
         ev.addr = ret as u64;
         ev.size = p.size;
         ev.aux = p.aux;
-        if p.aux & MAP_ANONYMOUS != 0 {
-            defer_or_emit(&ctx, id, &ev, p.leaf_caller);
-        } else {
-            emit(&ev); // file mapping: user space refreshes its view of the process's modules
-        }
+        // File mappings also go out: user space refreshes its view of the process's modules.
+        defer_or_send(&ctx, id, &ev, p.leaf_caller);
     }
     0
 }
@@ -126,7 +170,28 @@ pub fn munmap_exit(ctx: TracePointContext) -> u32 {
         let mut ev = event(EventKind::Munmap, p.func, id);
         ev.old_addr = p.arg0;
         ev.old_size = p.size;
-        emit(&ev);
+        defer_or_send(&ctx, id, &ev, 0);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
+    if let Some((id, _)) = traced_current() {
+        let (addr, len, prot) = (sys_arg(&ctx, 0), sys_arg(&ctx, 1), sys_arg(&ctx, 2));
+        save(AllocFn::Mprotect, id, addr, len, prot, false);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn mprotect_exit(ctx: TracePointContext) -> u32 {
+    if let Some((id, p, _)) = take(&ctx, AllocFn::Mprotect) {
+        let mut ev = event(EventKind::Mprotect, p.func, id);
+        ev.old_addr = p.arg0;
+        ev.old_size = p.size;
+        ev.aux = p.aux;
+        defer_or_send(&ctx, id, &ev, 0);
     }
     0
 }
@@ -134,14 +199,8 @@ pub fn munmap_exit(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn mremap_enter(ctx: TracePointContext) -> u32 {
     if let Some((id, _)) = traced_current() {
-        save(
-            AllocFn::Mremap,
-            id,
-            sys_arg(&ctx, 0),
-            sys_arg(&ctx, 2),
-            sys_arg(&ctx, 1),
-            true,
-        );
+        let (old, old_len, new_len) = (sys_arg(&ctx, 0), sys_arg(&ctx, 1), sys_arg(&ctx, 2));
+        save(AllocFn::Mremap, id, old, new_len, old_len, true);
     }
     0
 }
@@ -154,7 +213,7 @@ pub fn mremap_exit(ctx: TracePointContext) -> u32 {
         ev.old_size = p.aux;
         ev.addr = ret as u64;
         ev.size = p.size;
-        defer_or_emit(&ctx, id, &ev, p.leaf_caller);
+        defer_or_send(&ctx, id, &ev, p.leaf_caller);
     }
     0
 }
@@ -174,9 +233,9 @@ pub fn brk_exit(ctx: TracePointContext) -> u32 {
         ev.old_addr = p.arg0;
         ev.addr = ret as u64;
         if p.arg0 == 0 {
-            emit(&ev); // brk(0) asks for the break: no stack needed, nothing to attribute
+            emit(&ev); // brk(0) asks for the break: no stack, nothing to attribute
         } else {
-            defer_or_emit(&ctx, id, &ev, p.leaf_caller);
+            defer_or_send(&ctx, id, &ev, p.leaf_caller);
         }
     }
     0

@@ -237,6 +237,8 @@ impl Decoder {
             addr = ev.addr,
             size = ev.size,
             old = ev.old_addr,
+            old_size = ev.old_size,
+            aux = ev.aux,
             "event"
         );
         self.observe_process(kind, &ev);

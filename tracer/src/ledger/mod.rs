@@ -119,7 +119,11 @@ impl Ledger {
             EventKind::Alloc => p.alloc(ev.addr, ev.size, origin),
             EventKind::Free => p.free(ev.old_addr),
             EventKind::Realloc => p.realloc(ev.old_addr, ev.addr, ev.size, origin),
-            EventKind::Mmap => p.mmap(ev.addr, ev.size, ev.aux & MAP_ANONYMOUS != 0, origin),
+            EventKind::Mmap => {
+                let (anon, no_access) = (ev.aux & MAP_ANONYMOUS != 0, ev.aux >> 32 == 0);
+                p.mmap(ev.addr, ev.size, anon, no_access, origin)
+            }
+            EventKind::Mprotect => p.mprotect(ev.old_addr, ev.old_size, ev.aux),
             EventKind::Munmap => p.munmap(ev.old_addr, ev.old_size),
             EventKind::Mremap => p.mremap(ev.old_addr, ev.old_size, ev.addr, ev.size),
             EventKind::Brk => p.brk(ev.addr, origin),
@@ -152,15 +156,8 @@ impl Ledger {
         let mut acc: HashMap<(u32, Option<StackId>, Kind, bool), Group> = HashMap::new();
         for p in self.procs.values() {
             let heap = p.heap.values().map(|b| (Kind::Heap, b.size, &b.origin));
-            let mmaps = p
-                .mmaps
-                .iter()
-                .map(|(s, r)| (Kind::Mmap, r.end - s, &r.origin));
-            let brk = p
-                .brk
-                .segments
-                .iter()
-                .map(|(s, r)| (Kind::Brk, r.end - s, &r.origin));
+            let mmaps = p.mmaps.live().map(|(n, o)| (Kind::Mmap, n, o));
+            let brk = p.brk.segments.live().map(|(n, o)| (Kind::Brk, n, o));
             for (kind, bytes, o) in heap.chain(mmaps).chain(brk) {
                 let g = acc
                     .entry((p.pid, o.stack, kind, o.inherited))

@@ -111,6 +111,11 @@ impl Process {
 
     pub fn free(&mut self, addr: u64) {
         if self.heap.remove(&addr).is_none() {
+            tracing::debug!(
+                pid = self.pid,
+                addr,
+                "free of an address with no outstanding block"
+            );
             self.mismatches.unmatched_frees += 1;
         }
     }
@@ -126,14 +131,21 @@ impl Process {
         }
     }
 
-    /// A successful mmap: anonymous mappings are tracked; any mapping replaces what it covers.
-    pub fn mmap(&mut self, addr: u64, len: u64, anonymous: bool, origin: Origin) {
+    /// A successful mmap: anonymous mappings are tracked (without access: reserved); any mapping
+    /// replaces what it covers.
+    pub fn mmap(&mut self, addr: u64, len: u64, anonymous: bool, no_access: bool, origin: Origin) {
         let end = addr.saturating_add(page_up(len));
         if anonymous {
-            self.mmaps.insert(addr, end, origin);
+            self.mmaps.insert(addr, end, origin, no_access);
         } else {
             self.mmaps.remove(addr, end);
         }
+    }
+
+    /// mprotect: PROT_NONE turns memory back into reserved address space, anything else opens it.
+    pub fn mprotect(&mut self, addr: u64, len: u64, prot: u64) {
+        self.mmaps
+            .protect(addr, addr.saturating_add(page_up(len)), prot == 0);
     }
 
     pub fn munmap(&mut self, addr: u64, len: u64) {
@@ -147,9 +159,10 @@ impl Process {
         let Some(origin) = self.mmaps.origin_at(old).cloned() else {
             return; // a file mapping or one from before tracing: not ours to count
         };
+        let reserved = self.mmaps.is_reserved(old);
         self.mmaps.remove(old, old.saturating_add(page_up(old_len)));
-        self.mmaps
-            .insert(new, new.saturating_add(page_up(new_len)), origin);
+        let end = new.saturating_add(page_up(new_len));
+        self.mmaps.insert(new, end, origin, reserved);
     }
 
     /// brk(requested) returned `result`, the new break. Growth belongs to the caller; shrinking
@@ -161,7 +174,9 @@ impl Process {
             return;
         };
         if result > self.brk.top {
-            self.brk.segments.insert(self.brk.top, result, origin);
+            self.brk
+                .segments
+                .insert(self.brk.top, result, origin, false);
         } else if result < self.brk.top {
             self.brk.segments.remove(result, self.brk.top);
         }

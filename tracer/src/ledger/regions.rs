@@ -1,5 +1,7 @@
 //! Page-level regions of one address space: non-overlapping [start, end) ranges, each with the stack
 //! that created it. Unmapping part of a region splits it; mapping over a range replaces it.
+//! Ranges without access (PROT_NONE: glibc's arena reservations, guard pages) are kept as reserved
+//! address space and not counted until mprotect opens them.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +12,8 @@ use super::Origin;
 pub struct Region {
     pub end: u64,
     pub origin: Origin,
+    /// Mapped without access: address space, not memory.
+    pub reserved: bool,
 }
 
 /// Regions keyed by start address.
@@ -20,22 +24,50 @@ pub struct Regions {
 
 impl Regions {
     /// Adds [start, end), replacing whatever overlapped it.
-    pub fn insert(&mut self, start: u64, end: u64, origin: Origin) {
+    pub fn insert(&mut self, start: u64, end: u64, origin: Origin, reserved: bool) {
         self.remove(start, end);
-        self.map.insert(start, Region { end, origin });
+        self.map.insert(
+            start,
+            Region {
+                end,
+                origin,
+                reserved,
+            },
+        );
+    }
+
+    /// mprotect: the parts of tracked regions inside [start, end) become reserved (no access) or
+    /// memory again, keeping their origin.
+    pub fn protect(&mut self, start: u64, end: u64, reserved: bool) {
+        let inside: Vec<(u64, Region)> = self
+            .overlapping(start, end)
+            .into_iter()
+            .filter_map(|s| self.map.get(&s).map(|r| (s, r.clone())))
+            .collect();
+        self.remove(start, end);
+        for (s, r) in inside {
+            let piece = Region {
+                end: r.end.min(end),
+                origin: r.origin,
+                reserved,
+            };
+            self.map.insert(s.max(start), piece);
+        }
+    }
+
+    fn overlapping(&self, start: u64, end: u64) -> Vec<u64> {
+        self.map
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .map(|(s, _)| *s)
+            .collect()
     }
 
     /// Removes [start, end), splitting regions that straddle its edges. Returns the bytes removed.
     pub fn remove(&mut self, start: u64, end: u64) -> u64 {
         let mut removed = 0;
-        let overlapping: Vec<u64> = self
-            .map
-            .range(..end)
-            .rev()
-            .take_while(|(_, r)| r.end > start)
-            .map(|(s, _)| *s)
-            .collect();
-        for s in overlapping {
+        for s in self.overlapping(start, end) {
             let Some(r) = self.map.remove(&s) else {
                 continue;
             };
@@ -44,7 +76,7 @@ impl Regions {
                     s,
                     Region {
                         end: start,
-                        origin: r.origin.clone(),
+                        ..r.clone()
                     },
                 );
             }
@@ -53,7 +85,7 @@ impl Regions {
                     end,
                     Region {
                         end: r.end,
-                        origin: r.origin.clone(),
+                        ..r.clone()
                     },
                 );
             }
@@ -68,6 +100,21 @@ impl Regions {
         (r.end > addr).then_some(&r.origin)
     }
 
+    pub fn is_reserved(&self, addr: u64) -> bool {
+        self.map
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, r)| r.end > addr && r.reserved)
+    }
+
+    /// (bytes, origin) of each accessible region.
+    pub fn live(&self) -> impl Iterator<Item = (u64, &Origin)> {
+        self.map
+            .iter()
+            .filter(|(_, r)| !r.reserved)
+            .map(|(s, r)| (r.end - s, &r.origin))
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Region)> {
         self.map.iter().map(|(s, r)| (*s, r))
     }
@@ -79,8 +126,13 @@ impl Regions {
         Self { map }
     }
 
+    /// Bytes of accessible (not reserved) regions.
     pub fn bytes(&self) -> u64 {
-        self.map.iter().map(|(s, r)| r.end - s).sum()
+        self.map
+            .iter()
+            .filter(|(_, r)| !r.reserved)
+            .map(|(s, r)| r.end - s)
+            .sum()
     }
 }
 
@@ -101,7 +153,7 @@ mod tests {
     #[test]
     fn partial_unmap_splits_and_counts_exactly() {
         let mut r = Regions::default();
-        r.insert(0x10000, 0x20000, o(1));
+        r.insert(0x10000, 0x20000, o(1), false);
         assert_eq!(r.remove(0x14000, 0x15000), 0x1000);
         assert_eq!(r.bytes(), 0x10000 - 0x1000);
         assert_eq!(r.origin_at(0x13fff), Some(&o(1)));
@@ -123,10 +175,33 @@ mod tests {
     #[test]
     fn mapping_over_a_range_replaces_it() {
         let mut r = Regions::default();
-        r.insert(0x1000, 0x5000, o(1));
-        r.insert(0x2000, 0x3000, o(2));
+        r.insert(0x1000, 0x5000, o(1), false);
+        r.insert(0x2000, 0x3000, o(2), false);
         assert_eq!(r.bytes(), 0x4000);
         assert_eq!(r.origin_at(0x2800), Some(&o(2)));
         assert_eq!(r.origin_at(0x3800), Some(&o(1)));
+    }
+
+    #[test]
+    fn reserved_ranges_count_once_opened() {
+        // glibc's arena: 64 MiB reserved, the first 132 KiB opened read-write.
+        let mut r = Regions::default();
+        r.insert(0x4000_0000, 0x4400_0000, o(3), true);
+        assert_eq!(r.bytes(), 0);
+        r.protect(0x4000_0000, 0x4002_1000, false);
+        assert_eq!(r.bytes(), 0x21000);
+        assert_eq!(
+            r.origin_at(0x4002_1000),
+            Some(&o(3)),
+            "the rest stays tracked, reserved"
+        );
+        r.protect(0x4000_0000, 0x4000_1000, true);
+        assert_eq!(r.bytes(), 0x20000);
+        assert_eq!(
+            r.remove(0x4000_0000, 0x4400_0000),
+            0x400_0000,
+            "munmap removes it all"
+        );
+        assert_eq!(r.bytes(), 0);
     }
 }

@@ -106,6 +106,19 @@ const HEAP_FNS: &[HeapFn] = &[
         args: RDI,
         returns: false,
     },
+    // Syscall wrappers probed so their page-level events carry the caller's stack.
+    HeapFn {
+        name: "sbrk",
+        entry: "sbrk_enter",
+        args: &[],
+        returns: true,
+    },
+    HeapFn {
+        name: "mremap",
+        entry: "mremap_wrapper_enter",
+        args: &[],
+        returns: true,
+    },
 ];
 
 /// (program, category, tracepoint)
@@ -114,6 +127,8 @@ const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("mmap_exit", "syscalls", "sys_exit_mmap"),
     ("munmap_enter", "syscalls", "sys_enter_munmap"),
     ("munmap_exit", "syscalls", "sys_exit_munmap"),
+    ("mprotect_enter", "syscalls", "sys_enter_mprotect"),
+    ("mprotect_exit", "syscalls", "sys_exit_mprotect"),
     ("mremap_enter", "syscalls", "sys_enter_mremap"),
     ("mremap_exit", "syscalls", "sys_exit_mremap"),
     ("brk_enter", "syscalls", "sys_enter_brk"),
