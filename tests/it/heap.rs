@@ -1,0 +1,85 @@
+//! Heap-level probes: every malloc-family function, exact bytes and blocks per leaking function.
+
+use tests::{fixture, report::frame_fn};
+
+use crate::line_of;
+
+#[test]
+fn every_heap_allocator_is_accounted_per_call_site() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("heap");
+    let t = fixture::trace(&[], &[bin.to_str().unwrap()]).unwrap();
+    assert_eq!(t.output.status.code(), Some(0), "exit status propagated");
+    let r = t.last();
+    let site = |f: &str| r.site("heap", 0, f);
+    assert_eq!(site("leak_malloc"), (10_000, 10));
+    assert_eq!(site("leak_calloc"), (5 * 91, 5));
+    assert_eq!(
+        site("grow"),
+        (5000, 1),
+        "grow → realloc chain: the last realloc owns the block"
+    );
+    assert_eq!(site("leak_realloc_shrink"), (100, 1));
+    assert_eq!(site("leak_realloc_move"), (200_000, 1));
+    assert_eq!(site("leak_realloc_null"), (777, 1));
+    assert_eq!(site("leak_reallocarray"), (200, 1));
+    assert_eq!(site("leak_posix_memalign"), (3 * 4096, 3));
+    assert_eq!(site("leak_aligned_alloc"), (1024, 1));
+    assert_eq!(site("leak_memalign"), (512, 1));
+    assert_eq!(site("leak_valloc"), (3000, 1));
+    assert_eq!(
+        site("leak_pvalloc"),
+        (8192, 1),
+        "pvalloc rounds up to a page"
+    );
+    for control in [
+        "control_malloc",
+        "control_calloc",
+        "control_realloc_zero",
+        "failures",
+    ] {
+        assert_eq!(
+            r.sum(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(control)),
+            (0, 0),
+            "{control}"
+        );
+    }
+    // The leaking frame carries the exact source line of the call.
+    let leak = r
+        .stacks()
+        .iter()
+        .find(|s| frame_fn(s, 0) == Some("leak_malloc"))
+        .unwrap();
+    assert_eq!(
+        leak["frames"][0]["line"],
+        line_of("heap", "void leak_malloc(")
+    );
+    assert!(
+        leak["frames"][0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("heap.c")
+    );
+    assert_eq!(frame_fn(leak, 1), Some("main"));
+    // Nothing this fixture does is a mismatch: every free matched a block.
+    assert_eq!(r.losses()["unmatched_frees"], 0);
+    assert_eq!(r.losses()["ringbuf_full"], 0);
+}
+
+#[test]
+fn eight_threads_allocating_at_once_are_exact() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("threads");
+    let t = fixture::trace(&[], &[bin.to_str().unwrap()]).unwrap();
+    let r = t.last();
+    assert_eq!(r.site("heap", 0, "thread_leak"), (8 * 100 * 256, 800));
+    assert_eq!(r.site("heap", 0, "thread_control"), (0, 0));
+    assert_eq!(r.losses()["ringbuf_full"], 0);
+    assert_eq!(r.losses()["pending_full"], 0);
+}

@@ -1,0 +1,23 @@
+//! leaktracer's integration tests: the real binary, real eBPF in the running kernel, C fixtures
+//! with known leaks and controls, exact bytes and frames read from the JSON report.
+
+mod errors;
+mod heap;
+mod oracle;
+mod pages;
+mod tree;
+
+use std::path::Path;
+
+/// The 1-based line of the first line of fixture `name` containing `needle`.
+pub fn line_of(name: &str, needle: &str) -> u64 {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(format!("{name}.c"));
+    let text = std::fs::read_to_string(&src).expect("fixture source");
+    let i = text
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("{needle} not in {name}.c"));
+    i as u64 + 1
+}

@@ -1,0 +1,86 @@
+//! The JSON report (schema leaktracer.report/1) as the tests read it.
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+/// One parsed report.
+pub struct Report(pub Value);
+
+impl Report {
+    pub fn parse(line: &str) -> anyhow::Result<Self> {
+        let v: Value = serde_json::from_str(line).context("report is not JSON")?;
+        anyhow::ensure!(
+            v["schema"] == "leaktracer.report/1",
+            "unexpected schema {}",
+            v["schema"]
+        );
+        Ok(Self(v))
+    }
+
+    pub fn stacks(&self) -> &[Value] {
+        self.0["stacks"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    pub fn processes(&self) -> &[Value] {
+        self.0["processes"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    pub fn process(&self, pid: u64) -> &Value {
+        self.processes()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("no process {pid}"))
+    }
+
+    /// The root process (no parent among the traced).
+    pub fn root_pid(&self) -> u64 {
+        self.processes()
+            .iter()
+            .find(|p| p["ppid"].is_null())
+            .and_then(|p| p["pid"].as_u64())
+            .expect("root process")
+    }
+
+    /// Sums (bytes, blocks) over the stacks matching `filter`.
+    pub fn sum(&self, filter: impl Fn(&Value) -> bool) -> (u64, u64) {
+        self.stacks()
+            .iter()
+            .filter(|s| filter(s))
+            .fold((0, 0), |(b, n), s| {
+                (
+                    b + s["bytes"].as_u64().unwrap(),
+                    n + s["blocks"].as_u64().unwrap(),
+                )
+            })
+    }
+
+    /// (bytes, blocks) of `kind` whose frame `index` is `function` (own memory, not inherited).
+    pub fn site(&self, kind: &str, index: usize, function: &str) -> (u64, u64) {
+        self.sum(|s| {
+            s["kind"] == kind && s["inherited"] == false && frame_fn(s, index) == Some(function)
+        })
+    }
+
+    pub fn losses(&self) -> &Value {
+        &self.0["losses"]
+    }
+}
+
+/// The function name of frame `index` of a stack entry.
+pub fn frame_fn(stack: &Value, index: usize) -> Option<&str> {
+    stack["frames"].get(index)?["function"].as_str()
+}
+
+/// Index of the first frame naming `function`.
+pub fn frame_index(stack: &Value, function: &str) -> Option<usize> {
+    stack["frames"]
+        .as_array()?
+        .iter()
+        .position(|f| f["function"] == function)
+}
