@@ -202,24 +202,22 @@ pub const MAX_DEFERRED: usize = 4;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Records written to the ring buffer.
-    EventsSent = 0,
     /// Ring-buffer reservations that failed (buffer full): events lost.
-    RingbufFull = 1,
+    RingbufFull = 0,
     /// Inserts into the pending map that failed: an allocation whose return is lost.
-    PendingFull = 2,
+    PendingFull = 1,
     /// Inserts into the traced-process map that failed: a child not followed.
-    TracedFull = 3,
+    TracedFull = 2,
     /// Returns without a recorded entry (entry lost or probe attached mid-call).
-    ReturnWithoutEntry = 4,
+    ReturnWithoutEntry = 3,
     /// `bpf_get_stack` errors (record sent without a stack).
-    StackErrors = 5,
+    StackErrors = 4,
     /// Allocator calls made from inside another allocator call (handled by the outer one).
-    Nested = 6,
+    Nested = 5,
 }
 
 /// Number of counter slots.
-pub const COUNTERS: u32 = 8;
+pub const COUNTERS: u32 = 6;
 
 #[cfg(feature = "user")]
 mod user {

@@ -3,7 +3,7 @@
 //! the frame-pointer chain is intact and the direct caller is the first frame).
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -11,7 +11,9 @@ use tracer_common::{AllocFn, Counter, EventKind, Pending};
 
 use crate::{
     pages::flush,
-    shared::{PENDING, count, emit, emit_with_stack, event, traced_current},
+    shared::{
+        PENDING, Stack, capture, count, emit, emit_with_stack, event, probe_regs, traced_current,
+    },
 };
 
 /// Records an allocator entry. A call made while another allocator call of the same thread is in
@@ -19,19 +21,33 @@ use crate::{
 /// the outer call's return accounts for it.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
-    let Some((id, _)) = traced_current() else {
-        return 0;
-    };
+    // A thread with an entry is traced (entries are made only for traced threads and removed when
+    // they exit): one lookup instead of two on the hot path.
+    let id = bpf_get_current_pid_tgid();
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
     if let Some(p) = PENDING.get_ptr_mut(&id) {
         // SAFETY: map value owned by this thread's key.
         let p = unsafe { &mut *p };
-        if sp <= p.sp {
+        if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
             return 0;
         }
+        // The thread's entry is idle (or stale after a longjmp): reuse it in place, cheaper than a
+        // delete at every return and an insert at every entry.
+        *p = Pending {
+            func: func as u32,
+            depth: 1,
+            sp,
+            arg0,
+            size,
+            ..Pending::default()
+        };
+        return 0;
+    }
+    if traced_current().is_none() {
+        return 0;
     }
     let pending = Pending {
         func: func as u32,
@@ -124,28 +140,34 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
 /// Shared return program of every allocator above.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    let id = bpf_get_current_pid_tgid();
     let Some(p) = PENDING.get_ptr_mut(&id) else {
         if traced_current().is_some() {
             count(Counter::ReturnWithoutEntry);
         }
         return 0;
     };
-    // SAFETY: map value owned by this thread's key, removed only below.
+    // SAFETY: map value owned by this thread's key (removed only when the thread exits).
     let p = unsafe { &mut *p };
+    if p.depth == 0 {
+        count(Counter::ReturnWithoutEntry);
+        return 0;
+    }
     if p.depth > 1 {
         p.depth -= 1;
         return 0;
     }
     let rv: u64 = ctx.ret();
-    finish(&ctx, p, id, rv);
-    flush(&ctx, p); // page-level events of this call, with its caller's stack
-    let _ = PENDING.remove(&id);
+    // One walk serves the allocation and the page-level events of this call (its caller's stack).
+    let stack = capture(&probe_regs(ctx.regs));
+    finish(stack.as_ref(), p, id, rv);
+    flush(stack.as_ref(), p);
+    p.depth = 0; // idle until the thread's next allocator call
     0
 }
 
 #[inline(always)]
-fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, rv: u64) {
+fn finish(stack: Option<&Stack>, p: &Pending, id: u64, rv: u64) {
     let Some(func) = AllocFn::from_u32(p.func) else {
         return;
     };
@@ -183,10 +205,9 @@ fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, rv: u64) {
         }
     };
     ev.size = p.size;
-    if ev.addr == 0 {
-        emit(&ev); // realloc(p, 0): a free, no stack needed
-    } else {
-        emit_with_stack(ctx, &ev, 0);
+    match stack {
+        Some(stack) if ev.addr != 0 => emit_with_stack(stack, &ev, 0),
+        _ => emit(&ev), // realloc(p, 0): a free, no stack needed
     }
 }
 
@@ -194,21 +215,22 @@ fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, rv: u64) {
 /// tracer/src/probes/placement.rs); `rdi` still holds the pointer there.
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
-    let Some((id, _)) = traced_current() else {
-        return 0;
-    };
     let ptr = arg(&ctx, 0);
     if ptr == 0 {
         return 0;
     }
+    let id = bpf_get_current_pid_tgid();
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(p) = PENDING.get_ptr(&id) {
+    match PENDING.get_ptr(&id) {
         // SAFETY: map value owned by this thread's key.
-        if sp <= unsafe { (*p).sp } {
+        Some(p) if unsafe { (*p).depth > 0 && sp <= (*p).sp } => {
             count(Counter::Nested); // realloc(p, 0) frees through free's public address
             return 0;
         }
+        Some(_) => {} // an entry means a traced thread
+        None if traced_current().is_none() => return 0,
+        None => {}
     }
     let mut ev = event(EventKind::Free, AllocFn::Free as u32, id);
     ev.old_addr = ptr;

@@ -2,6 +2,7 @@
 //! lifecycle tracepoints (`process`) share the maps and helpers of `shared`. Every program filters on
 //! the traced-tgid map first: the probes are attached to whole files, so everything else is noise.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 mod heap;
@@ -11,6 +12,8 @@ mod pages;
 mod process;
 #[cfg(target_arch = "bpf")]
 mod shared;
+#[cfg(target_arch = "bpf")]
+mod unwind;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -7,7 +7,8 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{AllocFn, Event, EventKind, MAX_DEFERRED, Pending};
 
 use crate::shared::{
-    PENDING, SYS_PENDING, emit, emit_with_stack, event, syscall_leaf_caller, traced_current,
+    PENDING, SYS_PENDING, Stack, capture, emit, emit_with_stack, event, syscall_leaf_caller,
+    task_regs, traced_current,
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -78,22 +79,21 @@ pub fn needs_stack(ev: &Event) -> bool {
     }
 }
 
-/// Sends one event, with the current stack when it needs one.
+/// Sends one event, with `stack` when it needs one.
 #[inline(always)]
-pub fn send<C: aya_ebpf::EbpfContext>(ctx: &C, ev: &Event, leaf_caller: u64) {
-    if needs_stack(ev) {
-        emit_with_stack(ctx, ev, leaf_caller);
-    } else {
-        emit(ev);
+pub fn send(stack: Option<&Stack>, ev: &Event, leaf_caller: u64) {
+    match stack {
+        Some(stack) if needs_stack(ev) => emit_with_stack(stack, ev, leaf_caller),
+        _ => emit(ev),
     }
 }
 
-/// Sends the events parked in `p`, in order, with the current stack.
+/// Sends the events parked in `p`, in order, with `stack`.
 #[inline(always)]
-pub fn flush<C: aya_ebpf::EbpfContext>(ctx: &C, p: &mut Pending) {
+pub fn flush(stack: Option<&Stack>, p: &mut Pending) {
     for i in 0..MAX_DEFERRED {
         if (i as u64) < p.n_deferred {
-            send(ctx, &p.deferred[i], 0);
+            send(stack, &p.deferred[i], 0);
         }
     }
     p.n_deferred = 0;
@@ -101,15 +101,24 @@ pub fn flush<C: aya_ebpf::EbpfContext>(ctx: &C, p: &mut Pending) {
 
 /// Parks `ev` in the thread's allocator call in flight, or sends it now when there is none.
 #[inline(always)]
-fn defer_or_send(ctx: &TracePointContext, id: u64, ev: &Event, leaf_caller: u64) {
-    let Some(p) = PENDING.get_ptr_mut(&id) else {
-        send(ctx, ev, leaf_caller);
+fn defer_or_send(id: u64, ev: &Event, leaf_caller: u64) {
+    // SAFETY: map value owned by this thread's key.
+    let Some(p) = PENDING
+        .get_ptr_mut(&id)
+        .map(|p| unsafe { &mut *p })
+        .filter(|p| p.depth > 0)
+    else {
+        let stack = if needs_stack(ev) {
+            capture(&task_regs())
+        } else {
+            None
+        };
+        send(stack.as_ref(), ev, leaf_caller);
         return;
     };
-    // SAFETY: map value owned by this thread's key.
-    let p = unsafe { &mut *p };
     if p.n_deferred >= MAX_DEFERRED as u64 {
-        flush(ctx, p);
+        // Rare (more page events in one allocator call than slots): send them with this stack.
+        flush(capture(&task_regs()).as_ref(), p);
     }
     let i = p.n_deferred as usize;
     if i < MAX_DEFERRED {
@@ -144,7 +153,7 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
         ev.size = p.size;
         ev.aux = p.aux;
         // File mappings also go out: user space refreshes its view of the process's modules.
-        defer_or_send(&ctx, id, &ev, p.leaf_caller);
+        defer_or_send(id, &ev, p.leaf_caller);
     }
     0
 }
@@ -170,7 +179,7 @@ pub fn munmap_exit(ctx: TracePointContext) -> u32 {
         let mut ev = event(EventKind::Munmap, p.func, id);
         ev.old_addr = p.arg0;
         ev.old_size = p.size;
-        defer_or_send(&ctx, id, &ev, 0);
+        defer_or_send(id, &ev, 0);
     }
     0
 }
@@ -191,7 +200,7 @@ pub fn mprotect_exit(ctx: TracePointContext) -> u32 {
         ev.old_addr = p.arg0;
         ev.old_size = p.size;
         ev.aux = p.aux;
-        defer_or_send(&ctx, id, &ev, 0);
+        defer_or_send(id, &ev, 0);
     }
     0
 }
@@ -213,7 +222,7 @@ pub fn mremap_exit(ctx: TracePointContext) -> u32 {
         ev.old_size = p.aux;
         ev.addr = ret as u64;
         ev.size = p.size;
-        defer_or_send(&ctx, id, &ev, p.leaf_caller);
+        defer_or_send(id, &ev, p.leaf_caller);
     }
     0
 }
@@ -235,7 +244,7 @@ pub fn brk_exit(ctx: TracePointContext) -> u32 {
         if p.arg0 == 0 {
             emit(&ev); // brk(0) asks for the break: no stack, nothing to attribute
         } else {
-            defer_or_send(&ctx, id, &ev, p.leaf_caller);
+            defer_or_send(id, &ev, p.leaf_caller);
         }
     }
     0

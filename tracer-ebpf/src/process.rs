@@ -7,7 +7,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
-use crate::shared::{PENDING, SYS_PENDING, TRACED, count, emit, event, traced_current};
+use crate::shared::{PENDING, SYS_PENDING, TRACED, count, emit_now, event, traced_current};
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).
 #[unsafe(no_mangle)]
@@ -48,14 +48,14 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let mut ev = event(EventKind::Fork, 0, id);
     ev.aux = pid as u64;
     ev.size = flags;
-    emit(&ev);
+    emit_now(&ev);
     0
 }
 
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
     if let Some((id, _)) = traced_current() {
-        emit(&event(EventKind::Exec, 0, id));
+        emit_now(&event(EventKind::Exec, 0, id));
     }
     0
 }
@@ -76,7 +76,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     };
     if group_dead {
         let _ = TRACED.remove(&tgid);
-        emit(&event(EventKind::Exit, 0, id));
+        emit_now(&event(EventKind::Exit, 0, id));
     }
     0
 }

@@ -2,19 +2,19 @@
 
 use aya_ebpf::bindings::pt_regs;
 use aya_ebpf::{
-    EbpfContext,
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs},
+        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
     },
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES,
-    StackEvent,
+    COUNTERS, Counter, Event, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, StackEvent,
 };
+
+pub use crate::unwind::{Stack, UserRegs, capture};
 
 /// Processes (tgids) being traced. User space seeds it; fork adds children, exit removes.
 #[map]
@@ -66,41 +66,73 @@ pub fn event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
     }
 }
 
-/// Sends a record without a stack.
+/// Data records never wake the consumer: user space polls every 10 ms and drains everything. A
+/// wakeup is an inter-processor interrupt, and one per record costs more than the record (64 MiB of
+/// ring at 600 bytes a record would take over 10 million records/s to fill between two polls).
+const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
+
+/// Sends a record without a stack, waking the consumer now (process lifecycle events).
 #[inline(always)]
-pub fn emit(ev: &Event) {
-    match EVENTS.output(ev, 0) {
-        Ok(()) => count(Counter::EventsSent),
+pub fn emit_now(ev: &Event) {
+    match EVENTS.output(ev, BPF_RB_FORCE_WAKEUP as u64) {
+        Ok(()) => {}
         Err(_) => count(Counter::RingbufFull),
     }
 }
 
-/// Sends a record with the user stack of the current thread, written straight into the ring buffer.
+/// Sends a record without a stack.
 #[inline(always)]
-pub fn emit_with_stack<C: EbpfContext>(ctx: &C, ev: &Event, leaf_caller: u64) {
+pub fn emit(ev: &Event) {
+    match EVENTS.output(ev, DATA_FLAGS) {
+        Ok(()) => {}
+        Err(_) => count(Counter::RingbufFull),
+    }
+}
+
+/// Sends a record with a captured stack (copied from the per-CPU frame buffer).
+#[inline(always)]
+pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
     let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
         count(Counter::RingbufFull);
         return;
     };
     let rec = entry.as_mut_ptr();
-    // SAFETY: `rec` is an exclusive reservation of size_of::<StackEvent>() bytes.
-    let n = unsafe {
+    // SAFETY: `rec` is an exclusive reservation of size_of::<StackEvent>() bytes; `stack.frames`
+    // is this CPU's frame buffer, filled by `capture` in this same program run.
+    unsafe {
         (*rec).event = *ev;
         (*rec).leaf_caller = leaf_caller;
-        bpf_get_stack(
-            ctx.as_ptr(),
-            (*rec).frames.as_mut_ptr().cast(),
-            (MAX_FRAMES * 8) as u32,
-            BPF_F_USER_STACK as u64,
-        )
-    };
-    // SAFETY: as above.
-    unsafe { (*rec).stack_bytes = n };
-    if n < 0 {
-        count(Counter::StackErrors);
+        (*rec).frames = *stack.frames;
+        (*rec).stack_bytes = (stack.n * 8) as i64;
     }
-    entry.submit(0);
-    count(Counter::EventsSent);
+    entry.submit(DATA_FLAGS);
+}
+
+/// The user registers of a probe's context.
+#[inline(always)]
+pub fn probe_regs(regs: *const pt_regs) -> UserRegs {
+    // SAFETY: the probe's own register block.
+    unsafe {
+        UserRegs {
+            ip: (*regs).rip,
+            sp: (*regs).rsp,
+            bp: (*regs).rbp,
+        }
+    }
+}
+
+/// The user registers of the current task, saved at syscall entry.
+#[inline(always)]
+pub fn task_regs() -> UserRegs {
+    // SAFETY: helpers return the current task and its saved user registers; reads fail cleanly.
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        UserRegs {
+            ip: bpf_probe_read_kernel(&(*regs).rip).unwrap_or(0),
+            sp: bpf_probe_read_kernel(&(*regs).rsp).unwrap_or(0),
+            bp: bpf_probe_read_kernel(&(*regs).rbp).unwrap_or(0),
+        }
+    }
 }
 
 /// The return address at the user stack pointer when the bytes before it encode a call: the caller
@@ -108,15 +140,7 @@ pub fn emit_with_stack<C: EbpfContext>(ctx: &C, ev: &Event, leaf_caller: u64) {
 /// syscall (the user registers are the task's saved ones).
 #[inline(always)]
 pub fn syscall_leaf_caller() -> u64 {
-    // SAFETY: helpers return a valid task and its user register block, or fail the reads below.
-    let sp = unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
-        match bpf_probe_read_kernel(&(*regs).rsp) {
-            Ok(sp) => sp,
-            Err(_) => return 0,
-        }
-    };
-    leaf_caller_at(sp)
+    leaf_caller_at(task_regs().sp)
 }
 
 /// As [`syscall_leaf_caller`] for a known user stack pointer.

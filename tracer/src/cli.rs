@@ -42,6 +42,19 @@ pub enum Command {
         #[arg(long, value_name = "S")]
         duration: Option<f64>,
     },
+    /// Measure ns per malloc+free pair: untraced, empty probes (the floor), leaktracer, and
+    /// leaktracer with `free` probed at +0, in one run with ratios.
+    Bench {
+        /// malloc+free pairs per measurement.
+        #[arg(long, default_value_t = 200_000)]
+        pairs: u64,
+        /// Measurements per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
+    #[command(hide = true)]
+    BenchWorkload { pairs: u64, file: PathBuf },
 }
 
 /// Report options shared by `run` and `attach`.

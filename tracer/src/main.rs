@@ -8,10 +8,30 @@ use tracer::{
 };
 use tracing_subscriber::EnvFilter;
 
+/// The tracer's own allocations must not go through the libc malloc it probes: every probe hit in
+/// its own process is a trap (the probes cover every process mapping libc; the programs then
+/// filter by tgid), and it allocates per event.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let (target, report) = match cli.command {
+        Command::Bench { pairs, rounds } => {
+            if pairs == 0 || rounds == 0 {
+                usage("--pairs and --rounds must be at least 1");
+            }
+            finish(tracer::bench::run(pairs, rounds))
+        }
+        Command::BenchWorkload { pairs, file } => {
+            let ns = tracer::bench::workload(pairs.max(1));
+            if let Err(e) = std::fs::write(&file, format!("{ns}\n")) {
+                eprintln!("leaktracer: writing {}: {e}", file.display());
+                std::process::exit(exit::FAILURE);
+            }
+            std::process::exit(0);
+        }
         Command::Run { report, command } => (Target::Launch(command), report),
         Command::Attach {
             report,
@@ -31,7 +51,11 @@ fn main() {
     if let Err(msg) = report.validate() {
         usage(&msg);
     }
-    match session::run(target, report) {
+    finish(session::run(target, report))
+}
+
+fn finish(result: Result<i32, tracer::error::Error>) -> ! {
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("leaktracer: {e}");

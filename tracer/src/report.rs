@@ -72,7 +72,6 @@ pub struct StackReport {
 /// Everything lost or mismatched, kernel and user side. Shown in every report.
 #[derive(Debug, Default, Serialize)]
 pub struct Losses {
-    pub events_sent: u64,
     pub ringbuf_full: u64,
     pub pending_full: u64,
     pub traced_full: u64,
@@ -186,7 +185,6 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
 fn losses(ledger: &Ledger) -> Losses {
     let k = &ledger.kernel;
     let mut l = Losses {
-        events_sent: k.get(Counter::EventsSent),
         ringbuf_full: k.get(Counter::RingbufFull),
         pending_full: k.get(Counter::PendingFull),
         traced_full: k.get(Counter::TracedFull),

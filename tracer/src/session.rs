@@ -112,7 +112,7 @@ async fn trace(
     args: ReportArgs,
 ) -> Result<i32, Error> {
     let channels = probes.take_channels()?;
-    let (tx, mut rx) = mpsc::channel(1 << 16);
+    let (tx, mut rx) = mpsc::channel(256);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hold_tx, hold_rx) = mpsc::channel(64);
     let ingest = tokio::spawn(ingest::run(channels, tx, hold_rx, stop_rx));
@@ -144,7 +144,7 @@ async fn trace(
     let mut tick = ticker(args.interval);
     let exit_code = loop {
         tokio::select! {
-            Some(input) = rx.recv() => ledger.apply(input),
+            Some(batch) = rx.recv() => batch.into_iter().for_each(|i| ledger.apply(i)),
             _ = tick.tick() => {
                 let r = make_report(&ledger, &mut sym, &args, &probes_info, started, false);
                 out.write(&r, args.json)?;
@@ -156,8 +156,8 @@ async fn trace(
         let _ = h.send(());
     }
     let _ = stop_tx.send(true);
-    while let Some(input) = rx.recv().await {
-        ledger.apply(input);
+    while let Some(batch) = rx.recv().await {
+        batch.into_iter().for_each(|i| ledger.apply(i));
     }
     ingest
         .await

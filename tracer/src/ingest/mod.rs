@@ -63,6 +63,10 @@ pub enum Input {
     },
 }
 
+/// Inputs are sent in batches: one channel operation per drained chunk, not per event.
+pub type Batch = Vec<Input>;
+const BATCH: usize = 1024;
+
 /// The kernel's event ring buffer, counters and log buffer, taken from the loaded object.
 pub struct KernelChannels {
     events: RingBuf<MapData>,
@@ -98,7 +102,7 @@ impl KernelChannels {
 /// The ingest task: reads until `stop` turns true, then drains what is left and returns.
 pub async fn run(
     ch: KernelChannels,
-    tx: mpsc::Sender<Input>,
+    tx: mpsc::Sender<Batch>,
     mut holds: mpsc::Receiver<HoldRequest>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -114,6 +118,9 @@ pub async fn run(
     };
     let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
     let mut decoder = Decoder::default();
+    // The kernel wakes us only when records pile up (see WAKEUP_BYTES in tracer-ebpf): poll too.
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
@@ -133,8 +140,9 @@ pub async fn run(
                 decoder.drain(ring.get_mut(), &tx).await?;
                 let _ = done.send(());
             }
+            _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
-                tx.send(Input::Kernel(counters_of(&stats))).await?;
+                tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
             }
             _ = stop.changed() => break,
@@ -144,7 +152,7 @@ pub async fn run(
     if let Some(l) = logs.as_mut() {
         l.get_mut().flush();
     }
-    tx.send(Input::Kernel(counters_of(&stats))).await?;
+    tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
     decoder.report_losses(&tx).await?;
     Ok(())
 }
@@ -182,31 +190,37 @@ struct Decoder {
     maps: maps::MapsCache,
     stacks: stacks::Interner,
     undecodable: u64,
+    /// Reused for each record's raw frames.
+    scratch: Vec<u64>,
 }
 
 impl Decoder {
     async fn drain(
         &mut self,
         ring: &mut RingBuf<MapData>,
-        tx: &mpsc::Sender<Input>,
+        tx: &mpsc::Sender<Batch>,
     ) -> anyhow::Result<()> {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(BATCH);
         while let Some(item) = ring.next() {
             self.decode(&item, &mut batch);
             drop(item);
-            for input in batch.drain(..) {
-                tx.send(input).await?;
+            if batch.len() >= BATCH {
+                tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                    .await?;
             }
+        }
+        if !batch.is_empty() {
+            tx.send(batch).await?;
         }
         Ok(())
     }
 
-    async fn report_losses(&self, tx: &mpsc::Sender<Input>) -> anyhow::Result<()> {
+    async fn report_losses(&self, tx: &mpsc::Sender<Batch>) -> anyhow::Result<()> {
         let stack_table_full = self.stacks.overflowed();
-        tx.send(Input::IngestLoss {
+        tx.send(vec![Input::IngestLoss {
             stack_table_full,
             undecodable: self.undecodable,
-        })
+        }])
         .await?;
         Ok(())
     }
@@ -268,12 +282,18 @@ impl Decoder {
         const PROT_EXEC: u64 = 0x4;
         const MAP_ANONYMOUS: u64 = 0x20;
         match kind {
-            EventKind::Exec => self.maps.refresh(ev.tgid),
+            EventKind::Exec => {
+                self.stacks.forget(ev.tgid); // same addresses, different code now
+                self.maps.refresh(ev.tgid);
+            }
             EventKind::Fork => self.maps.inherit(ev.tgid, ev.aux as u32),
             EventKind::Mmap if (ev.aux >> 32) & PROT_EXEC != 0 && ev.aux & MAP_ANONYMOUS == 0 => {
                 self.maps.refresh(ev.tgid)
             }
-            EventKind::Exit => self.maps.forget(ev.tgid),
+            EventKind::Exit => {
+                self.maps.forget(ev.tgid);
+                self.stacks.forget(ev.tgid);
+            }
             _ => {}
         }
     }
@@ -285,11 +305,9 @@ impl Decoder {
             0
         };
         // A walk that ran off the chain ends in zero or tiny "addresses": not frames.
-        let mut raw: Vec<u64> = se.frames[..n]
-            .iter()
-            .copied()
-            .take_while(|&a| a >= 4096)
-            .collect();
+        let raw = &mut self.scratch;
+        raw.clear();
+        raw.extend(se.frames[..n].iter().copied().take_while(|&a| a >= 4096));
         if se.leaf_caller != 0 && raw.get(1) != Some(&se.leaf_caller) && !raw.is_empty() {
             raw.insert(1, se.leaf_caller);
         }

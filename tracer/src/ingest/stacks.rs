@@ -4,6 +4,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use rustc_hash::FxHashMap;
+
 use super::maps::MapsCache;
 
 /// Interned stacks kept before new ones are refused (and counted).
@@ -27,7 +29,9 @@ pub struct Frame {
 /// Raw (process, addresses) → id, and normalized frames → id.
 #[derive(Default)]
 pub struct Interner {
-    raw: HashMap<(u32, Vec<u64>), StackId>,
+    /// Per process: raw addresses → id (looked up by slice, no allocation per event).
+    raw: FxHashMap<u32, FxHashMap<Box<[u64]>, StackId>>,
+    raw_count: usize,
     normalized: HashMap<Vec<(Option<Arc<str>>, u64)>, StackId>,
     overflowed: u64,
 }
@@ -37,19 +41,17 @@ impl Interner {
     pub fn intern(
         &mut self,
         tgid: u32,
-        raw: Vec<u64>,
+        raw: &[u64],
         maps: &mut MapsCache,
     ) -> Option<(StackId, Option<Arc<[Frame]>>)> {
-        let key = (tgid, raw);
-        if let Some(id) = self.raw.get(&key) {
+        if let Some(id) = self.raw.get(&tgid).and_then(|m| m.get(raw)) {
             return Some((*id, None));
         }
-        if self.raw.len() >= MAX_STACKS {
+        if self.raw_count >= MAX_STACKS {
             self.overflowed += 1;
             return None;
         }
-        let frames: Vec<Frame> = key
-            .1
+        let frames: Vec<Frame> = raw
             .iter()
             .map(|&addr| match maps.resolve(tgid, addr) {
                 Some((module, offset)) => Frame {
@@ -74,8 +76,16 @@ impl Interner {
             fresh = true;
             next
         });
-        self.raw.insert(key, id);
+        self.raw.entry(tgid).or_default().insert(raw.into(), id);
+        self.raw_count += 1;
         Some((id, fresh.then(|| Arc::from(frames))))
+    }
+
+    /// Forgets a process's raw addresses (its address space is gone); interned ids stay valid.
+    pub fn forget(&mut self, tgid: u32) {
+        if let Some(m) = self.raw.remove(&tgid) {
+            self.raw_count -= m.len();
+        }
     }
 
     /// Stacks refused because the table was full.
@@ -110,9 +120,9 @@ mod tests {
         let mut maps = MapsCache::default();
         let mut i = Interner::default();
         // pid 0 has no /proc/0/maps: every frame stays unresolved.
-        let (a, new_a) = i.intern(0, vec![0x1000, 0x2000], &mut maps).unwrap();
-        let (b, new_b) = i.intern(0, vec![0x1000, 0x2000], &mut maps).unwrap();
-        let (c, _) = i.intern(0, vec![0x1000, 0x3000], &mut maps).unwrap();
+        let (a, new_a) = i.intern(0, &[0x1000, 0x2000], &mut maps).unwrap();
+        let (b, new_b) = i.intern(0, &[0x1000, 0x2000], &mut maps).unwrap();
+        let (c, _) = i.intern(0, &[0x1000, 0x3000], &mut maps).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         let frames = new_a.unwrap();

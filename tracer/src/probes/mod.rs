@@ -154,6 +154,11 @@ fn sysfs() -> PathBuf {
     std::env::var_os("LEAKTRACER_SYSFS").map_or_else(|| PathBuf::from("/sys"), PathBuf::from)
 }
 
+/// `LEAKTRACER_PROBE_AT_ENTRY=1` puts every probe at offset 0 (to measure what placement saves).
+fn probe_at_entry() -> bool {
+    std::env::var("LEAKTRACER_PROBE_AT_ENTRY").is_ok_and(|v| v == "1")
+}
+
 /// Fails with a clear error when the process lacks privileges or the kernel lacks a feature.
 pub fn check_environment() -> Result<(), Error> {
     if !has_capabilities() {
@@ -256,7 +261,14 @@ impl Probes {
                 continue;
             }
             seen_addrs.push(func.addr);
-            let place = placement::choose(&func.code, func.addr, f.args);
+            let place = if probe_at_entry() {
+                placement::Placement {
+                    offset: 0,
+                    reason: "LEAKTRACER_PROBE_AT_ENTRY set",
+                }
+            } else {
+                placement::choose(&func.code, func.addr, f.args)
+            };
             tracing::info!(
                 function = f.name,
                 offset = place.offset,

@@ -22,7 +22,7 @@ pub struct Placement {
 }
 
 impl Placement {
-    const fn entry(reason: &'static str) -> Self {
+    pub const fn entry(reason: &'static str) -> Self {
         Self { offset: 0, reason }
     }
 }

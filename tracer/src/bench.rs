@@ -1,0 +1,173 @@
+//! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
+//! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
+//! leaktracer's programs, and with leaktracer's programs but `free` probed at its first instruction
+//! (the single-step cost that probe placement removes). Figures are printed, never asserted.
+
+use std::{path::PathBuf, time::Instant};
+
+use crate::{
+    cli::ReportArgs,
+    error::Error,
+    ingest::maps::ProcMaps,
+    launch,
+    probes::{Mode, Probes},
+    session::{self, Target},
+};
+
+/// Pins the calling thread (and what it spawns later) to one CPU.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The loop the workload runs: `pairs` malloc(64)+free pairs; returns ns per pair. It runs on the
+/// last CPU, the tracer on the others, so that the comparison measures the probes, not the
+/// scheduler sharing one CPU between the workload and the tracer's own threads.
+pub fn workload(pairs: u64) -> f64 {
+    pin_to(cpus() - 1);
+    let start = Instant::now();
+    for _ in 0..pairs {
+        // SAFETY: plain libc allocation and release; black_box keeps the pair from being elided.
+        unsafe {
+            let p = std::hint::black_box(libc::malloc(64));
+            libc::free(p);
+        }
+    }
+    start.elapsed().as_nanos() as f64 / pairs as f64
+}
+
+/// One configuration of the comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Config {
+    Untraced,
+    Floor,
+    Leaktracer,
+    FreeAtEntry,
+}
+
+impl Config {
+    fn label(self) -> &'static str {
+        match self {
+            Config::Untraced => "untraced",
+            Config::Floor => "bare probes (floor)",
+            Config::Leaktracer => "leaktracer",
+            Config::FreeAtEntry => "leaktracer, free probed at +0",
+        }
+    }
+}
+
+/// Runs every configuration `rounds` times and prints the medians with their ratios.
+pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
+    if cpus() > 1 {
+        pin_to(0); // before any thread starts: the tracer's threads inherit it
+    }
+    let configs = [
+        Config::Untraced,
+        Config::Floor,
+        Config::Leaktracer,
+        Config::FreeAtEntry,
+    ];
+    let mut results: Vec<(Config, Vec<f64>)> = configs.iter().map(|c| (*c, Vec::new())).collect();
+    for _ in 0..rounds {
+        for (config, samples) in &mut results {
+            samples.push(measure(*config, pairs)?);
+        }
+    }
+    let median = |c: Config| {
+        let mut v = results
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("ns per malloc(64)+free pair, {pairs} pairs, median of {rounds} rounds:");
+    for (c, samples) in &results {
+        let all: Vec<String> = samples.iter().map(|s| format!("{s:.1}")).collect();
+        println!(
+            "  {:<32} {:>10.1}   [{}]",
+            c.label(),
+            median(*c),
+            all.join(", ")
+        );
+    }
+    let (untraced, floor, lt, entry) = (
+        median(Config::Untraced),
+        median(Config::Floor),
+        median(Config::Leaktracer),
+        median(Config::FreeAtEntry),
+    );
+    println!("  leaktracer / floor                {:>10.2}x", lt / floor);
+    println!(
+        "  (leaktracer - untraced) / (floor - untraced) {:.2}x",
+        (lt - untraced) / (floor - untraced)
+    );
+    println!("  free at +0 / chosen offset        {:>10.2}x", entry / lt);
+    Ok(0)
+}
+
+fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
+    let out = std::env::temp_dir().join(format!("leaktracer-bench-{}.txt", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
+    let argv = vec![
+        exe.display().to_string(),
+        "bench-workload".into(),
+        pairs.to_string(),
+        out.display().to_string(),
+    ];
+    let at_entry = if config == Config::FreeAtEntry {
+        "1"
+    } else {
+        "0"
+    };
+    // SAFETY: single-threaded here; read by Probes::attach_heap.
+    unsafe { std::env::set_var("LEAKTRACER_PROBE_AT_ENTRY", at_entry) };
+    match config {
+        Config::Untraced => {
+            let child = launch::spawn_held(&argv)?;
+            let pid = child.release()?;
+            launch::wait(pid);
+        }
+        Config::Floor => bare(&argv)?,
+        Config::Leaktracer | Config::FreeAtEntry => {
+            let args = ReportArgs {
+                interval: 0.0,
+                top: 1,
+                json: true,
+                output: Some(PathBuf::from("/dev/null")),
+            };
+            session::run(Target::Launch(argv), args)?;
+        }
+    }
+    let text =
+        std::fs::read_to_string(&out).map_err(|e| anyhow::anyhow!("bench workload result: {e}"))?;
+    let _ = std::fs::remove_file(&out);
+    text.trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("bench workload result {text:?}: {e}").into())
+}
+
+/// The workload with empty programs at the same points as leaktracer's.
+fn bare(argv: &[String]) -> Result<(), Error> {
+    let mut probes = Probes::load(Mode::Bare)?;
+    let child = launch::spawn_held(argv)?;
+    for lib in ProcMaps::read(std::process::id())
+        .map(|m| m.libraries("libc.so"))
+        .unwrap_or_default()
+    {
+        probes.attach_heap(&PathBuf::from(&*lib))?;
+    }
+    let pid = child.release()?;
+    launch::wait(pid);
+    drop(probes);
+    Ok(())
+}
