@@ -1,10 +1,12 @@
 //! leaktracer's integration tests: the real binary, real eBPF in the running kernel, C fixtures
 //! with known leaks and controls, exact bytes and frames read from the JSON report.
 
+mod attach;
 mod errors;
 mod heap;
 mod oracle;
 mod pages;
+mod run;
 mod tree;
 
 use std::path::Path;

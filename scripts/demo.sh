@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The demo: sets up what is missing, builds leaktracer, and runs a leaking "training loop" under
+# `leaktracer run`, with a report every second and the final one at exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cargo build --release -p tracer
+mkdir -p target/demo
+gcc -O1 -fno-builtin -fno-optimize-sibling-calls -fno-omit-frame-pointer -g \
+  -o target/demo/demo_train tests/fixtures/demo_train.c
+exec ./target/release/leaktracer run --interval 1 --top 5 -- target/demo/demo_train

@@ -1,0 +1,61 @@
+//! `run`: the command's exit status comes back, periodic reports come before the final one, and
+//! `free` is probed past its single-stepped first instruction.
+
+use std::process::Command;
+
+use tests::fixture;
+
+#[test]
+fn exit_status_and_signals_are_propagated() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let run = |script: &str| {
+        Command::new(fixture::leaktracer())
+            .args(["run", "-o", "/dev/null", "--", "sh", "-c", script])
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(run("exit 7"), Some(7));
+    assert_eq!(run("kill -9 $$"), Some(128 + 9));
+}
+
+#[test]
+fn periodic_reports_precede_the_final_one() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let t = fixture::trace(&["--interval", "0.2"], &["sleep", "1"]).unwrap();
+    assert!(t.reports.len() >= 3, "{} reports", t.reports.len());
+    let (last, earlier) = t.reports.split_last().unwrap();
+    assert_eq!(last.0["final"], true);
+    assert!(earlier.iter().all(|r| r.0["final"] == false));
+}
+
+#[test]
+fn free_is_not_probed_on_a_single_stepped_instruction() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let t = fixture::trace(&[], &["true"]).unwrap();
+    let probes = t.last().0["probes"].as_array().unwrap().clone();
+    let free = probes
+        .iter()
+        .find(|p| p["function"] == "free")
+        .expect("free probed");
+    // This machine's glibc starts free with `test %rdi,%rdi`, which the kernel single-steps.
+    assert_ne!(free["offset"], 0, "{free}");
+    assert_eq!(
+        free["reason"],
+        "first emulated instruction; arguments intact"
+    );
+    let malloc = probes.iter().find(|p| p["function"] == "malloc").unwrap();
+    assert_eq!(
+        malloc["offset"], 0,
+        "malloc starts with push, which is emulated: {malloc}"
+    );
+}
