@@ -5,4 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build -p tracer
-cargo test -p tracer-common -p tracer -p tests
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test -p tracer-common -p tracer -p tests --lib --tests 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
