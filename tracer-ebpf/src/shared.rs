@@ -11,7 +11,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    COUNTERS, Counter, Event, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, StackEvent,
+    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, StackEvent,
 };
 
 pub use crate::unwind::{Stack, UserRegs, capture};
@@ -89,23 +89,24 @@ pub fn emit(ev: &Event) {
     }
 }
 
-/// Sends a record with a captured stack (copied from the per-CPU frame buffer).
+/// Sends a record with a captured stack: the header is written into the per-CPU record that holds
+/// the frames, and only the header and the used frames are copied into the ring buffer.
 #[inline(always)]
 pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
-    let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
-        count(Counter::RingbufFull);
-        return;
+    const HEADER: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
+    let n = stack.n & (MAX_FRAMES * 2 - 1);
+    let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };
+    // SAFETY: `stack.record` is this CPU's record, filled by `capture` in this program run; the
+    // output length is at most its size.
+    let used = unsafe {
+        (*stack.record).event = *ev;
+        (*stack.record).leaf_caller = leaf_caller;
+        (*stack.record).stack_bytes = (n * 8) as i64;
+        core::slice::from_raw_parts(stack.record.cast::<u8>(), HEADER + 8 * n)
     };
-    let rec = entry.as_mut_ptr();
-    // SAFETY: `rec` is an exclusive reservation of size_of::<StackEvent>() bytes; `stack.frames`
-    // is this CPU's frame buffer, filled by `capture` in this same program run.
-    unsafe {
-        (*rec).event = *ev;
-        (*rec).leaf_caller = leaf_caller;
-        (*rec).frames = *stack.frames;
-        (*rec).stack_bytes = (stack.n * 8) as i64;
+    if EVENTS.output(used, DATA_FLAGS).is_err() {
+        count(Counter::RingbufFull);
     }
-    entry.submit(DATA_FLAGS);
 }
 
 /// The user registers of a probe's context.

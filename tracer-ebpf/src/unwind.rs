@@ -11,7 +11,7 @@ use aya_ebpf::{
     macros::map,
     maps::PerCpuArray,
 };
-use tracer_common::MAX_FRAMES;
+use tracer_common::{MAX_FRAMES, StackEvent};
 
 const PAGE: u64 = 4096;
 /// Bytes copied per step: most stacks need one or two, and a step never crosses a page.
@@ -26,8 +26,10 @@ const MASK: usize = BUF_WORDS - 1;
 #[map]
 static STACK_COPY: PerCpuArray<[u64; BUF_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
+/// The record under construction: `capture` fills its frames, each send rewrites the header and
+/// outputs only the used part (a 10-frame record is 160 bytes, not the full 592).
 #[map]
-static FRAMES: PerCpuArray<[u64; MAX_FRAMES]> = PerCpuArray::with_max_entries(1, 0);
+static RECORD: PerCpuArray<StackEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// The user registers a walk starts from.
 pub struct UserRegs {
@@ -36,9 +38,9 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
-/// A captured stack: `n` return addresses in this CPU's frame buffer.
+/// A captured stack: `n` return addresses in this CPU's record buffer.
 pub struct Stack {
-    pub frames: *const [u64; MAX_FRAMES],
+    pub record: *mut StackEvent,
     pub n: usize,
 }
 
@@ -71,11 +73,11 @@ fn set(p: *mut u64, v: u64) {
 /// Walks the user stack from `regs` into this CPU's frame buffer (frames[0] = ip).
 #[inline(always)]
 pub fn capture(regs: &UserRegs) -> Option<Stack> {
-    let out = FRAMES.get_ptr_mut(0)?;
+    let record = RECORD.get_ptr_mut(0)?;
     let buf = STACK_COPY.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch buffers, used only while this program runs on this CPU.
-    let (out, buf, w) = unsafe { (&mut *out, &mut *buf, &mut *w) };
+    let (out, buf, w) = unsafe { (&mut (*record).frames, &mut *buf, &mut *w) };
     out[0] = regs.ip;
     let base = regs.sp & !7;
     // First copy: from the stack pointer to the end of its chunk (mapped: the thread is using it).
@@ -122,10 +124,7 @@ pub fn capture(regs: &UserRegs) -> Option<Stack> {
         }
         set(&mut w.fp, next);
     }
-    Some(Stack {
-        frames: out,
-        n: get(&w.n) as usize,
-    })
+    Some(Stack { record, n: get(&w.n) as usize })
 }
 
 /// Hides `v` from the optimizer, so that a mask the verifier needs is not folded away because

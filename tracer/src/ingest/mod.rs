@@ -12,7 +12,7 @@ use tokio::{
     io::unix::AsyncFd,
     sync::{mpsc, watch},
 };
-use tracer_common::{AllocFn, COUNTERS, Counter, Event, EventKind, StackEvent};
+use tracer_common::{AllocFn, COUNTERS, Counter, Event, EventKind, MAX_FRAMES, StackEvent};
 
 pub use stacks::{Frame, StackId, StackTable};
 
@@ -226,16 +226,16 @@ impl Decoder {
     }
 
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
-        let (ev, stack) = if bytes.len() >= size_of::<StackEvent>() {
-            // SAFETY: the length was checked; StackEvent is plain data, read unaligned.
-            let se = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<StackEvent>()) };
+        let (ev, stack) = if bytes.len() > size_of::<Event>() {
+            // A stack record carries only the frames it used: copy into a full one.
+            let mut se = StackEvent { event: Event::default(), stack_bytes: 0, leaf_caller: 0, frames: [0; MAX_FRAMES] };
+            let n = bytes.len().min(size_of::<StackEvent>());
+            // SAFETY: at most size_of::<StackEvent>() bytes into a StackEvent (plain data).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut se).cast::<u8>(), n) };
             (se.event, Some(se))
-        } else if bytes.len() >= size_of::<Event>() {
-            // SAFETY: as above for Event.
-            (
-                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) },
-                None,
-            )
+        } else if bytes.len() == size_of::<Event>() {
+            // SAFETY: the length was checked; Event is plain data, read unaligned.
+            (unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) }, None)
         } else {
             self.undecodable += 1;
             return;
@@ -299,11 +299,7 @@ impl Decoder {
     }
 
     fn intern(&mut self, se: &StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
-        let n = if se.stack_bytes > 0 {
-            (se.stack_bytes as usize / 8).min(se.frames.len())
-        } else {
-            0
-        };
+        let n = usize::try_from(se.stack_bytes / 8).unwrap_or(0).min(se.frames.len());
         // A walk that ran off the chain ends in zero or tiny "addresses": not frames.
         let raw = &mut self.scratch;
         raw.clear();
