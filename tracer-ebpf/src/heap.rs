@@ -13,6 +13,7 @@ use crate::{
     pages::flush,
     shared::{
         PENDING, Stack, capture, count, emit, emit_with_stack, event, probe_regs, traced_current,
+        untimed_event,
     },
 };
 
@@ -232,7 +233,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         None if traced_current().is_none() => return 0,
         None => {}
     }
-    let mut ev = event(EventKind::Free, AllocFn::Free as u32, id);
+    let mut ev = untimed_event(EventKind::Free, AllocFn::Free as u32, id);
     ev.old_addr = ptr;
     emit(&ev);
     0

@@ -11,7 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, StackEvent,
+    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES,
+    StackEvent,
 };
 
 pub use crate::unwind::{Stack, UserRegs, capture};
@@ -56,12 +57,20 @@ pub fn count(c: Counter) {
 #[inline(always)]
 pub fn event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
     Event {
+        // SAFETY: helper without preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ..untimed_event(kind, func, id)
+    }
+}
+
+/// An event header without a timestamp (frees: nothing reads their time; the clock costs).
+#[inline(always)]
+pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
+    Event {
         kind: kind as u32,
         func,
         tgid: (id >> 32) as u32,
         tid: id as u32,
-        // SAFETY: helper without preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
         ..Event::default()
     }
 }

@@ -124,7 +124,10 @@ pub fn capture(regs: &UserRegs) -> Option<Stack> {
         }
         set(&mut w.fp, next);
     }
-    Some(Stack { record, n: get(&w.n) as usize })
+    Some(Stack {
+        record,
+        n: get(&w.n) as usize,
+    })
 }
 
 /// Hides `v` from the optimizer, so that a mask the verifier needs is not folded away because

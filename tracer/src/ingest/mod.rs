@@ -228,14 +228,22 @@ impl Decoder {
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
         let (ev, stack) = if bytes.len() > size_of::<Event>() {
             // A stack record carries only the frames it used: copy into a full one.
-            let mut se = StackEvent { event: Event::default(), stack_bytes: 0, leaf_caller: 0, frames: [0; MAX_FRAMES] };
+            let mut se = StackEvent {
+                event: Event::default(),
+                stack_bytes: 0,
+                leaf_caller: 0,
+                frames: [0; MAX_FRAMES],
+            };
             let n = bytes.len().min(size_of::<StackEvent>());
             // SAFETY: at most size_of::<StackEvent>() bytes into a StackEvent (plain data).
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut se).cast::<u8>(), n) };
             (se.event, Some(se))
         } else if bytes.len() == size_of::<Event>() {
             // SAFETY: the length was checked; Event is plain data, read unaligned.
-            (unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) }, None)
+            (
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) },
+                None,
+            )
         } else {
             self.undecodable += 1;
             return;
@@ -299,7 +307,9 @@ impl Decoder {
     }
 
     fn intern(&mut self, se: &StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
-        let n = usize::try_from(se.stack_bytes / 8).unwrap_or(0).min(se.frames.len());
+        let n = usize::try_from(se.stack_bytes / 8)
+            .unwrap_or(0)
+            .min(se.frames.len());
         // A walk that ran off the chain ends in zero or tiny "addresses": not frames.
         let raw = &mut self.scratch;
         raw.clear();
