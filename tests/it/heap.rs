@@ -6,12 +6,9 @@ use crate::line_of;
 
 #[test]
 fn every_heap_allocator_is_accounted_per_call_site() {
-    if !fixture::bpf_available() {
+    let Some(t) = fixture::trace_fixture("heap", &[], &[]) else {
         return;
-    }
-    let _x = fixture::exclusive();
-    let bin = fixture::build("heap");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap()]).unwrap();
+    };
     assert_eq!(t.output.status.code(), Some(0), "exit status propagated");
     let r = t.last();
     let site = |f: &str| r.site("heap", 0, f);
@@ -71,12 +68,9 @@ fn every_heap_allocator_is_accounted_per_call_site() {
 
 #[test]
 fn eight_threads_allocating_at_once_are_exact() {
-    if !fixture::bpf_available() {
+    let Some(t) = fixture::trace_fixture("threads", &[], &[]) else {
         return;
-    }
-    let _x = fixture::exclusive();
-    let bin = fixture::build("threads");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap()]).unwrap();
+    };
     let r = t.last();
     assert_eq!(r.site("heap", 0, "thread_leak"), (8 * 100 * 256, 800));
     assert_eq!(r.site("heap", 0, "thread_control"), (0, 0));

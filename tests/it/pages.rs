@@ -7,12 +7,9 @@ const PAGE: u64 = 4096;
 
 #[test]
 fn mmap_munmap_mremap_and_sbrk_per_call_site() {
-    if !fixture::bpf_available() {
+    let Some(t) = fixture::trace_fixture("pages", &[], &[]) else {
         return;
-    }
-    let _x = fixture::exclusive();
-    let bin = fixture::build("pages");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap()]).unwrap();
+    };
     let r = t.last();
     // mmap goes through a helper `map`, called from each leaking function.
     let mapped_from = |f: &str| {

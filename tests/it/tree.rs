@@ -4,12 +4,9 @@ use tests::{fixture, report::frame_fn};
 
 #[test]
 fn forked_child_owns_its_leaks_and_inherits_the_parents() {
-    if !fixture::bpf_available() {
+    let Some(t) = fixture::trace_fixture("tree", &[], &["fork"]) else {
         return;
-    }
-    let _x = fixture::exclusive();
-    let bin = fixture::build("tree");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap(), "fork"]).unwrap();
+    };
     let r = t.last();
     let root = r.root_pid();
     let child = r
@@ -48,12 +45,9 @@ fn forked_child_owns_its_leaks_and_inherits_the_parents() {
 
 #[test]
 fn execed_child_starts_fresh() {
-    if !fixture::bpf_available() {
+    let Some(t) = fixture::trace_fixture("tree", &[], &["exec"]) else {
         return;
-    }
-    let _x = fixture::exclusive();
-    let bin = fixture::build("tree");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap(), "exec"]).unwrap();
+    };
     let r = t.last();
     let root = r.root_pid();
     let child = r

@@ -136,3 +136,16 @@ pub fn trace(extra: &[&str], argv: &[&str]) -> anyhow::Result<Traced> {
     }
     Ok(Traced { output, reports })
 }
+
+/// Builds fixture `name` and traces it (`leaktracer run EXTRA -- fixture ARGS`), one test at a time;
+/// `None` when BPF tests cannot run here (and may be skipped).
+pub fn trace_fixture(name: &str, extra: &[&str], args: &[&str]) -> Option<Traced> {
+    if !bpf_available() {
+        return None;
+    }
+    let _x = exclusive();
+    let bin = build(name);
+    let mut argv = vec![bin.to_str().expect("utf-8 path")];
+    argv.extend_from_slice(args);
+    Some(trace(extra, &argv).expect("leaktracer run"))
+}

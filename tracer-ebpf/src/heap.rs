@@ -36,15 +36,8 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
             return 0;
         }
         // The thread's entry is idle (or stale after a longjmp): reuse it in place, cheaper than a
-        // delete at every return and an insert at every entry.
-        *p = Pending {
-            func: func as u32,
-            depth: 1,
-            sp,
-            arg0,
-            size,
-            ..Pending::default()
-        };
+        // delete at every return and an insert at every entry. Only the header is rewritten.
+        (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) = (func as u32, 1, sp, arg0, size, 0);
         return 0;
     }
     if traced_current().is_none() {

@@ -69,14 +69,33 @@ fn take(ctx: &TracePointContext, func: AllocFn) -> Option<(u64, Pending, i64)> {
     Some((id, p, ret))
 }
 
-/// Whether an event is worth a stack: memory appearing (anonymous mmap, mremap, brk growth).
+/// Whether an event is worth a stack: memory appearing (anonymous mmap, mremap, brk growth; a
+/// `brk(0)` only asks for the break).
 #[inline(always)]
 pub fn needs_stack(ev: &Event) -> bool {
     match ev.kind {
         k if k == EventKind::Mmap as u32 => ev.aux & MAP_ANONYMOUS != 0,
-        k if k == EventKind::Mremap as u32 || k == EventKind::Brk as u32 => true,
+        k if k == EventKind::Mremap as u32 => true,
+        k if k == EventKind::Brk as u32 => ev.old_addr != 0,
         _ => false,
     }
+}
+
+/// The exit half of every syscall probe: when the thread's call of `func` succeeded, builds the
+/// event (`fill` maps the saved arguments and the result onto it) and sends or parks it.
+#[inline(always)]
+fn exit(
+    ctx: &TracePointContext,
+    func: AllocFn,
+    kind: EventKind,
+    fill: impl Fn(&mut Event, &Pending, u64),
+) -> u32 {
+    if let Some((id, p, ret)) = take(ctx, func) {
+        let mut ev = event(kind, p.func, id);
+        fill(&mut ev, &p, ret as u64);
+        defer_or_send(id, &ev, p.leaf_caller);
+    }
+    0
 }
 
 /// Sends one event, with `stack` when it needs one.
@@ -147,15 +166,10 @@ pub fn mmap_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mmap_exit(ctx: TracePointContext) -> u32 {
-    if let Some((id, p, ret)) = take(&ctx, AllocFn::Mmap) {
-        let mut ev = event(EventKind::Mmap, p.func, id);
-        ev.addr = ret as u64;
-        ev.size = p.size;
-        ev.aux = p.aux;
-        // File mappings also go out: user space refreshes its view of the process's modules.
-        defer_or_send(id, &ev, p.leaf_caller);
-    }
-    0
+    // File mappings go out too: user space refreshes its view of the process's modules.
+    exit(&ctx, AllocFn::Mmap, EventKind::Mmap, |ev, p, ret| {
+        (ev.addr, ev.size, ev.aux) = (ret, p.size, p.aux);
+    })
 }
 
 #[tracepoint]
@@ -175,13 +189,9 @@ pub fn munmap_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn munmap_exit(ctx: TracePointContext) -> u32 {
-    if let Some((id, p, _)) = take(&ctx, AllocFn::Munmap) {
-        let mut ev = event(EventKind::Munmap, p.func, id);
-        ev.old_addr = p.arg0;
-        ev.old_size = p.size;
-        defer_or_send(id, &ev, 0);
-    }
-    0
+    exit(&ctx, AllocFn::Munmap, EventKind::Munmap, |ev, p, _| {
+        (ev.old_addr, ev.old_size) = (p.arg0, p.size);
+    })
 }
 
 #[tracepoint]
@@ -195,14 +205,9 @@ pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mprotect_exit(ctx: TracePointContext) -> u32 {
-    if let Some((id, p, _)) = take(&ctx, AllocFn::Mprotect) {
-        let mut ev = event(EventKind::Mprotect, p.func, id);
-        ev.old_addr = p.arg0;
-        ev.old_size = p.size;
-        ev.aux = p.aux;
-        defer_or_send(id, &ev, 0);
-    }
-    0
+    exit(&ctx, AllocFn::Mprotect, EventKind::Mprotect, |ev, p, _| {
+        (ev.old_addr, ev.old_size, ev.aux) = (p.arg0, p.size, p.aux);
+    })
 }
 
 #[tracepoint]
@@ -216,15 +221,9 @@ pub fn mremap_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mremap_exit(ctx: TracePointContext) -> u32 {
-    if let Some((id, p, ret)) = take(&ctx, AllocFn::Mremap) {
-        let mut ev = event(EventKind::Mremap, p.func, id);
-        ev.old_addr = p.arg0;
-        ev.old_size = p.aux;
-        ev.addr = ret as u64;
-        ev.size = p.size;
-        defer_or_send(id, &ev, p.leaf_caller);
-    }
-    0
+    exit(&ctx, AllocFn::Mremap, EventKind::Mremap, |ev, p, ret| {
+        (ev.old_addr, ev.old_size, ev.addr, ev.size) = (p.arg0, p.aux, ret, p.size);
+    })
 }
 
 #[tracepoint]
@@ -237,15 +236,7 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn brk_exit(ctx: TracePointContext) -> u32 {
-    if let Some((id, p, ret)) = take(&ctx, AllocFn::Brk) {
-        let mut ev = event(EventKind::Brk, p.func, id);
-        ev.old_addr = p.arg0;
-        ev.addr = ret as u64;
-        if p.arg0 == 0 {
-            emit(&ev); // brk(0) asks for the break: no stack, nothing to attribute
-        } else {
-            defer_or_send(id, &ev, p.leaf_caller);
-        }
-    }
-    0
+    exit(&ctx, AllocFn::Brk, EventKind::Brk, |ev, p, ret| {
+        (ev.old_addr, ev.addr) = (p.arg0, ret);
+    })
 }

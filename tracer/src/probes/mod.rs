@@ -41,84 +41,38 @@ struct HeapFn {
     returns: bool,
 }
 
+const fn heap_fn(
+    name: &'static str,
+    entry: &'static str,
+    args: &'static [Register],
+    returns: bool,
+) -> HeapFn {
+    HeapFn {
+        name,
+        entry,
+        args,
+        returns,
+    }
+}
+
 const RDI: &[Register] = &[Register::RDI];
 const RDI_RSI: &[Register] = &[Register::RDI, Register::RSI];
 const RDI_RSI_RDX: &[Register] = &[Register::RDI, Register::RSI, Register::RDX];
 
 const HEAP_FNS: &[HeapFn] = &[
-    HeapFn {
-        name: "malloc",
-        entry: "malloc_enter",
-        args: RDI,
-        returns: true,
-    },
-    HeapFn {
-        name: "calloc",
-        entry: "calloc_enter",
-        args: RDI_RSI,
-        returns: true,
-    },
-    HeapFn {
-        name: "realloc",
-        entry: "realloc_enter",
-        args: RDI_RSI,
-        returns: true,
-    },
-    HeapFn {
-        name: "reallocarray",
-        entry: "reallocarray_enter",
-        args: RDI_RSI_RDX,
-        returns: true,
-    },
-    HeapFn {
-        name: "posix_memalign",
-        entry: "posix_memalign_enter",
-        args: RDI_RSI_RDX,
-        returns: true,
-    },
-    HeapFn {
-        name: "aligned_alloc",
-        entry: "aligned_alloc_enter",
-        args: RDI_RSI,
-        returns: true,
-    },
-    HeapFn {
-        name: "memalign",
-        entry: "memalign_enter",
-        args: RDI_RSI,
-        returns: true,
-    },
-    HeapFn {
-        name: "valloc",
-        entry: "valloc_enter",
-        args: RDI,
-        returns: true,
-    },
-    HeapFn {
-        name: "pvalloc",
-        entry: "pvalloc_enter",
-        args: RDI,
-        returns: true,
-    },
-    HeapFn {
-        name: "free",
-        entry: "free_enter",
-        args: RDI,
-        returns: false,
-    },
+    heap_fn("malloc", "malloc_enter", RDI, true),
+    heap_fn("calloc", "calloc_enter", RDI_RSI, true),
+    heap_fn("realloc", "realloc_enter", RDI_RSI, true),
+    heap_fn("reallocarray", "reallocarray_enter", RDI_RSI_RDX, true),
+    heap_fn("posix_memalign", "posix_memalign_enter", RDI_RSI_RDX, true),
+    heap_fn("aligned_alloc", "aligned_alloc_enter", RDI_RSI, true),
+    heap_fn("memalign", "memalign_enter", RDI_RSI, true),
+    heap_fn("valloc", "valloc_enter", RDI, true),
+    heap_fn("pvalloc", "pvalloc_enter", RDI, true),
+    heap_fn("free", "free_enter", RDI, false),
     // Syscall wrappers probed so their page-level events carry the caller's stack.
-    HeapFn {
-        name: "sbrk",
-        entry: "sbrk_enter",
-        args: &[],
-        returns: true,
-    },
-    HeapFn {
-        name: "mremap",
-        entry: "mremap_wrapper_enter",
-        args: &[],
-        returns: true,
-    },
+    heap_fn("sbrk", "sbrk_enter", &[], true),
+    heap_fn("mremap", "mremap_wrapper_enter", &[], true),
 ];
 
 /// (program, category, tracepoint)
