@@ -22,14 +22,11 @@ use crate::{
 /// the outer call's return accounts for it.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
-    // A thread with an entry is traced (entries are made only for traced threads and removed when
-    // they exit): one lookup instead of two on the hot path.
-    let id = bpf_get_current_pid_tgid();
+    // A thread with an entry is traced (entries are made only for traced threads and go away with
+    // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(p) = PENDING.get_ptr_mut(&id) {
-        // SAFETY: map value owned by this thread's key.
-        let p = unsafe { &mut *p };
+    if let Some(p) = PENDING.current() {
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
@@ -43,16 +40,12 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     if traced_current().is_none() {
         return 0;
     }
-    let pending = Pending {
-        func: func as u32,
-        depth: 1,
-        sp,
-        arg0,
-        size,
-        ..Pending::default()
-    };
-    if PENDING.insert(&id, &pending, 0).is_err() {
-        count(Counter::PendingFull);
+    match PENDING.current_or_create() {
+        Some(p) => {
+            (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) =
+                (func as u32, 1, sp, arg0, size, 0)
+        }
+        None => count(Counter::PendingFull),
     }
     0
 }
@@ -135,14 +128,12 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = PENDING.get_ptr_mut(&id) else {
+    let Some(p) = PENDING.current() else {
         if traced_current().is_some() {
             count(Counter::ReturnWithoutEntry);
         }
         return 0;
     };
-    // SAFETY: map value owned by this thread's key (removed only when the thread exits).
-    let p = unsafe { &mut *p };
     if p.depth == 0 {
         count(Counter::ReturnWithoutEntry);
         return 0;
@@ -216,9 +207,8 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    match PENDING.get_ptr(&id) {
-        // SAFETY: map value owned by this thread's key.
-        Some(p) if unsafe { (*p).depth > 0 && sp <= (*p).sp } => {
+    match PENDING.current() {
+        Some(p) if p.depth > 0 && sp <= p.sp => {
             count(Counter::Nested); // realloc(p, 0) frees through free's public address
             return 0;
         }

@@ -13,6 +13,8 @@ mod process;
 #[cfg(target_arch = "bpf")]
 mod shared;
 #[cfg(target_arch = "bpf")]
+mod task_storage;
+#[cfg(target_arch = "bpf")]
 mod unwind;
 
 #[cfg(target_arch = "bpf")]

@@ -93,7 +93,7 @@ fn exit(
     if let Some((id, p, ret)) = take(ctx, func) {
         let mut ev = event(kind, p.func, id);
         fill(&mut ev, &p, ret as u64);
-        defer_or_send(id, &ev, p.leaf_caller);
+        defer_or_send(&ev, p.leaf_caller);
     }
     0
 }
@@ -120,13 +120,8 @@ pub fn flush(stack: Option<&Stack>, p: &mut Pending) {
 
 /// Parks `ev` in the thread's allocator call in flight, or sends it now when there is none.
 #[inline(always)]
-fn defer_or_send(id: u64, ev: &Event, leaf_caller: u64) {
-    // SAFETY: map value owned by this thread's key.
-    let Some(p) = PENDING
-        .get_ptr_mut(&id)
-        .map(|p| unsafe { &mut *p })
-        .filter(|p| p.depth > 0)
-    else {
+fn defer_or_send(ev: &Event, leaf_caller: u64) {
+    let Some(p) = PENDING.current().filter(|p| p.depth > 0) else {
         let stack = if needs_stack(ev) {
             capture(&task_regs())
         } else {

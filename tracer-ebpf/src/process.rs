@@ -7,7 +7,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
-use crate::shared::{PENDING, SYS_PENDING, TRACED, count, emit_now, event, traced_current};
+use crate::shared::{SYS_PENDING, TRACED, count, emit_now, event, traced_current};
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).
 #[unsafe(no_mangle)]
@@ -65,7 +65,6 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     let Some((id, tgid)) = traced_current() else {
         return 0;
     };
-    let _ = PENDING.remove(&id);
     let _ = SYS_PENDING.remove(&id);
     let off = EXIT_GROUP_DEAD_OFF.load();
     let group_dead = if off != 0 {

@@ -7,7 +7,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
     },
-    macros::map,
+    macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
@@ -15,15 +15,17 @@ use tracer_common::{
     StackEvent,
 };
 
+use crate::task_storage::TaskStorage;
 pub use crate::unwind::{Stack, UserRegs, capture};
 
 /// Processes (tgids) being traced. User space seeds it; fork adds children, exit removes.
 #[map]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 
-/// Allocator calls in flight, keyed by pid_tgid.
-#[map]
-pub static PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(MAX_PENDING, 0);
+/// Each thread's allocator call in flight (idle between calls: depth 0). A thread has one only
+/// once its process is traced, and it goes away with the thread.
+#[btf_map]
+pub static PENDING: TaskStorage<Pending> = TaskStorage::new();
 
 /// Traced syscalls in flight, keyed by pid_tgid.
 #[map]

@@ -163,6 +163,8 @@ impl Probes {
         let newtask_flags: u32 = off("task", "task_newtask", "clone_flags", 32);
         let exit_group_dead: u32 = off("sched", "sched_process_exit", "group_dead", 0);
         let mut bpf = EbpfLoader::new()
+            // PENDING is task storage, which aya creates but does not wrap.
+            .allow_unsupported_maps()
             .override_global("NEWTASK_PID_OFF", &newtask_pid, true)
             .override_global("NEWTASK_FLAGS_OFF", &newtask_flags, true)
             .override_global("EXIT_GROUP_DEAD_OFF", &exit_group_dead, true)
