@@ -26,13 +26,16 @@ pub struct Frame {
     pub addr: u64,
 }
 
+/// A frame's identity across processes: (module, file offset).
+type FrameKey = (Option<Arc<str>>, u64);
+
 /// Raw (process, addresses) → id, and normalized frames → id.
 #[derive(Default)]
 pub struct Interner {
     /// Per process: raw addresses → id (looked up by slice, no allocation per event).
     raw: FxHashMap<u32, FxHashMap<Box<[u64]>, StackId>>,
     raw_count: usize,
-    normalized: HashMap<Vec<(Option<Arc<str>>, u64)>, StackId>,
+    normalized: HashMap<Vec<FrameKey>, StackId>,
     overflowed: u64,
 }
 
