@@ -118,8 +118,10 @@ pub async fn run(
     };
     let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
     let mut decoder = Decoder::default();
-    // The kernel wakes us only when records pile up (see WAKEUP_BYTES in tracer-ebpf): poll too.
-    let mut poll = tokio::time::interval(Duration::from_millis(10));
+    // Data records never wake us (DATA_FLAGS in tracer-ebpf); only process events do. Poll: rarely
+    // enough that the records have left the producing CPU's cache when they are read (reading them
+    // hot slows the traced program measurably), often enough that the ring never fills.
+    let mut poll = tokio::time::interval(Duration::from_millis(50));
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
