@@ -32,22 +32,24 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
             count(Counter::Nested);
             return 0;
         }
-        // The thread's entry is idle (or stale after a longjmp): reuse it in place, cheaper than a
-        // delete at every return and an insert at every entry. Only the header is rewritten.
-        (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) = (func as u32, 1, sp, arg0, size, 0);
+        // The thread's entry is idle (or stale after a longjmp): reuse it in place.
+        start(p, func, sp, arg0, size);
         return 0;
     }
     if traced_current().is_none() {
         return 0;
     }
     match PENDING.current_or_create() {
-        Some(p) => {
-            (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) =
-                (func as u32, 1, sp, arg0, size, 0)
-        }
+        Some(p) => start(p, func, sp, arg0, size),
         None => count(Counter::PendingFull),
     }
     0
+}
+
+/// Opens a call in the thread's entry; only the header is written (the parked events are not).
+#[inline(always)]
+fn start(p: &mut Pending, func: AllocFn, sp: u64, arg0: u64, size: u64) {
+    (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) = (func as u32, 1, sp, arg0, size, 0);
 }
 
 #[inline(always)]
