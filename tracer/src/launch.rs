@@ -94,6 +94,11 @@ pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
 }
 
 impl HeldChild {
+    /// The resolved path the child will exec.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
     /// Lets the child exec; fails if execve failed.
     pub fn release(self) -> Result<u32, Error> {
         let b = 1u8;

@@ -50,6 +50,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
     let (root, command, libc_of) = match &target {
         Target::Launch(argv) => {
             let child = launch::spawn_held(argv)?;
+            if crate::probes::elf::is_static_executable(child.program()) == Some(true) {
+                tracing::warn!(program = %child.program().display(), "statically linked: its malloc is not libc's; only page-level memory (mmap, brk) will be seen");
+            }
             (Root::Held(Some(child)), argv.join(" "), std::process::id())
         }
         Target::Attach { pid, duration } => {

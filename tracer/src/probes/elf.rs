@@ -45,3 +45,13 @@ impl ElfFile {
         })
     }
 }
+
+/// Whether the ELF file at `path` is statically linked (no program interpreter): it maps no libc, so
+/// heap probes in a libc cannot see its allocations. `None` when it is not a readable ELF file (a
+/// script, for instance: its interpreter decides).
+pub fn is_static_executable(path: &Path) -> Option<bool> {
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let interp = file.section_by_name(".interp").is_some();
+    Some(!interp && file.kind() == object::ObjectKind::Executable)
+}
