@@ -9,13 +9,7 @@ fn forked_child_owns_its_leaks_and_inherits_the_parents() {
     };
     let r = t.last();
     let root = r.root_pid();
-    let child = r
-        .processes()
-        .iter()
-        .find(|p| p["ppid"] == root)
-        .expect("child traced")["pid"]
-        .as_u64()
-        .unwrap();
+    let child = r.child_of(root)["pid"].as_u64().unwrap();
     let at = |pid: u64, f: &str, inherited: bool| {
         r.sum(|s| {
             s["pid"] == pid
@@ -50,11 +44,7 @@ fn execed_child_starts_fresh() {
     };
     let r = t.last();
     let root = r.root_pid();
-    let child = r
-        .processes()
-        .iter()
-        .find(|p| p["ppid"] == root)
-        .expect("child traced");
+    let child = r.child_of(root);
     let pid = child["pid"].as_u64().unwrap();
     assert_eq!(child["execs"], 1);
     assert!(

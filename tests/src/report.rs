@@ -47,6 +47,14 @@ impl Report {
             .expect("root process")
     }
 
+    /// The first traced process whose parent is `ppid`.
+    pub fn child_of(&self, ppid: u64) -> &Value {
+        self.processes()
+            .iter()
+            .find(|p| p["ppid"] == ppid)
+            .unwrap_or_else(|| panic!("no child of {ppid}"))
+    }
+
     /// Sums (bytes, blocks) over the stacks matching `filter`.
     pub fn sum(&self, filter: impl Fn(&Value) -> bool) -> (u64, u64) {
         self.stacks()

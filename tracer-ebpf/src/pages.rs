@@ -27,6 +27,22 @@ fn sys_ret(ctx: &TracePointContext) -> i64 {
     unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1)
 }
 
+/// The entry half of every syscall probe: saves the call's arguments (`args` reads them) for the
+/// exit half, with the caller of a frameless wrapper when the event will want a stack.
+#[inline(always)]
+fn entry(
+    ctx: &TracePointContext,
+    func: AllocFn,
+    args: impl Fn(&TracePointContext) -> (u64, u64, u64),
+    stack: bool,
+) -> u32 {
+    if let Some((id, _)) = traced_current() {
+        let (arg0, size, aux) = args(ctx);
+        save(func, id, arg0, size, aux, stack);
+    }
+    0
+}
+
 #[inline(always)]
 fn save(func: AllocFn, id: u64, arg0: u64, size: u64, aux: u64, stack: bool) {
     let leaf_caller = if stack { syscall_leaf_caller() } else { 0 };
@@ -169,17 +185,12 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn munmap_enter(ctx: TracePointContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        save(
-            AllocFn::Munmap,
-            id,
-            sys_arg(&ctx, 0),
-            sys_arg(&ctx, 1),
-            0,
-            false,
-        );
-    }
-    0
+    entry(
+        &ctx,
+        AllocFn::Munmap,
+        |c| (sys_arg(c, 0), sys_arg(c, 1), 0),
+        false,
+    )
 }
 
 #[tracepoint]
@@ -191,11 +202,12 @@ pub fn munmap_exit(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        let (addr, len, prot) = (sys_arg(&ctx, 0), sys_arg(&ctx, 1), sys_arg(&ctx, 2));
-        save(AllocFn::Mprotect, id, addr, len, prot, false);
-    }
-    0
+    entry(
+        &ctx,
+        AllocFn::Mprotect,
+        |c| (sys_arg(c, 0), sys_arg(c, 1), sys_arg(c, 2)),
+        false,
+    )
 }
 
 #[tracepoint]
@@ -207,11 +219,13 @@ pub fn mprotect_exit(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mremap_enter(ctx: TracePointContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        let (old, old_len, new_len) = (sys_arg(&ctx, 0), sys_arg(&ctx, 1), sys_arg(&ctx, 2));
-        save(AllocFn::Mremap, id, old, new_len, old_len, true);
-    }
-    0
+    // (old address, new length, old length)
+    entry(
+        &ctx,
+        AllocFn::Mremap,
+        |c| (sys_arg(c, 0), sys_arg(c, 2), sys_arg(c, 1)),
+        true,
+    )
 }
 
 #[tracepoint]
@@ -223,10 +237,7 @@ pub fn mremap_exit(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn brk_enter(ctx: TracePointContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        save(AllocFn::Brk, id, sys_arg(&ctx, 0), 0, 0, true);
-    }
-    0
+    entry(&ctx, AllocFn::Brk, |c| (sys_arg(c, 0), 0, 0), true)
 }
 
 #[tracepoint]
