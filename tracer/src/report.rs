@@ -253,7 +253,7 @@ pub fn text(r: &Report) -> String {
             human(p.own.mmap.bytes),
             human(p.own.brk.bytes),
             human(p.inherited.heap.bytes),
-            p.command,
+            one_line(&p.command),
         );
     }
     let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
@@ -287,6 +287,20 @@ pub fn text(r: &Report) -> String {
     s
 }
 
+/// A traced program's string on one line: control characters (newlines in `python -c` scripts)
+/// escaped, so one process stays one row.
+fn one_line(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 /// Bytes in binary units.
 pub fn human(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -300,5 +314,22 @@ pub fn human(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn commands_render_on_one_line() {
+        assert_eq!(
+            super::one_line("python3 -c \nimport x\tprint()"),
+            "python3 -c \\nimport x\\tprint()"
+        );
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(super::human(1000), "1000 B");
+        assert_eq!(super::human(10 * 1024 * 1024), "10.0 MiB");
     }
 }
