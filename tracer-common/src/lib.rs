@@ -11,7 +11,7 @@ use core::mem::size_of;
 pub const MAX_FRAMES: usize = 64;
 /// Traced processes (tgids) the kernel filter can hold at once.
 pub const MAX_TRACED: u32 = 16_384;
-/// Threads that may be inside an allocator or a traced syscall at the same time.
+/// Threads that may be inside a traced syscall at the same time (allocator calls live in task storage).
 pub const MAX_PENDING: u32 = 65_536;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
 pub const RINGBUF_BYTES: u32 = 64 << 20;
