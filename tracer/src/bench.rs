@@ -8,7 +8,6 @@ use std::{path::PathBuf, time::Instant};
 use crate::{
     cli::ReportArgs,
     error::Error,
-    ingest::maps::ProcMaps,
     launch,
     probes::{Mode, Probes},
     session::{self, Target},
@@ -160,12 +159,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
 fn bare(argv: &[String]) -> Result<(), Error> {
     let mut probes = Probes::load(Mode::Bare)?;
     let child = launch::spawn_held(argv)?;
-    for lib in ProcMaps::read(std::process::id())
-        .map(|m| m.libraries("libc.so"))
-        .unwrap_or_default()
-    {
-        probes.attach_heap(&PathBuf::from(&*lib))?;
-    }
+    probes.attach_libc_of(std::process::id())?;
     let pid = child.release()?;
     launch::wait(pid);
     drop(probes);

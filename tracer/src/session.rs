@@ -5,7 +5,6 @@
 use std::{
     fs::File,
     io::Write,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -16,7 +15,7 @@ use crate::{
     cli::ReportArgs,
     error::Error,
     hold::{self, Hold},
-    ingest::{self, maps::ProcMaps},
+    ingest,
     launch::{self, HeldChild},
     ledger::Ledger,
     probes::{Mode, Probes},
@@ -67,15 +66,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
             )
         }
     };
-    let libcs = ProcMaps::read(libc_of)
-        .map(|m| m.libraries("libc.so"))
-        .unwrap_or_default();
-    if libcs.is_empty() {
-        return Err(Error::NoLibc(libc_of as i32));
-    }
-    for lib in &libcs {
-        probes.attach_heap(&PathBuf::from(&**lib))?;
-    }
+    probes.attach_libc_of(libc_of)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

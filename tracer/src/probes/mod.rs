@@ -243,6 +243,18 @@ impl Probes {
         Ok(())
     }
 
+    /// Probes the malloc family in every libc mapped by `pid`; fails when it maps none.
+    pub fn attach_libc_of(&mut self, pid: u32) -> Result<(), Error> {
+        let maps = crate::ingest::maps::ProcMaps::read(pid);
+        let libcs = maps.map(|m| m.libraries("libc.so")).unwrap_or_default();
+        if libcs.is_empty() {
+            return Err(Error::NoLibc(pid as i32));
+        }
+        libcs
+            .iter()
+            .try_for_each(|lib| self.attach_heap(Path::new(&**lib)))
+    }
+
     fn attach_fn(&mut self, library: &Path, f: &HeapFn, offset: u64) -> Result<(), Error> {
         let (entry, ret) = match self.mode {
             Mode::Full => (f.entry, "alloc_return"),
