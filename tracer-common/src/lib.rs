@@ -42,7 +42,25 @@ pub enum EventKind {
     Exit = 10,
     /// `mprotect(old_addr, old_size, aux)` succeeded.
     Mprotect = 11,
+    /// A device-memory call failed: `size` bytes asked for, `aux` = its error code (cudaError_t or
+    /// CUresult). Nothing was allocated.
+    AllocFailed = 12,
+    /// cuMemMap: the physical handle `aux` mapped at device address `addr` for `size` bytes,
+    /// `old_addr` = the offset into the handle.
+    DeviceMap = 13,
+    /// cuMemUnmap(`old_addr`, `old_size`) succeeded.
+    DeviceUnmap = 14,
 }
+
+/// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
+/// sent SIGSTOP so that user space can probe the new code before it runs (see [`TRACED_HOLD`]).
+pub const STOPPED_FOR_PROBES: u64 = 1;
+
+/// `TRACED` map value bits. Every traced process has [`TRACED_ON`].
+pub const TRACED_ON: u32 = 1;
+/// The process is ptrace-held by user space: when it maps executable file pages or execs, the
+/// thread is stopped (SIGSTOP, which the holder suppresses) until new libraries are probed.
+pub const TRACED_HOLD: u32 = 2;
 
 impl EventKind {
     /// Decodes the wire value.
@@ -60,6 +78,9 @@ impl EventKind {
             9 => Exec,
             10 => Exit,
             11 => Mprotect,
+            12 => AllocFailed,
+            13 => DeviceMap,
+            14 => DeviceUnmap,
             _ => return None,
         })
     }
@@ -86,6 +107,30 @@ pub enum AllocFn {
     /// libc's sbrk wrapper (probed so the brk it makes gets its caller's stack).
     Sbrk = 15,
     Mprotect = 16,
+    // CUDA runtime (libcudart).
+    CudaMalloc = 17,
+    CudaFree = 18,
+    CudaMallocAsync = 19,
+    CudaFreeAsync = 20,
+    CudaMallocManaged = 21,
+    CudaMallocHost = 22,
+    CudaHostAlloc = 23,
+    CudaFreeHost = 24,
+    CudaMallocPitch = 25,
+    // CUDA driver (libcuda), virtual memory management included.
+    CuMemAlloc = 26,
+    CuMemFree = 27,
+    CuMemAllocAsync = 28,
+    CuMemFreeAsync = 29,
+    CuMemAllocHost = 30,
+    CuMemHostAlloc = 31,
+    CuMemFreeHost = 32,
+    CuMemCreate = 33,
+    CuMemRelease = 34,
+    CuMemMap = 35,
+    CuMemUnmap = 36,
+    /// PyTorch's CPU tensor allocator (libc10).
+    C10AllocCpu = 37,
 }
 
 impl AllocFn {
@@ -109,8 +154,34 @@ impl AllocFn {
             14 => Brk,
             15 => Sbrk,
             16 => Mprotect,
+            17 => CudaMalloc,
+            18 => CudaFree,
+            19 => CudaMallocAsync,
+            20 => CudaFreeAsync,
+            21 => CudaMallocManaged,
+            22 => CudaMallocHost,
+            23 => CudaHostAlloc,
+            24 => CudaFreeHost,
+            25 => CudaMallocPitch,
+            26 => CuMemAlloc,
+            27 => CuMemFree,
+            28 => CuMemAllocAsync,
+            29 => CuMemFreeAsync,
+            30 => CuMemAllocHost,
+            31 => CuMemHostAlloc,
+            32 => CuMemFreeHost,
+            33 => CuMemCreate,
+            34 => CuMemRelease,
+            35 => CuMemMap,
+            36 => CuMemUnmap,
+            37 => C10AllocCpu,
             _ => return None,
         })
+    }
+
+    /// A CUDA runtime or driver function (device, managed or pinned host memory).
+    pub fn is_cuda(self) -> bool {
+        (AllocFn::CudaMalloc as u32..=AllocFn::CuMemUnmap as u32).contains(&(self as u32))
     }
 
     /// The C name of the function.
@@ -133,6 +204,27 @@ impl AllocFn {
             Brk => "brk",
             Sbrk => "sbrk",
             Mprotect => "mprotect",
+            CudaMalloc => "cudaMalloc",
+            CudaFree => "cudaFree",
+            CudaMallocAsync => "cudaMallocAsync",
+            CudaFreeAsync => "cudaFreeAsync",
+            CudaMallocManaged => "cudaMallocManaged",
+            CudaMallocHost => "cudaMallocHost",
+            CudaHostAlloc => "cudaHostAlloc",
+            CudaFreeHost => "cudaFreeHost",
+            CudaMallocPitch => "cudaMallocPitch",
+            CuMemAlloc => "cuMemAlloc_v2",
+            CuMemFree => "cuMemFree_v2",
+            CuMemAllocAsync => "cuMemAllocAsync",
+            CuMemFreeAsync => "cuMemFreeAsync",
+            CuMemAllocHost => "cuMemAllocHost_v2",
+            CuMemHostAlloc => "cuMemHostAlloc",
+            CuMemFreeHost => "cuMemFreeHost",
+            CuMemCreate => "cuMemCreate",
+            CuMemRelease => "cuMemRelease",
+            CuMemMap => "cuMemMap",
+            CuMemUnmap => "cuMemUnmap",
+            C10AllocCpu => "c10::alloc_cpu",
         }
     }
 }
@@ -214,10 +306,13 @@ pub enum Counter {
     StackErrors = 4,
     /// Allocator calls made from inside another allocator call (handled by the outer one).
     Nested = 5,
+    /// SIGSTOPs for probing a new library that the kernel refused to send: that library was
+    /// probed late, its first calls may be missing.
+    StopFailed = 6,
 }
 
 /// Number of counter slots.
-pub const COUNTERS: u32 = 6;
+pub const COUNTERS: u32 = 7;
 
 #[cfg(feature = "user")]
 mod user {

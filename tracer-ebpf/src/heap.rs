@@ -109,6 +109,14 @@ pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Valloc, 0, arg(&ctx, 0))
 }
 
+/// PyTorch's `c10::alloc_cpu(size_t)`: every CPU tensor's memory. It calls posix_memalign, which
+/// nests inside it; the block is recorded once, as a tensor, with the caller of alloc_cpu. Its free
+/// goes through `free`.
+#[uprobe]
+pub fn c10_alloc_cpu_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::C10AllocCpu, 0, arg(&ctx, 0))
+}
+
 /// libc wrappers whose syscalls leaktracer sees at page level; probed only so that the syscall's
 /// event carries the wrapper caller's stack (see `Pending::deferred`).
 #[uprobe]

@@ -1,9 +1,11 @@
-//! leaktracer's eBPF programs. Allocator uprobes (`heap`), syscall tracepoints (`pages`) and process
+//! leaktracer's eBPF programs. Allocator uprobes (`heap`), CUDA uprobes (`gpu`), syscall tracepoints (`pages`) and process
 //! lifecycle tracepoints (`process`) share the maps and helpers of `shared`. Every program filters on
 //! the traced-tgid map first: the probes are attached to whole files, so everything else is noise.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+#[cfg(target_arch = "bpf")]
+mod gpu;
 #[cfg(target_arch = "bpf")]
 mod heap;
 #[cfg(target_arch = "bpf")]

@@ -7,8 +7,8 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{AllocFn, Event, EventKind, MAX_DEFERRED, Pending};
 
 use crate::shared::{
-    PENDING, SYS_PENDING, Stack, capture, emit, emit_with_stack, event, syscall_leaf_caller,
-    task_regs, traced_current,
+    PENDING, SYS_PENDING, Stack, capture, emit, emit_now, emit_with_stack, event, stop_for_probes,
+    syscall_leaf_caller, task_regs, traced_current, traced_flags,
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -177,10 +177,25 @@ pub fn mmap_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mmap_exit(ctx: TracePointContext) -> u32 {
-    // File mappings go out too: user space refreshes its view of the process's modules.
-    exit(&ctx, AllocFn::Mmap, EventKind::Mmap, |ev, p, ret| {
-        (ev.addr, ev.size, ev.aux) = (ret, p.size, p.aux);
-    })
+    const PROT_EXEC: u64 = 0x4;
+    let Some((id, p, ret)) = take(&ctx, AllocFn::Mmap) else {
+        return 0;
+    };
+    let mut ev = event(EventKind::Mmap, p.func, id);
+    (ev.addr, ev.size, ev.aux) = (ret as u64, p.size, p.aux);
+    let code_of_a_file = (p.aux >> 32) & PROT_EXEC != 0 && p.aux & MAP_ANONYMOUS == 0;
+    if code_of_a_file {
+        // A library's code: user space refreshes its view of the process's modules and probes the
+        // library if it allocates, before the thread runs it (when the process is held). Sent now:
+        // never parked, since the stop waits for it.
+        if let Some((_, _, flags)) = traced_flags() {
+            stop_for_probes(flags, &mut ev);
+        }
+        emit_now(&ev);
+    } else {
+        defer_or_send(&ev, p.leaf_caller);
+    }
+    0
 }
 
 #[tracepoint]

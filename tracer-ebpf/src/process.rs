@@ -7,7 +7,9 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
-use crate::shared::{SYS_PENDING, TRACED, count, emit_now, event, traced_current};
+use crate::shared::{
+    SYS_PENDING, TRACED, count, emit_now, event, stop_for_probes, traced_current, traced_flags,
+};
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).
 #[unsafe(no_mangle)]
@@ -22,7 +24,7 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
-    let Some((id, _)) = traced_current() else {
+    let Some((id, _, parent_flags)) = traced_flags() else {
         return 0;
     };
     // SAFETY: in-bounds reads of the tracepoint record at offsets from its format file.
@@ -37,7 +39,8 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     if flags & CLONE_THREAD != 0 || pid == 0 {
         return 0;
     }
-    if TRACED.insert(&pid, &1, 0).is_err() {
+    // The child is held like its parent (ptrace follows forks).
+    if TRACED.insert(&pid, &parent_flags, 0).is_err() {
         count(Counter::TracedFull);
         warn!(
             &ctx,
@@ -54,8 +57,12 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        emit_now(&event(EventKind::Exec, 0, id));
+    if let Some((id, _, flags)) = traced_flags() {
+        // The new image and its loader are mapped by the kernel, not by mmap: stop here so that a
+        // program that links CUDA statically is probed before its first instruction.
+        let mut ev = event(EventKind::Exec, 0, id);
+        stop_for_probes(flags, &mut ev);
+        emit_now(&ev);
     }
     0
 }

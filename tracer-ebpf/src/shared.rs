@@ -5,14 +5,14 @@ use aya_ebpf::{
     bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+        generated::{bpf_get_current_task_btf, bpf_send_signal_thread, bpf_task_pt_regs},
     },
     macros::{btf_map, map},
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
     COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES,
-    StackEvent,
+    STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
 };
 
 use crate::task_storage::TaskStorage;
@@ -26,6 +26,11 @@ pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 /// once its process is traced, and it goes away with the thread.
 #[btf_map]
 pub static PENDING: TaskStorage<Pending> = TaskStorage::new();
+
+/// Each thread's device-memory call in flight (CUDA runtime and driver), apart from `PENDING`: host
+/// allocations made inside a device call are real host allocations.
+#[btf_map]
+pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 
 /// Traced syscalls in flight, keyed by pid_tgid.
 #[map]
@@ -45,6 +50,32 @@ pub fn traced_current() -> Option<(u64, u32)> {
     let tgid = (id >> 32) as u32;
     // SAFETY: the value is only tested for presence.
     unsafe { TRACED.get(&tgid) }.map(|_| (id, tgid))
+}
+
+/// The calling thread as (pid_tgid, tgid, `TRACED` flags) when its process is traced.
+#[inline(always)]
+pub fn traced_flags() -> Option<(u64, u32, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // SAFETY: the value is copied out at once.
+    unsafe { TRACED.get(&tgid) }.map(|f| (id, tgid, *f))
+}
+
+/// Stops the current thread (SIGSTOP, delivered before it returns to user space) when its process
+/// is held by user space, so that the code it just mapped is probed before it runs. Marks `ev` so
+/// that user space knows the stop is its own.
+#[inline(always)]
+pub fn stop_for_probes(flags: u32, ev: &mut Event) {
+    const SIGSTOP: u32 = 19;
+    if flags & TRACED_HOLD == 0 {
+        return;
+    }
+    // SAFETY: helper without memory arguments.
+    if unsafe { bpf_send_signal_thread(SIGSTOP) } == 0 {
+        ev.old_size = STOPPED_FOR_PROBES;
+    } else {
+        count(Counter::StopFailed);
+    }
 }
 
 #[inline(always)]

@@ -159,7 +159,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
 fn bare(argv: &[String]) -> Result<(), Error> {
     let mut probes = Probes::load(Mode::Bare)?;
     let child = launch::spawn_held(argv)?;
-    probes.attach_libc_of(std::process::id())?;
+    probes.attach_code_of(std::process::id(), crate::probes::Timing::BeforeStart)?;
     let pid = child.release()?;
     launch::wait(pid);
     drop(probes);

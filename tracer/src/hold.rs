@@ -1,17 +1,42 @@
-//! Holding traced processes at exit. A process's mappings vanish the moment it exits, and a short
-//! program can finish before ingest has read the events of its last libraries. The traced root is
-//! seized with ptrace (PTRACE_O_TRACEEXIT, children followed through fork/vfork), so each process
-//! stops at the start of its exit with its memory intact; ingest captures its mappings and drains
-//! its events, then it goes on. Nothing else is intercepted: signals are passed through, group stops
-//! are left alone (PTRACE_LISTEN), the real parent sees nothing. When the tracer ends, the kernel
-//! detaches every tracee.
+//! Holding traced processes with ptrace at the two moments user space must act before they go on.
+//!
+//! - **Exit.** A process's mappings vanish the moment it exits, and a short program can finish
+//!   before ingest has read the events of its last libraries. With PTRACE_O_TRACEEXIT each process
+//!   stops at the start of its exit with its memory intact; ingest captures its mappings and drains
+//!   its events, then it goes on.
+//! - **New code.** When a held process maps executable pages of a file or execs, the kernel side
+//!   sends the thread a SIGSTOP (`TRACED_HOLD`). Its signal-delivery stop comes here first: ingest
+//!   drains the events up to that mapping, the session probes the library if it allocates (CUDA,
+//!   PyTorch, a libc), and the thread resumes with the signal suppressed, before it ran one
+//!   instruction of the new code. A SIGSTOP the kernel side did not send is delivered as usual.
+//!
+//! The root is seized (PTRACE_SEIZE), its threads and children followed through clone, fork and
+//! vfork. Nothing else is intercepted: other signals are passed through, group stops are left
+//! alone (PTRACE_LISTEN), the real parent sees nothing. When the tracer ends, the kernel detaches
+//! every tracee.
 
 use std::{sync::mpsc as std_mpsc, thread, time::Duration};
 
 use tokio::sync::{mpsc, oneshot};
 
-/// A request to ingest: capture `pid` (stopped at exit) and answer when done.
-pub type HoldRequest = (u32, std_mpsc::Sender<()>);
+/// Why a thread is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldReason {
+    /// The process (its thread group leader) is exiting.
+    Exit,
+    /// The thread got a SIGSTOP, maybe sent for new code.
+    Stop,
+}
+
+/// A request to ingest and the session: act on the held thread, then answer whether the stop was
+/// the kernel side's own (its SIGSTOP is then suppressed).
+#[derive(Debug)]
+pub struct HoldRequest {
+    pub tid: u32,
+    pub tgid: u32,
+    pub reason: HoldReason,
+    pub done: std_mpsc::Sender<bool>,
+}
 
 /// Longest a process is held if ingest does not answer.
 const MAX_HOLD: Duration = Duration::from_secs(5);
@@ -49,22 +74,65 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
     }
 }
 
+/// Seizes every thread of `pid` (threads made later are followed through clone). Threads that
+/// appear while listing are picked up by listing again until nothing new shows.
 fn seize(pid: u32) -> bool {
-    let opts = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
-    // SAFETY: ptrace on a pid with no memory arguments.
+    let mut seized: Vec<u32> = Vec::new();
+    loop {
+        let threads = threads_of(pid);
+        let new: Vec<u32> = threads
+            .into_iter()
+            .filter(|t| !seized.contains(t))
+            .collect();
+        if new.is_empty() {
+            return !seized.is_empty();
+        }
+        for tid in new {
+            if let Err(e) = seize_one(tid) {
+                if seized.is_empty() {
+                    tracing::warn!(pid, error = %e, "cannot hold the traced processes (ptrace): libraries loaded later are probed late, short-lived processes may lose symbols");
+                    return false;
+                }
+                tracing::debug!(tid, error = %e, "thread not seized (gone?)");
+            }
+            seized.push(tid);
+        }
+    }
+}
+
+fn threads_of(pid: u32) -> Vec<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    let mut tids: Vec<u32> = tasks
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    if tids.is_empty() {
+        tids.push(pid);
+    }
+    tids.sort_unstable();
+    tids
+}
+
+fn seize_one(tid: u32) -> std::io::Result<()> {
+    let opts = libc::PTRACE_O_TRACEEXIT
+        | libc::PTRACE_O_TRACEFORK
+        | libc::PTRACE_O_TRACEVFORK
+        | libc::PTRACE_O_TRACECLONE;
+    // SAFETY: ptrace on a thread id with no memory arguments.
     let r = unsafe {
         libc::ptrace(
             libc::PTRACE_SEIZE,
-            pid as libc::pid_t,
+            tid as libc::pid_t,
             0,
             opts as libc::c_long,
         )
     };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!(pid, error = %e, "cannot hold processes at exit (ptrace); short-lived processes may lose symbols");
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    r == 0
 }
 
 fn serve(
@@ -74,8 +142,14 @@ fn serve(
     stop: &std_mpsc::Receiver<()>,
 ) {
     let mut exit_tx = Some(exit_tx);
+    let mut stopping: Option<std::time::Instant> = None;
     loop {
-        if stop.try_recv().is_ok() {
+        if stopping.is_none() && stop.try_recv().is_ok() {
+            // The session has turned the kernel side's stops off; a SIGSTOP it sent just before
+            // may still arrive: serve a little longer so that it is not left to stop the process.
+            stopping = Some(std::time::Instant::now());
+        }
+        if stopping.is_some_and(|t| t.elapsed() > Duration::from_millis(100)) {
             return;
         }
         let mut status = 0;
@@ -110,14 +184,15 @@ fn serve(
 }
 
 /// Handles one ptrace stop and resumes the tracee.
-fn on_stop(pid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
+fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
     let event = (status >> 16) & 0xff;
     let sig = libc::WSTOPSIG(status);
     let (request, data) = match event {
         libc::PTRACE_EVENT_EXIT => {
-            let (tx, rx) = std_mpsc::channel();
-            if requests.blocking_send((pid, tx)).is_ok() && rx.recv_timeout(MAX_HOLD).is_err() {
-                tracing::warn!(pid, "ingest did not capture the exiting process in time");
+            // Only the whole process's exit matters: other threads go at once.
+            let tgid = tgid_of(tid);
+            if tgid == Some(tid) {
+                ask(tid, tid, HoldReason::Exit, requests);
             }
             (libc::PTRACE_CONT, 0)
         }
@@ -129,9 +204,43 @@ fn on_stop(pid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
         {
             (libc::PTRACE_LISTEN, 0) // a real group stop: leave it stopped
         }
+        0 if sig == libc::SIGSTOP => {
+            let tgid = tgid_of(tid).unwrap_or(tid);
+            let ours = ask(tid, tgid, HoldReason::Stop, requests);
+            (libc::PTRACE_CONT, if ours { 0 } else { sig })
+        }
         0 => (libc::PTRACE_CONT, sig), // signal-delivery stop: deliver it
-        _ => (libc::PTRACE_CONT, 0),   // fork/vfork events, new tracee's first stop
+        _ => (libc::PTRACE_CONT, 0),   // fork/vfork/clone events, new tracee's first stop
     };
     // SAFETY: resuming a tracee in ptrace-stop.
-    unsafe { libc::ptrace(request, pid as libc::pid_t, 0, data as libc::c_long) };
+    unsafe { libc::ptrace(request, tid as libc::pid_t, 0, data as libc::c_long) };
+}
+
+/// Sends a request and waits for its answer (at most [`MAX_HOLD`]).
+fn ask(tid: u32, tgid: u32, reason: HoldReason, requests: &mpsc::Sender<HoldRequest>) -> bool {
+    let (done, rx) = std_mpsc::channel();
+    let req = HoldRequest {
+        tid,
+        tgid,
+        reason,
+        done,
+    };
+    // Unanswered, a stop is taken for the kernel side's: swallowing a user's SIGSTOP is the lesser
+    // harm next to leaving a training job stopped with nobody to continue it.
+    if requests.blocking_send(req).is_err() {
+        return true;
+    }
+    rx.recv_timeout(MAX_HOLD).unwrap_or_else(|_| {
+        tracing::warn!(tid, ?reason, "held thread not handled in time: resuming it");
+        true
+    })
+}
+
+/// The process a thread belongs to.
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -8,7 +8,7 @@ use tracer_common::Counter;
 
 use crate::{
     ledger::{Group, Kind, Ledger, Mismatches, Process},
-    probes::AttachedFn,
+    probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
 };
 
@@ -26,15 +26,32 @@ pub struct KindTotals {
     pub heap: Amount,
     pub mmap: Amount,
     pub brk: Amount,
+    pub tensor: Amount,
+    pub device: Amount,
+    pub managed: Amount,
+    pub pinned: Amount,
 }
 
 impl KindTotals {
-    fn add(&mut self, kind: Kind, bytes: u64, blocks: u64) {
-        let a = match kind {
+    pub fn get(&self, kind: Kind) -> Amount {
+        let mut copy = *self;
+        *copy.slot(kind)
+    }
+
+    fn slot(&mut self, kind: Kind) -> &mut Amount {
+        match kind {
             Kind::Heap => &mut self.heap,
             Kind::Mmap => &mut self.mmap,
             Kind::Brk => &mut self.brk,
-        };
+            Kind::Tensor => &mut self.tensor,
+            Kind::Device => &mut self.device,
+            Kind::Managed => &mut self.managed,
+            Kind::Pinned => &mut self.pinned,
+        }
+    }
+
+    fn add(&mut self, kind: Kind, bytes: u64, blocks: u64) {
+        let a = self.slot(kind);
         a.bytes += bytes;
         a.blocks += blocks;
     }
@@ -98,6 +115,8 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     pub losses: Losses,
     pub probes: Vec<AttachedFn>,
+    /// Libraries probed, and when (a library probed late may have made calls not seen).
+    pub libraries: Vec<Library>,
     pub events: u64,
 }
 
@@ -108,6 +127,7 @@ pub struct Context<'a> {
     pub now_ns: u64,
     pub top: usize,
     pub probes: &'a [AttachedFn],
+    pub libraries: &'a [Library],
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
@@ -125,11 +145,8 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
     }
     let mut totals = KindTotals::default();
     for p in &processes {
-        for (k, a) in [
-            (Kind::Heap, p.own.heap),
-            (Kind::Mmap, p.own.mmap),
-            (Kind::Brk, p.own.brk),
-        ] {
+        for k in Kind::ALL {
+            let a = p.own.get(k);
             totals.add(k, a.bytes, a.blocks);
         }
     }
@@ -147,6 +164,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         stacks,
         losses: losses(ledger),
         probes: cx.probes.to_vec(),
+        libraries: cx.libraries.to_vec(),
         events: ledger.events,
     }
 }

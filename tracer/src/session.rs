@@ -5,7 +5,7 @@
 use std::{
     fs::File,
     io::Write,
-    sync::Arc,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -15,10 +15,10 @@ use crate::{
     cli::ReportArgs,
     error::Error,
     hold::{self, Hold},
-    ingest,
+    ingest::{self, Input},
     launch::{self, HeldChild},
     ledger::Ledger,
-    probes::{Mode, Probes},
+    probes::{Mode, Probes, Timing},
     report,
     symbolize::Symbolizer,
 };
@@ -46,13 +46,13 @@ pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
         check_pid(*pid)?;
     }
     let mut probes = Probes::load(Mode::Full)?;
-    let (root, command, libc_of) = match &target {
+    let (root, command) = match &target {
         Target::Launch(argv) => {
             let child = launch::spawn_held(argv)?;
             if crate::probes::elf::is_static_executable(child.program()) == Some(true) {
                 tracing::warn!(program = %child.program().display(), "statically linked: its malloc is not libc's; only page-level memory (mmap, brk) will be seen");
             }
-            (Root::Held(Some(child)), argv.join(" "), std::process::id())
+            (Root::Held(Some(child)), argv.join(" "))
         }
         Target::Attach { pid, duration } => {
             let command = ingest::read_command(*pid as u32).unwrap_or_default();
@@ -62,11 +62,20 @@ pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
                     duration: *duration,
                 },
                 command,
-                *pid as u32,
             )
         }
     };
-    probes.attach_libc_of(libc_of)?;
+    match &target {
+        // The command will most likely map the same libc as leaktracer: probed before it starts.
+        // Everything else it maps is probed as it maps it (ingest announces new code).
+        Target::Launch(_) => probes.attach_code_of(std::process::id(), Timing::BeforeStart)?,
+        Target::Attach { pid, .. } => {
+            probes.attach_code_of(*pid as u32, Timing::AlreadyLoaded)?;
+            if !probes.has_heap() {
+                return Err(Error::NoLibc(*pid));
+            }
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -115,21 +124,21 @@ async fn trace(
     let (root_pid, hold) = match &mut root {
         Root::Held(child) => {
             let child = child.take().expect("held child present");
-            probes.trace_pid(child.pid)?;
-            ledger.add_root(child.pid, command, monotonic_ns());
             let hold = hold::start(child.pid, hold_tx);
+            probes.trace_pid(child.pid, hold.is_some())?;
+            ledger.add_root(child.pid, command, monotonic_ns());
             (child.release()?, hold)
         }
         Root::Attached { pid, .. } => {
-            probes.trace_pid(*pid)?;
+            let hold = hold::start(*pid, hold_tx);
+            probes.trace_pid(*pid, hold.is_some())?;
             ledger.add_root(*pid, command, monotonic_ns());
-            (*pid, hold::start(*pid, hold_tx))
+            (*pid, hold)
         }
     };
     tracing::info!(pid = root_pid, "tracing");
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
-    let probes_info: Arc<[_]> = probes.attached().into();
     let (hold, root_exit) = match hold {
         Some(Hold { root_exit, stop }) => (Some(stop), Some(root_exit)),
         None => (None, None),
@@ -138,28 +147,60 @@ async fn trace(
     let mut tick = ticker(args.interval);
     let exit_code = loop {
         tokio::select! {
-            Some(batch) = rx.recv() => batch.into_iter().for_each(|i| ledger.apply(i)),
+            Some(batch) = rx.recv() => route(batch, &mut ledger, &mut probes),
             _ = tick.tick() => {
-                let r = make_report(&ledger, &mut sym, &args, &probes_info, started, false);
+                let r = make_report(&ledger, &mut sym, &args, &probes, started, false);
                 out.write(&r, args.json)?;
             }
             code = &mut end => break code,
         }
     };
     if let Some(h) = hold {
+        probes.release_holds();
         let _ = h.send(());
     }
     let _ = stop_tx.send(true);
     while let Some(batch) = rx.recv().await {
-        batch.into_iter().for_each(|i| ledger.apply(i));
+        route(batch, &mut ledger, &mut probes);
     }
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
-    let r = make_report(&ledger, &mut sym, &args, &probes_info, started, true);
+    let r = make_report(&ledger, &mut sym, &args, &probes, started, true);
     out.write(&r, args.json)?;
     drop(probes);
     Ok(exit_code)
+}
+
+/// Applies a batch from ingest in order: new code is probed (before a thread held for it is
+/// released), everything else goes to the ledger.
+fn route(batch: ingest::Batch, ledger: &mut Ledger, probes: &mut Probes) {
+    for input in batch {
+        match input {
+            Input::Code {
+                tgid,
+                path,
+                mapped_ns,
+                held,
+            } => {
+                let timing = if held {
+                    Timing::AtMap
+                } else {
+                    let late_ns = monotonic_ns().saturating_sub(mapped_ns);
+                    Timing::Late {
+                        late_ms: late_ns as f64 / 1e6,
+                    }
+                };
+                if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
+                    tracing::warn!(library = %path, error = %e, "not probed");
+                }
+            }
+            Input::Release { ours, done } => {
+                let _ = done.send(ours);
+            }
+            other => ledger.apply(other),
+        }
+    }
 }
 
 fn ticker(interval: f64) -> tokio::time::Interval {
@@ -229,7 +270,7 @@ fn make_report(
     ledger: &Ledger,
     sym: &mut Symbolizer,
     args: &ReportArgs,
-    probes: &[crate::probes::AttachedFn],
+    probes: &Probes,
     started: Instant,
     final_report: bool,
 ) -> report::Report {
@@ -238,7 +279,8 @@ fn make_report(
         elapsed_s: started.elapsed().as_secs_f64(),
         now_ns: monotonic_ns(),
         top: args.top,
-        probes,
+        probes: probes.attached(),
+        libraries: probes.libraries(),
     };
     report::build(ledger, sym, &cx)
 }

@@ -44,6 +44,16 @@ impl ProcMaps {
         (addr < m.end).then(|| (&m.path, addr - m.start + m.file_offset))
     }
 
+    /// Every mapped file with executable pages, once each, in address order.
+    pub fn paths(&self) -> impl Iterator<Item = &Arc<str>> {
+        let mut last: Option<&Arc<str>> = None;
+        self.maps.iter().filter_map(move |m| {
+            let new = last != Some(&m.path);
+            last = Some(&m.path);
+            new.then_some(&m.path)
+        })
+    }
+
     /// Paths of the mapped files whose name starts with `prefix` (e.g. "libc.so").
     pub fn libraries(&self, prefix: &str) -> Vec<Arc<str>> {
         let mut out: Vec<Arc<str>> = Vec::new();

@@ -5,18 +5,23 @@
 pub mod maps;
 mod stacks;
 
-use std::{os::fd::AsRawFd, sync::Arc, time::Duration};
+use std::{collections::HashSet, os::fd::AsRawFd, sync::Arc, time::Duration};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
     sync::{mpsc, watch},
 };
-use tracer_common::{AllocFn, COUNTERS, Counter, Event, EventKind, MAX_FRAMES, StackEvent};
+use tracer_common::{
+    AllocFn, COUNTERS, Counter, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
+};
 
 pub use stacks::{Frame, StackId, StackTable};
 
-use crate::{error::Error, hold::HoldRequest};
+use crate::{
+    error::Error,
+    hold::{HoldReason, HoldRequest},
+};
 
 /// An event as the ledger sees it: decoded, with its stack interned.
 #[derive(Clone, Debug)]
@@ -60,6 +65,21 @@ pub enum Input {
     IngestLoss {
         stack_table_full: u64,
         undecodable: u64,
+    },
+    /// A file with executable pages that `tgid` mapped at `mapped_ns`, seen for the first time: the
+    /// session probes it if it allocates. `held`: the mapping thread is stopped until a
+    /// [`Input::Release`] for it (nothing it calls is missed).
+    Code {
+        tgid: u32,
+        path: Arc<str>,
+        mapped_ns: u64,
+        held: bool,
+    },
+    /// Everything before this input has been sent: the held thread may go on. `ours` says whether
+    /// its SIGSTOP came from the kernel side (and is to be suppressed).
+    Release {
+        ours: bool,
+        done: std::sync::mpsc::Sender<bool>,
     },
 }
 
@@ -136,11 +156,15 @@ pub async fn run(
                 guard.get_inner_mut().flush();
                 guard.clear_ready();
             }
-            Some((pid, done)) = holds.recv() => {
-                // The process is stopped at exit with its memory intact: capture, then drain.
-                decoder.maps.refresh(pid);
+            Some(req) = holds.recv() => {
+                if req.reason == HoldReason::Exit {
+                    // Stopped at exit with its memory intact: capture, then drain.
+                    decoder.maps.refresh(req.tgid);
+                }
+                // A stop for new code: its mapping event is in the ring, sent before the signal.
                 decoder.drain(ring.get_mut(), &tx).await?;
-                let _ = done.send(());
+                let ours = decoder.stopped.remove(&req.tid) && req.reason == HoldReason::Stop;
+                tx.send(vec![Input::Release { ours, done: req.done }]).await?;
             }
             _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
@@ -194,6 +218,10 @@ struct Decoder {
     undecodable: u64,
     /// Reused for each record's raw frames.
     scratch: Vec<u64>,
+    /// Threads the kernel side stopped for new code, not yet released.
+    stopped: HashSet<u32>,
+    /// Files with executable pages already announced to the session.
+    code_seen: HashSet<Arc<str>>,
 }
 
 impl Decoder {
@@ -265,7 +293,7 @@ impl Decoder {
             aux = ev.aux,
             "event"
         );
-        self.observe_process(kind, &ev);
+        self.observe_process(kind, &ev, out);
         let stack = stack.and_then(|se| self.intern(&se, out));
         let command = match kind {
             EventKind::Exec => read_command(ev.tgid),
@@ -287,24 +315,41 @@ impl Decoder {
         }));
     }
 
-    /// Keeps the mapping snapshots in step with the process's life.
-    fn observe_process(&mut self, kind: EventKind, ev: &Event) {
+    /// Keeps the mapping snapshots in step with the process's life, and announces new code.
+    fn observe_process(&mut self, kind: EventKind, ev: &Event, out: &mut Vec<Input>) {
         const PROT_EXEC: u64 = 0x4;
         const MAP_ANONYMOUS: u64 = 0x20;
+        let held = ev.old_size == STOPPED_FOR_PROBES;
         match kind {
             EventKind::Exec => {
                 self.stacks.forget(ev.tgid); // same addresses, different code now
                 self.maps.refresh(ev.tgid);
             }
-            EventKind::Fork => self.maps.inherit(ev.tgid, ev.aux as u32),
+            EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
             EventKind::Mmap if (ev.aux >> 32) & PROT_EXEC != 0 && ev.aux & MAP_ANONYMOUS == 0 => {
                 self.maps.refresh(ev.tgid)
             }
             EventKind::Exit => {
                 self.maps.forget(ev.tgid);
-                self.stacks.forget(ev.tgid);
+                return self.stacks.forget(ev.tgid);
             }
-            _ => {}
+            _ => return,
+        }
+        if held {
+            self.stopped.insert(ev.tid);
+        }
+        let Some(maps) = self.maps.get(ev.tgid) else {
+            return;
+        };
+        for path in maps.paths() {
+            if self.code_seen.insert(path.clone()) {
+                out.push(Input::Code {
+                    tgid: ev.tgid,
+                    path: path.clone(),
+                    mapped_ns: ev.ts_ns,
+                    held,
+                });
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! The single owner of tracing state: processes and their outstanding allocations, the stack table,
 //! and every loss counter. Fed in order by ingest; queried for aggregates by the report.
 
+mod device;
 mod process;
 mod regions;
 #[cfg(test)]
@@ -11,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use tracer_common::{AllocFn, EventKind};
 
+pub use device::{Device, Failure};
 pub use process::{Mismatches, Process, page_up};
 
 use crate::ingest::{Decoded, Input, KernelCounters, StackId, StackTable};
@@ -32,6 +34,39 @@ pub enum Kind {
     Heap,
     Mmap,
     Brk,
+    /// CPU tensor memory from PyTorch's allocator (c10::alloc_cpu), a part of the heap told apart.
+    Tensor,
+    /// CUDA device memory (cudaMalloc*, cuMemAlloc*, cuMemCreate).
+    Device,
+    /// CUDA managed (unified) memory.
+    Managed,
+    /// Page-locked host memory from CUDA (cudaMallocHost, cudaHostAlloc, cuMemHostAlloc…).
+    Pinned,
+}
+
+impl Kind {
+    /// The kind of a block returned by `func`.
+    pub fn of(func: Option<AllocFn>) -> Self {
+        use AllocFn::*;
+        match func {
+            Some(C10AllocCpu) => Self::Tensor,
+            Some(CudaMallocManaged) => Self::Managed,
+            Some(CudaMallocHost | CudaHostAlloc | CuMemAllocHost | CuMemHostAlloc) => Self::Pinned,
+            Some(f) if f.is_cuda() => Self::Device,
+            _ => Self::Heap,
+        }
+    }
+
+    /// Every kind, in report order.
+    pub const ALL: [Kind; 7] = [
+        Kind::Heap,
+        Kind::Mmap,
+        Kind::Brk,
+        Kind::Tensor,
+        Kind::Device,
+        Kind::Managed,
+        Kind::Pinned,
+    ];
 }
 
 /// Outstanding memory of one (process, stack, kind, inherited) group.
@@ -84,6 +119,8 @@ impl Ledger {
             } => self.stacks.insert(id, frames, truncated),
             Input::Event(ev) => self.apply_event(ev),
             Input::Kernel(k) => self.kernel = k,
+            // The session's: probing new code and releasing held threads.
+            Input::Code { .. } | Input::Release { .. } => {}
             Input::IngestLoss {
                 stack_table_full,
                 undecodable,
@@ -115,7 +152,16 @@ impl Ledger {
                 ev.ts_ns,
             )
         });
+        let cuda = ev.func.filter(|f| f.is_cuda());
         match ev.kind {
+            EventKind::Alloc if cuda.is_some() => p.device.alloc(ev.addr, ev.size, origin),
+            EventKind::Free if let Some(f) = cuda => p.device.free(f, ev.old_addr),
+            EventKind::AllocFailed => {
+                let func = ev.func.unwrap_or(AllocFn::CudaMalloc);
+                p.device.failed(ev.stack, func, ev.aux as u32, ev.size)
+            }
+            EventKind::DeviceMap => p.device.map(ev.addr, ev.size, ev.aux),
+            EventKind::DeviceUnmap => p.device.unmap(ev.old_addr),
             EventKind::Alloc => p.alloc(ev.addr, ev.size, origin),
             EventKind::Free => p.free(ev.old_addr),
             EventKind::Realloc => p.realloc(ev.old_addr, ev.addr, ev.size, origin),
@@ -155,10 +201,12 @@ impl Ledger {
     pub fn groups(&self) -> Vec<Group> {
         let mut acc: HashMap<(u32, Option<StackId>, Kind, bool), Group> = HashMap::new();
         for p in self.procs.values() {
-            let heap = p.heap.values().map(|b| (Kind::Heap, b.size, &b.origin));
+            let blocks = p.heap.values().chain(p.device.blocks.values());
+            let blocks = blocks.chain(p.device.handles.values());
+            let blocks = blocks.map(|b| (Kind::of(b.origin.func), b.size, &b.origin));
             let mmaps = p.mmaps.live().map(|(n, o)| (Kind::Mmap, n, o));
             let brk = p.brk.segments.live().map(|(n, o)| (Kind::Brk, n, o));
-            for (kind, bytes, o) in heap.chain(mmaps).chain(brk) {
+            for (kind, bytes, o) in blocks.chain(mmaps).chain(brk) {
                 let g = acc
                     .entry((p.pid, o.stack, kind, o.inherited))
                     .or_insert_with(|| Group {

@@ -6,7 +6,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tracer_common::AllocFn;
 
-use super::{Origin, regions::Regions};
+use super::{Origin, device::Device, regions::Regions};
 
 const PAGE: u64 = 4096;
 
@@ -52,6 +52,8 @@ pub struct Process {
     pub heap: FxHashMap<u64, Block>,
     pub mmaps: Regions,
     pub brk: Brk,
+    /// CUDA memory (not inherited at fork).
+    pub device: Device,
     pub mismatches: Mismatches,
 }
 
@@ -92,6 +94,7 @@ impl Process {
         self.heap.clear();
         self.mmaps = Regions::default();
         self.brk = Brk::default();
+        self.device = Device::default();
         self.execs += 1;
         if let Some(c) = command {
             self.command = c;

@@ -15,6 +15,8 @@ use aya::{
 use iced_x86::Register;
 use serde::Serialize;
 
+use tracer_common::{TRACED_HOLD, TRACED_ON};
+
 use crate::error::Error;
 
 /// Whether the programs do the work or are empty (the probe floor, for the benchmark).
@@ -24,7 +26,7 @@ pub enum Mode {
     Bare,
 }
 
-/// One heap function as probed: where, and why there.
+/// One function as probed: where, and why there.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttachedFn {
     pub function: String,
@@ -33,12 +35,39 @@ pub struct AttachedFn {
     pub reason: &'static str,
 }
 
-/// A heap function leaktracer probes: its name, entry program and argument registers.
-struct HeapFn {
+/// When a library's probes went in, relative to the traced code that could call it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "when")]
+pub enum Timing {
+    /// Before the traced command started.
+    BeforeStart,
+    /// Already loaded in a process leaktracer attached to: its calls before the attach are not seen.
+    AlreadyLoaded,
+    /// Mapped while traced; the mapping thread was stopped until the probes were in: nothing missed.
+    AtMap,
+    /// Mapped while traced, probed `late_ms` after (the process could not be held): calls in that
+    /// window are not seen.
+    Late { late_ms: f64 },
+}
+
+/// A library leaktracer probes, with what it is and when its probes went in.
+#[derive(Clone, Debug, Serialize)]
+pub struct Library {
+    pub path: PathBuf,
+    /// "libc", "cuda-runtime", "cuda-driver", "torch-cpu".
+    pub roles: Vec<&'static str>,
+    pub timing: Timing,
+    /// The process whose mapping of it was first seen (0: before any).
+    pub pid: u32,
+}
+
+/// A function leaktracer probes: its symbol (a C++ one by demangled name), entry and return
+/// programs, and the argument registers its entry program reads.
+struct ProbeFn {
     name: &'static str,
     entry: &'static str,
+    ret: Option<&'static str>,
     args: &'static [Register],
-    returns: bool,
 }
 
 const fn heap_fn(
@@ -46,34 +75,109 @@ const fn heap_fn(
     entry: &'static str,
     args: &'static [Register],
     returns: bool,
-) -> HeapFn {
-    HeapFn {
+) -> ProbeFn {
+    ProbeFn {
         name,
         entry,
+        ret: if returns { Some("alloc_return") } else { None },
         args,
-        returns,
     }
+}
+
+const fn cuda_fn(name: &'static str, entry: &'static str) -> ProbeFn {
+    ProbeFn {
+        name,
+        entry,
+        ret: Some("cuda_return"),
+        args: &[],
+    }
+}
+
+/// Functions probed together in one library, and the symbol that says the library has them.
+struct ProbeSet {
+    role: &'static str,
+    marker: &'static str,
+    /// Only libraries whose file name starts with this (None: any file defining `marker`).
+    file_prefix: Option<&'static str>,
+    fns: &'static [ProbeFn],
+    /// Hot functions: the probe offset is chosen from the prologue (placement.rs). Others take
+    /// the entry, whatever it costs.
+    placed: bool,
 }
 
 const RDI: &[Register] = &[Register::RDI];
 const RDI_RSI: &[Register] = &[Register::RDI, Register::RSI];
 const RDI_RSI_RDX: &[Register] = &[Register::RDI, Register::RSI, Register::RDX];
 
-const HEAP_FNS: &[HeapFn] = &[
-    heap_fn("malloc", "malloc_enter", RDI, true),
-    heap_fn("calloc", "calloc_enter", RDI_RSI, true),
-    heap_fn("realloc", "realloc_enter", RDI_RSI, true),
-    heap_fn("reallocarray", "reallocarray_enter", RDI_RSI_RDX, true),
-    heap_fn("posix_memalign", "posix_memalign_enter", RDI_RSI_RDX, true),
-    heap_fn("aligned_alloc", "aligned_alloc_enter", RDI_RSI, true),
-    heap_fn("memalign", "memalign_enter", RDI_RSI, true),
-    heap_fn("valloc", "valloc_enter", RDI, true),
-    heap_fn("pvalloc", "pvalloc_enter", RDI, true),
-    heap_fn("free", "free_enter", RDI, false),
-    // Syscall wrappers probed so their page-level events carry the caller's stack.
-    heap_fn("sbrk", "sbrk_enter", &[], true),
-    heap_fn("mremap", "mremap_wrapper_enter", &[], true),
-];
+const HEAP: ProbeSet = ProbeSet {
+    role: "libc",
+    marker: "malloc",
+    file_prefix: Some("libc.so"),
+    placed: true,
+    fns: &[
+        heap_fn("malloc", "malloc_enter", RDI, true),
+        heap_fn("calloc", "calloc_enter", RDI_RSI, true),
+        heap_fn("realloc", "realloc_enter", RDI_RSI, true),
+        heap_fn("reallocarray", "reallocarray_enter", RDI_RSI_RDX, true),
+        heap_fn("posix_memalign", "posix_memalign_enter", RDI_RSI_RDX, true),
+        heap_fn("aligned_alloc", "aligned_alloc_enter", RDI_RSI, true),
+        heap_fn("memalign", "memalign_enter", RDI_RSI, true),
+        heap_fn("valloc", "valloc_enter", RDI, true),
+        heap_fn("pvalloc", "pvalloc_enter", RDI, true),
+        heap_fn("free", "free_enter", RDI, false),
+        // Syscall wrappers probed so their page-level events carry the caller's stack.
+        heap_fn("sbrk", "sbrk_enter", &[], true),
+        heap_fn("mremap", "mremap_wrapper_enter", &[], true),
+    ],
+};
+
+const CUDA_RUNTIME: ProbeSet = ProbeSet {
+    role: "cuda-runtime",
+    marker: "cudaMalloc",
+    file_prefix: None, // libcudart.so.N, or a program that links cudart statically
+    placed: false,
+    fns: &[
+        cuda_fn("cudaMalloc", "cuda_malloc_enter"),
+        cuda_fn("cudaFree", "cuda_free_enter"),
+        cuda_fn("cudaMallocAsync", "cuda_malloc_async_enter"),
+        cuda_fn("cudaFreeAsync", "cuda_free_async_enter"),
+        cuda_fn("cudaMallocManaged", "cuda_malloc_managed_enter"),
+        cuda_fn("cudaMallocHost", "cuda_malloc_host_enter"),
+        cuda_fn("cudaHostAlloc", "cuda_host_alloc_enter"),
+        cuda_fn("cudaFreeHost", "cuda_free_host_enter"),
+        cuda_fn("cudaMallocPitch", "cuda_malloc_pitch_enter"),
+    ],
+};
+
+const CUDA_DRIVER: ProbeSet = ProbeSet {
+    role: "cuda-driver",
+    marker: "cuMemAlloc_v2",
+    file_prefix: None,
+    placed: false,
+    fns: &[
+        cuda_fn("cuMemAlloc_v2", "cu_mem_alloc_enter"),
+        cuda_fn("cuMemFree_v2", "cu_mem_free_enter"),
+        cuda_fn("cuMemAllocAsync", "cu_mem_alloc_async_enter"),
+        cuda_fn("cuMemFreeAsync", "cu_mem_free_async_enter"),
+        cuda_fn("cuMemAllocHost_v2", "cu_mem_alloc_host_enter"),
+        cuda_fn("cuMemHostAlloc", "cu_mem_host_alloc_enter"),
+        cuda_fn("cuMemFreeHost", "cu_mem_free_host_enter"),
+        cuda_fn("cuMemCreate", "cu_mem_create_enter"),
+        cuda_fn("cuMemRelease", "cu_mem_release_enter"),
+        cuda_fn("cuMemMap", "cu_mem_map_enter"),
+        cuda_fn("cuMemUnmap", "cu_mem_unmap_enter"),
+    ],
+};
+
+const TORCH_CPU: ProbeSet = ProbeSet {
+    role: "torch-cpu",
+    marker: "c10::alloc_cpu",
+    file_prefix: None, // libc10.so
+    placed: false,
+    fns: &[heap_fn("c10::alloc_cpu", "c10_alloc_cpu_enter", RDI, true)],
+};
+
+const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU];
 
 /// (program, category, tracepoint)
 const TRACEPOINTS: &[(&str, &str, &str)] = &[
@@ -98,7 +202,9 @@ pub struct Probes {
     mode: Mode,
     traced: BpfHashMap<MapData, u32, u32>,
     attached: Vec<AttachedFn>,
-    libraries: Vec<PathBuf>,
+    libraries: Vec<Library>,
+    /// Every file looked at, probed or not.
+    checked: std::collections::HashSet<PathBuf>,
 }
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -181,6 +287,7 @@ impl Probes {
             traced,
             attached: Vec::new(),
             libraries: Vec::new(),
+            checked: Default::default(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -199,15 +306,49 @@ impl Probes {
         Ok(())
     }
 
-    /// Probes the malloc family in `library` (a libc), for every process, filtered in the kernel.
-    pub fn attach_heap(&mut self, library: &Path) -> Result<(), Error> {
-        if self.libraries.iter().any(|l| l == library) {
+    /// Looks at a file with executable code once: when it has one of the function sets leaktracer
+    /// probes (a libc's malloc family, the CUDA runtime or driver, PyTorch's CPU allocator), probes
+    /// them, for every process, filtered in the kernel. `pid` is the process seen mapping it.
+    pub fn attach_code(&mut self, path: &Path, pid: u32, timing: Timing) -> Result<(), Error> {
+        if !self.checked.insert(path.to_path_buf()) {
             return Ok(());
         }
-        let elf = elf::ElfFile::open(library)
-            .map_err(|e| anyhow::anyhow!("reading {}: {e}", library.display()))?;
+        let elf = match elf::ElfFile::open(path) {
+            Ok(elf) => elf,
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "not an ELF file: not probed");
+                return Ok(());
+            }
+        };
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let mut roles = Vec::new();
+        for set in PROBE_SETS {
+            let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
+            if named && elf.function(set.marker).is_some() {
+                self.attach_set(path, &elf, set)?;
+                roles.push(set.role);
+            }
+        }
+        if !roles.is_empty() {
+            tracing::info!(library = %path.display(), ?roles, ?timing, "probed");
+            self.libraries.push(Library {
+                path: path.to_path_buf(),
+                roles,
+                timing,
+                pid,
+            });
+        }
+        Ok(())
+    }
+
+    fn attach_set(
+        &mut self,
+        library: &Path,
+        elf: &elf::ElfFile,
+        set: &ProbeSet,
+    ) -> Result<(), Error> {
         let mut seen_addrs = Vec::new();
-        for f in HEAP_FNS {
+        for f in set.fns {
             let Some(func) = elf.function(f.name) else {
                 tracing::warn!(function = f.name, library = %library.display(), "symbol not found: not probed");
                 continue;
@@ -217,7 +358,12 @@ impl Probes {
                 continue;
             }
             seen_addrs.push(func.addr);
-            let place = if probe_at_entry() {
+            let place = if !set.placed {
+                placement::Placement {
+                    offset: 0,
+                    reason: "entry (a rarely called function)",
+                }
+            } else if probe_at_entry() {
                 placement::Placement {
                     offset: 0,
                     reason: "LEAKTRACER_PROBE_AT_ENTRY set",
@@ -225,13 +371,13 @@ impl Probes {
             } else {
                 placement::choose(&func.code, func.addr, f.args)
             };
-            tracing::info!(
+            tracing::debug!(
                 function = f.name,
                 offset = place.offset,
                 reason = place.reason,
                 "probe placement"
             );
-            self.attach_fn(library, f, place.offset)?;
+            self.attach_fn(library, f, &func.symbol, place.offset)?;
             self.attached.push(AttachedFn {
                 function: f.name.into(),
                 library: library.to_path_buf(),
@@ -239,41 +385,44 @@ impl Probes {
                 reason: place.reason,
             });
         }
-        self.libraries.push(library.to_path_buf());
         Ok(())
     }
 
-    /// Probes the malloc family in every libc mapped by `pid`; fails when it maps none.
-    pub fn attach_libc_of(&mut self, pid: u32) -> Result<(), Error> {
-        let maps = crate::ingest::maps::ProcMaps::read(pid);
-        let libcs = maps.map(|m| m.libraries("libc.so")).unwrap_or_default();
-        if libcs.is_empty() {
-            return Err(Error::NoLibc(pid as i32));
-        }
-        libcs
-            .iter()
-            .try_for_each(|lib| self.attach_heap(Path::new(&**lib)))
+    /// Probes every file with code that `pid` maps now.
+    pub fn attach_code_of(&mut self, pid: u32, timing: Timing) -> Result<(), Error> {
+        let maps =
+            crate::ingest::maps::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
+        maps.paths()
+            .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
     }
 
-    fn attach_fn(&mut self, library: &Path, f: &HeapFn, offset: u64) -> Result<(), Error> {
+    /// Whether a libc's malloc family is probed.
+    pub fn has_heap(&self) -> bool {
+        self.libraries.iter().any(|l| l.roles.contains(&HEAP.role))
+    }
+
+    fn attach_fn(
+        &mut self,
+        library: &Path,
+        f: &ProbeFn,
+        symbol: &str,
+        offset: u64,
+    ) -> Result<(), Error> {
         let (entry, ret) = match self.mode {
-            Mode::Full => (f.entry, "alloc_return"),
-            Mode::Bare => ("bare_enter", "bare_return"),
+            Mode::Full => (f.entry, f.ret),
+            Mode::Bare => ("bare_enter", f.ret.map(|_| "bare_return")),
         };
-        let mut points = vec![(entry, f.name)];
-        if f.returns {
-            points.push((ret, f.name));
-        }
-        for (prog, sym) in points {
+        let points = std::iter::once(entry).chain(ret);
+        for prog in points {
             let up: &mut UProbe = program(&mut self.bpf, prog)?;
             if up.fd().is_err() {
                 up.load().map_err(|e| load_error(e.into()))?;
             }
-            let at = aya::programs::uprobe::UProbeAttachLocation::SymbolOffset(sym, offset);
+            let at = aya::programs::uprobe::UProbeAttachLocation::SymbolOffset(symbol, offset);
             up.attach([at], library, UProbeScope::AllProcesses)
                 .map_err(|e| {
                     Error::Kernel(format!(
-                        "attaching uprobe {prog} to {sym}+{offset} in {}: {e}",
+                        "attaching uprobe {prog} to {symbol}+{offset} in {}: {e}",
                         library.display()
                     ))
                 })?;
@@ -281,16 +430,35 @@ impl Probes {
         Ok(())
     }
 
-    /// Adds `pid` to the kernel's traced set (its children follow automatically).
-    pub fn trace_pid(&mut self, pid: u32) -> Result<(), Error> {
+    /// Adds `pid` to the kernel's traced set (its children follow automatically). `held`: user
+    /// space holds it with ptrace, so the kernel side may stop it for new code.
+    pub fn trace_pid(&mut self, pid: u32, held: bool) -> Result<(), Error> {
+        let flags = if held {
+            TRACED_ON | TRACED_HOLD
+        } else {
+            TRACED_ON
+        };
         self.traced
-            .insert(&pid, &1, 0)
+            .insert(&pid, &flags, 0)
             .map_err(|e| anyhow::anyhow!("adding pid {pid} to the traced map: {e}").into())
     }
 
-    /// The heap functions probed so far and where.
+    /// Stops the kernel side from stopping threads for new code (before the holder goes away).
+    pub fn release_holds(&mut self) {
+        let pids: Vec<u32> = self.traced.keys().filter_map(Result::ok).collect();
+        for pid in pids {
+            let _ = self.traced.insert(&pid, &TRACED_ON, 0);
+        }
+    }
+
+    /// The functions probed so far and where.
     pub fn attached(&self) -> &[AttachedFn] {
         &self.attached
+    }
+
+    /// The libraries probed so far, and when.
+    pub fn libraries(&self) -> &[Library] {
+        &self.libraries
     }
 
     /// Hands the event ring buffer, the counters and the log buffer to the consumer.

@@ -1,0 +1,227 @@
+//! Device-memory probes: the CUDA runtime (libcudart) and driver (libcuda) allocation calls. Every
+//! call is probed at entry (its arguments) and at return: the result is an error code, and what was
+//! allocated is read from the out-parameter only when that code is 0. Calls are rare and slow next
+//! to malloc, so each gets the stack taken at its return, failures included (an out-of-memory error
+//! with the stack that asked is what a user wants to see).
+//!
+//! The runtime calls the driver (cudaMalloc → cuMemAlloc_v2): a call made while another device call
+//! of the same thread is in flight deeper on the stack only bumps the depth, so each allocation is
+//! counted once, with the outermost call's name and its caller's stack. Device calls keep their own
+//! per-thread entry: host allocations inside them (cudart's context setup) are heap calls in their
+//! own right.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracer_common::{AllocFn, Counter, EventKind, Pending};
+
+use crate::shared::{
+    GPU_PENDING, capture, count, emit, emit_with_stack, event, probe_regs, traced_current,
+    untimed_event,
+};
+
+/// Records a device call's entry: `arg0` is the out-parameter (allocations) or the pointer or
+/// handle (frees, maps), `size` the bytes asked for, `aux` a third argument some calls need.
+#[inline(always)]
+fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64, aux: u64) -> u32 {
+    // SAFETY: `regs` is the probe's register block.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let p = match GPU_PENDING.current() {
+        Some(p) if p.depth > 0 && sp <= p.sp => {
+            p.depth += 1;
+            count(Counter::Nested);
+            return 0;
+        }
+        Some(p) => p,
+        None if traced_current().is_none() => return 0,
+        None => match GPU_PENDING.current_or_create() {
+            Some(p) => p,
+            None => {
+                count(Counter::PendingFull);
+                return 0;
+            }
+        },
+    };
+    (p.func, p.depth, p.sp, p.arg0, p.size, p.aux) = (func as u32, 1, sp, arg0, size, aux);
+    0
+}
+
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+/// `(void **out, size_t size, …)`: cudaMalloc, cudaMallocAsync, cudaMallocManaged, cudaMallocHost,
+/// cudaHostAlloc, cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemHostAlloc, and
+/// cuMemCreate (whose out-parameter is a handle).
+macro_rules! out_param_alloc {
+    ($($name:ident => $func:ident),* $(,)?) => {$(
+        #[uprobe]
+        pub fn $name(ctx: ProbeContext) -> u32 {
+            enter(&ctx, AllocFn::$func, arg(&ctx, 0), arg(&ctx, 1), 0)
+        }
+    )*};
+}
+
+out_param_alloc! {
+    cuda_malloc_enter => CudaMalloc,
+    cuda_malloc_async_enter => CudaMallocAsync,
+    cuda_malloc_managed_enter => CudaMallocManaged,
+    cuda_malloc_host_enter => CudaMallocHost,
+    cuda_host_alloc_enter => CudaHostAlloc,
+    cu_mem_alloc_enter => CuMemAlloc,
+    cu_mem_alloc_async_enter => CuMemAllocAsync,
+    cu_mem_alloc_host_enter => CuMemAllocHost,
+    cu_mem_host_alloc_enter => CuMemHostAlloc,
+    cu_mem_create_enter => CuMemCreate,
+}
+
+/// `(ptr, …)`: the frees (cuMemRelease takes a handle).
+macro_rules! release {
+    ($($name:ident => $func:ident),* $(,)?) => {$(
+        #[uprobe]
+        pub fn $name(ctx: ProbeContext) -> u32 {
+            enter(&ctx, AllocFn::$func, arg(&ctx, 0), 0, 0)
+        }
+    )*};
+}
+
+release! {
+    cuda_free_enter => CudaFree,
+    cuda_free_async_enter => CudaFreeAsync,
+    cuda_free_host_enter => CudaFreeHost,
+    cu_mem_free_enter => CuMemFree,
+    cu_mem_free_async_enter => CuMemFreeAsync,
+    cu_mem_free_host_enter => CuMemFreeHost,
+    cu_mem_release_enter => CuMemRelease,
+}
+
+/// `cudaMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)`: the bytes are
+/// `*pitch * height`, known only at return.
+#[uprobe]
+pub fn cuda_malloc_pitch_enter(ctx: ProbeContext) -> u32 {
+    enter(
+        &ctx,
+        AllocFn::CudaMallocPitch,
+        arg(&ctx, 0),
+        arg(&ctx, 3),
+        arg(&ctx, 1),
+    )
+}
+
+/// `cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, handle, flags)`.
+#[uprobe]
+pub fn cu_mem_map_enter(ctx: ProbeContext) -> u32 {
+    enter(
+        &ctx,
+        AllocFn::CuMemMap,
+        arg(&ctx, 0),
+        arg(&ctx, 1),
+        arg(&ctx, 3),
+    )
+}
+
+/// `cuMemUnmap(CUdeviceptr ptr, size_t size)`.
+#[uprobe]
+pub fn cu_mem_unmap_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, AllocFn::CuMemUnmap, arg(&ctx, 0), arg(&ctx, 1), 0)
+}
+
+/// Shared return program of every device call above.
+#[uretprobe]
+pub fn cuda_return(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(p) = GPU_PENDING.current() else {
+        if traced_current().is_some() {
+            count(Counter::ReturnWithoutEntry);
+        }
+        return 0;
+    };
+    match p.depth {
+        0 => {
+            count(Counter::ReturnWithoutEntry);
+            return 0;
+        }
+        1 => {}
+        _ => {
+            p.depth -= 1;
+            return 0;
+        }
+    }
+    p.depth = 0;
+    // cudaError_t and CUresult are 32-bit enums; 0 is success.
+    let code = ctx.ret::<u64>() as u32;
+    finish(&ctx, p, id, code);
+    0
+}
+
+#[inline(always)]
+fn finish(ctx: &RetProbeContext, p: &Pending, id: u64, code: u32) {
+    let Some(func) = AllocFn::from_u32(p.func) else {
+        return;
+    };
+    match func {
+        AllocFn::CudaFree
+        | AllocFn::CudaFreeAsync
+        | AllocFn::CudaFreeHost
+        | AllocFn::CuMemFree
+        | AllocFn::CuMemFreeAsync
+        | AllocFn::CuMemFreeHost
+        | AllocFn::CuMemRelease => {
+            // cudaFree(NULL) is a no-op; a failed free released nothing.
+            if code == 0 && p.arg0 != 0 {
+                let mut ev = untimed_event(EventKind::Free, p.func, id);
+                ev.old_addr = p.arg0;
+                emit(&ev);
+            }
+        }
+        AllocFn::CuMemMap if code == 0 => {
+            let mut ev = event(EventKind::DeviceMap, p.func, id);
+            (ev.addr, ev.size, ev.aux) = (p.arg0, p.size, p.aux);
+            emit(&ev);
+        }
+        AllocFn::CuMemUnmap if code == 0 => {
+            let mut ev = untimed_event(EventKind::DeviceUnmap, p.func, id);
+            (ev.old_addr, ev.old_size) = (p.arg0, p.size);
+            emit(&ev);
+        }
+        AllocFn::CuMemMap | AllocFn::CuMemUnmap => {}
+        _ => allocated(ctx, p, id, code),
+    }
+}
+
+/// The return of an allocating call: the block (read from the out-parameter) or the failure, with
+/// the caller's stack either way.
+#[inline(always)]
+fn allocated(ctx: &RetProbeContext, p: &Pending, id: u64, code: u32) {
+    let mut ev = if code != 0 {
+        let mut ev = event(EventKind::AllocFailed, p.func, id);
+        ev.aux = code as u64;
+        ev.size = p.size;
+        ev
+    } else {
+        // SAFETY: user memory reads that fail cleanly.
+        let Ok(addr) = (unsafe { bpf_probe_read_user(p.arg0 as *const u64) }) else {
+            return;
+        };
+        let mut ev = event(EventKind::Alloc, p.func, id);
+        ev.addr = addr;
+        ev.size = if p.func == AllocFn::CudaMallocPitch as u32 {
+            // SAFETY: as above.
+            let pitch = unsafe { bpf_probe_read_user(p.aux as *const u64) }.unwrap_or(0);
+            pitch.wrapping_mul(p.size)
+        } else {
+            p.size
+        };
+        ev
+    };
+    if p.func == AllocFn::CudaMallocPitch as u32 && code != 0 {
+        ev.size = 0; // the pitch was never chosen: the bytes asked for are unknown
+    }
+    match capture(&probe_regs(ctx.regs)) {
+        Some(stack) => emit_with_stack(&stack, &ev, 0),
+        None => emit(&ev),
+    }
+}
