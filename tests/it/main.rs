@@ -3,6 +3,7 @@
 
 mod attach;
 mod errors;
+mod gpu;
 mod heap;
 mod oracle;
 mod pages;

@@ -8,6 +8,7 @@ use tests::fixture;
 
 /// valgrind's "in use at exit: N bytes in M blocks" per pid.
 fn valgrind(argv: &[&str]) -> Vec<(u64, u64, u64)> {
+    fixture::wait_for_detached_probes();
     let out = Command::new("valgrind")
         .args([
             "--run-libc-freeres=no",

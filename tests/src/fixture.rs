@@ -48,30 +48,71 @@ pub fn leaktracer() -> PathBuf {
 
 /// Builds `tests/fixtures/NAME.c` once per test run; returns the binary's path.
 pub fn build(name: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    let out_dir = target_dir().join("fixtures");
-    let out = out_dir.join(name);
+    build_with(name, &[])
+}
+
+/// As [`build`], with extra gcc arguments after the source (libraries to link).
+pub fn build_with(name: &str, extra: &[&str]) -> PathBuf {
+    let out = target_dir().join("fixtures").join(name);
+    let src = fixtures_src().join(format!("{name}.c"));
+    let mut args: Vec<String> = CFLAGS.iter().map(|s| s.to_string()).collect();
+    args.extend(["-o".into(), path_str(&out), path_str(&src)]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    compile_once(&out, &args);
+    out
+}
+
+/// The stand-in CUDA driver and runtime (libcuda.so.1, libcudart.so.13, tests/fixtures/fakecuda),
+/// built once; returns their directory. The runtime finds the driver beside it, as a real install
+/// finds it on the loader's path.
+pub fn fake_cuda() -> PathBuf {
+    let dir = target_dir().join("fixtures").join("fakecuda");
+    let src = fixtures_src().join("fakecuda");
+    for (soname, source, libs) in [
+        ("libcuda.so.1", "cuda.c", ""),
+        ("libcudart.so.13", "cudart.c", "-ldl"),
+    ] {
+        let out = dir.join(soname);
+        let mut args: Vec<String> = CFLAGS.iter().map(|s| s.to_string()).collect();
+        args.extend(
+            ["-fPIC", "-shared", "-Wl,-rpath,$ORIGIN"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        args.extend([
+            format!("-Wl,-soname,{soname}"),
+            "-o".into(),
+            path_str(&out),
+            path_str(&src.join(source)),
+        ]);
+        args.extend(libs.split_whitespace().map(String::from));
+        compile_once(&out, &args);
+    }
+    dir
+}
+
+fn fixtures_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+/// Runs gcc with `args` unless `out` was already built by this test run.
+fn compile_once(out: &Path, args: &[String]) {
+    static BUILT: OnceLock<Mutex<Vec<PathBuf>>> = OnceLock::new();
     let mut built = BUILT
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    if built.iter().any(|b| b == name) {
-        return out;
+    if built.iter().any(|b| b == out) {
+        return;
     }
-    std::fs::create_dir_all(&out_dir).expect("fixtures dir");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(format!("{name}.c"));
-    let status = Command::new("gcc")
-        .args(CFLAGS)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("gcc");
-    assert!(status.success(), "gcc failed for {}", src.display());
-    built.push(name.to_string());
-    out
+    std::fs::create_dir_all(out.parent().expect("output dir")).expect("fixtures dir");
+    let status = Command::new("gcc").args(args).status().expect("gcc");
+    assert!(status.success(), "gcc failed: gcc {}", args.join(" "));
+    built.push(out.to_path_buf());
 }
 
 /// Whether BPF tests can run here; under CI they must (a test that cannot run fails).
@@ -86,6 +127,28 @@ pub fn bpf_available() -> bool {
     }
     eprintln!("skipping: BPF tests need root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)");
     false
+}
+
+/// Waits until no leaktracer process is left (at most a minute). A finished leaktracer leaves a
+/// child that detaches its uprobes in the background; until it is done, their breakpoints are in
+/// every process that maps libc, which valgrind, reading libc's code, would trip over.
+pub fn wait_for_detached_probes() {
+    let me = std::process::id();
+    let others = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me)
+            .any(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "leaktracer")
+            })
+    };
+    let start = std::time::Instant::now();
+    while others() && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// One BPF test at a time: concurrent tracers would each add their probes to every allocation.

@@ -65,6 +65,7 @@ impl Config {
 
 /// Runs every configuration `rounds` times and prints the medians with their ratios.
 pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
+    crate::probes::detach_in_foreground();
     if cpus() > 1 {
         pin_to(0); // before any thread starts: the tracer's threads inherit it
     }

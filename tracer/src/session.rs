@@ -168,7 +168,7 @@ async fn trace(
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
     let r = make_report(&ledger, &mut sym, &args, &probes, started, true);
     out.write(&r, args.json)?;
-    drop(probes);
+    probes.detach_in_background();
     Ok(exit_code)
 }
 

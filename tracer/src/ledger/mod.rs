@@ -57,6 +57,19 @@ impl Kind {
         }
     }
 
+    /// The kind's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Heap => "heap",
+            Kind::Mmap => "mmap",
+            Kind::Brk => "brk",
+            Kind::Tensor => "tensor",
+            Kind::Device => "device",
+            Kind::Managed => "managed",
+            Kind::Pinned => "pinned",
+        }
+    }
+
     /// Every kind, in report order.
     pub const ALL: [Kind; 7] = [
         Kind::Heap,

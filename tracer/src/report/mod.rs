@@ -1,8 +1,6 @@
 //! Reports: the ledger's aggregates with symbolized stacks, as text or as JSON (schema
 //! `leaktracer.report/1`, documented in README.md; tests and later tools read it).
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 use tracer_common::Counter;
 
@@ -11,6 +9,12 @@ use crate::{
     probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
 };
+
+mod device;
+mod text;
+
+pub use device::{DeviceFailure, DeviceSummary};
+pub use text::{human, text};
 
 pub const SCHEMA: &str = "leaktracer.report/1";
 
@@ -69,6 +73,7 @@ pub struct ProcReport {
     /// Memory copied from the parent at fork and still outstanding in this process.
     pub inherited: KindTotals,
     pub mismatches: Mismatches,
+    pub device: DeviceSummary,
 }
 
 #[derive(Debug, Serialize)]
@@ -99,6 +104,10 @@ pub struct Losses {
     pub unmatched_frees: u64,
     pub unmatched_unmap_bytes: u64,
     pub reused_addresses: u64,
+    /// CUDA frees, releases and unmaps of something no traced call returned.
+    pub unmatched_device_frees: u64,
+    /// SIGSTOPs for probing new code that the kernel refused to send (that code was probed late).
+    pub stop_failed: u64,
     /// Not a loss: allocator calls made inside another (realloc → malloc), accounted by the outer.
     pub nested_calls: u64,
 }
@@ -114,6 +123,8 @@ pub struct Report {
     pub processes: Vec<ProcReport>,
     pub stacks: Vec<StackReport>,
     pub losses: Losses,
+    /// CUDA allocation calls that failed (out of memory, invalid arguments), with their stacks.
+    pub device_failures: Vec<DeviceFailure>,
     pub probes: Vec<AttachedFn>,
     /// Libraries probed, and when (a library probed late may have made calls not seen).
     pub libraries: Vec<Library>,
@@ -163,6 +174,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         processes,
         stacks,
         losses: losses(ledger),
+        device_failures: device::failures(ledger, sym),
         probes: cx.probes.to_vec(),
         libraries: cx.libraries.to_vec(),
         events: ledger.events,
@@ -179,6 +191,7 @@ fn proc_report(p: &Process) -> ProcReport {
         own: KindTotals::default(),
         inherited: KindTotals::default(),
         mismatches: p.mismatches,
+        device: DeviceSummary::of(p),
     }
 }
 
@@ -209,6 +222,7 @@ fn losses(ledger: &Ledger) -> Losses {
         stack_errors: k.get(Counter::StackErrors),
         return_without_entry: k.get(Counter::ReturnWithoutEntry),
         nested_calls: k.get(Counter::Nested),
+        stop_failed: k.get(Counter::StopFailed),
         stack_table_full: ledger.ingest.stack_table_full,
         undecodable: ledger.ingest.undecodable,
         ..Losses::default()
@@ -217,137 +231,7 @@ fn losses(ledger: &Ledger) -> Losses {
         l.unmatched_frees += p.mismatches.unmatched_frees;
         l.unmatched_unmap_bytes += p.mismatches.unmatched_unmap_bytes;
         l.reused_addresses += p.mismatches.reused_addresses;
+        l.unmatched_device_frees += p.device.unmatched_frees;
     }
     l
-}
-
-/// Human-readable rendering.
-pub fn text(r: &Report) -> String {
-    let mut s = String::new();
-    let title = if r.final_report {
-        "final report"
-    } else {
-        "report"
-    };
-    let _ = writeln!(
-        s,
-        "== leaktracer {title} after {:.1}s: {} events ==",
-        r.elapsed_s, r.events
-    );
-    let _ = writeln!(
-        s,
-        "outstanding: heap {} in {} blocks, mmap {} in {} regions, brk {}",
-        human(r.totals.heap.bytes),
-        r.totals.heap.blocks,
-        human(r.totals.mmap.bytes),
-        r.totals.mmap.blocks,
-        human(r.totals.brk.bytes),
-    );
-    let l = &r.losses;
-    let _ = writeln!(
-        s,
-        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} | unmatched: frees={} unmap_bytes={} reused_addresses={}",
-        l.ringbuf_full,
-        l.pending_full,
-        l.traced_full,
-        l.stack_errors,
-        l.return_without_entry,
-        l.stack_table_full,
-        l.undecodable,
-        l.unmatched_frees,
-        l.unmatched_unmap_bytes,
-        l.reused_addresses
-    );
-    let _ = writeln!(s, "\nprocesses:");
-    for p in &r.processes {
-        let state = if p.exited { "exited" } else { "running" };
-        let _ = writeln!(
-            s,
-            "  pid {:>7} ppid {:>7} {state:<7} heap {:>10} ({} blocks) mmap {:>10} brk {:>10}  inherited heap {:>10}  {}",
-            p.pid,
-            p.ppid.map_or_else(|| "-".into(), |v| v.to_string()),
-            human(p.own.heap.bytes),
-            p.own.heap.blocks,
-            human(p.own.mmap.bytes),
-            human(p.own.brk.bytes),
-            human(p.inherited.heap.bytes),
-            one_line(&p.command),
-        );
-    }
-    let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
-    for (i, st) in r.stacks.iter().enumerate() {
-        let inh = if st.inherited { " (inherited)" } else { "" };
-        let _ = writeln!(
-            s,
-            "#{:<2} {} in {} blocks, {:?}{inh} via {}, pid {}, oldest {:.1}s",
-            i + 1,
-            human(st.bytes),
-            st.blocks,
-            st.kind,
-            st.allocators.join("/"),
-            st.pid,
-            st.oldest_age_s
-        );
-        for f in st.frames.iter().take(12) {
-            let func = f.function.as_deref().unwrap_or("??");
-            let loc = match (&f.file, f.line) {
-                (Some(file), Some(line)) => format!(" {file}:{line}"),
-                _ => String::new(),
-            };
-            let module = f
-                .module
-                .as_deref()
-                .map(|m| m.rsplit('/').next().unwrap_or(m))
-                .unwrap_or("?");
-            let _ = writeln!(s, "      {func}{loc} [{module}]");
-        }
-    }
-    s
-}
-
-/// A traced program's string on one line: control characters (newlines in `python -c` scripts)
-/// escaped, so one process stays one row.
-fn one_line(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
-
-/// Bytes in binary units.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn commands_render_on_one_line() {
-        assert_eq!(
-            super::one_line("python3 -c \nimport x\tprint()"),
-            "python3 -c \\nimport x\\tprint()"
-        );
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(super::human(1000), "1000 B");
-        assert_eq!(super::human(10 * 1024 * 1024), "10.0 MiB");
-    }
 }

@@ -1,0 +1,189 @@
+//! CUDA memory through the stand-in libcudart.so.13 / libcuda.so.1 (no GPU here): every runtime and
+//! driver allocation call, exact bytes per kind and leaking function, failures with their error
+//! codes, libraries loaded late, thread pools.
+
+use tests::{
+    fixture::{self, Traced},
+    report::{Report, frame_fn},
+};
+
+use crate::line_of;
+
+/// Traces `gpu SCENARIO`, linked against the stand-in runtime and driver.
+fn trace_gpu(scenario: &str) -> Option<Traced> {
+    if !fixture::bpf_available() {
+        return None;
+    }
+    let _x = fixture::exclusive();
+    let cuda = fixture::fake_cuda();
+    let bin = fixture::build_with(
+        "gpu",
+        &[
+            cuda.join("libcudart.so.13").to_str().unwrap(),
+            cuda.join("libcuda.so.1").to_str().unwrap(),
+            &format!("-Wl,-rpath,{}", cuda.display()),
+        ],
+    );
+    let t = fixture::trace(&[], &[bin.to_str().unwrap(), scenario]).expect("leaktracer run");
+    assert_eq!(
+        t.output.status.code(),
+        Some(0),
+        "the fixture's own checks of return codes: {}",
+        String::from_utf8_lossy(&t.output.stderr)
+    );
+    Some(t)
+}
+
+fn library<'a>(r: &'a Report, name: &str) -> &'a serde_json::Value {
+    r.0["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["path"].as_str().unwrap().ends_with(name))
+        .unwrap_or_else(|| panic!("{name} not probed: {}", r.0["libraries"]))
+}
+
+#[test]
+fn runtime_calls_are_accounted_per_kind_and_site() {
+    let Some(t) = trace_gpu("runtime") else {
+        return;
+    };
+    let r = t.last();
+    let site = |kind: &str, f: &str| r.site(kind, 0, f);
+    assert_eq!(site("device", "leak_device"), (3 << 20, 3));
+    assert_eq!(
+        site("device", "leak_async"),
+        (2 * 65536, 2),
+        "the freed async block is gone"
+    );
+    assert_eq!(site("managed", "leak_managed"), (200_000, 1));
+    assert_eq!(
+        site("pinned", "leak_pinned"),
+        (4096 * 5 + 10_000, 2),
+        "cudaMallocHost + cudaHostAlloc, minus the cudaFreeHost'd block"
+    );
+    assert_eq!(
+        site("device", "leak_pitch"),
+        (1024 * 10, 1),
+        "pitch × height"
+    );
+    for control in [
+        "control_device",
+        "out_of_memory",
+        "null_out_pointer",
+        "bad_free",
+    ] {
+        assert_eq!(
+            r.sum(|s| frame_fn(s, 0) == Some(control)),
+            (0, 0),
+            "{control}"
+        );
+    }
+    // Device kinds are totalled apart from host memory, and each runtime call is counted once
+    // (the driver calls it makes are nested).
+    let totals = &r.0["totals"];
+    assert_eq!(totals["device"]["bytes"], (3u64 << 20) + 2 * 65536 + 10_240);
+    assert_eq!(totals["device"]["blocks"], 6);
+    assert_eq!(totals["managed"]["bytes"], 200_000);
+    assert_eq!(totals["pinned"]["bytes"], 4096 * 5 + 10_000);
+    let leak = r
+        .stacks()
+        .iter()
+        .find(|s| frame_fn(s, 0) == Some("leak_device"))
+        .unwrap();
+    assert_eq!(leak["allocators"][0], "cudaMalloc");
+    assert_eq!(
+        leak["frames"][0]["line"],
+        line_of("gpu", "cudaMalloc(&p, 1 << 20)")
+    );
+    // Failures: recorded with stack and error, nothing allocated.
+    let failures = r.0["device_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    let oom = failures
+        .iter()
+        .find(|f| f["frames"][0]["function"] == "out_of_memory")
+        .unwrap();
+    assert_eq!(oom["error"], "cudaErrorMemoryAllocation");
+    assert_eq!(oom["bytes"], 1u64 << 40);
+    assert_eq!(oom["calls"], 1);
+    let null = failures
+        .iter()
+        .find(|f| f["frames"][0]["function"] == "null_out_pointer")
+        .unwrap();
+    assert_eq!(null["error"], "cudaErrorInvalidValue");
+    assert_eq!(r.losses()["unmatched_device_frees"], 0);
+    for lib in ["libcudart.so.13", "libcuda.so.1"] {
+        assert_eq!(
+            library(r, lib)["timing"]["when"],
+            "at_map",
+            "{lib} probed before it ran"
+        );
+    }
+    assert_eq!(library(r, "libcuda.so.1")["roles"][0], "cuda-driver");
+}
+
+#[test]
+fn driver_and_virtual_memory_calls_are_accounted() {
+    let Some(t) = trace_gpu("driver") else {
+        return;
+    };
+    let r = t.last();
+    let site = |kind: &str, f: &str| r.site(kind, 0, f);
+    assert_eq!(site("device", "leak_driver"), (2 * 300_000 + 5000, 3));
+    assert_eq!(site("pinned", "leak_driver_host"), (7000 + 9000, 2));
+    assert_eq!(
+        site("device", "leak_vmm"),
+        (2 << 20, 1),
+        "the physical handle holds the bytes"
+    );
+    assert_eq!(site("device", "control_driver"), (0, 0));
+    assert_eq!(site("device", "control_vmm"), (0, 0));
+    let vmm = r
+        .stacks()
+        .iter()
+        .find(|s| frame_fn(s, 0) == Some("leak_vmm"))
+        .unwrap();
+    assert_eq!(vmm["allocators"][0], "cuMemCreate");
+    let root = r.process(r.root_pid());
+    assert_eq!(
+        root["device"]["mapped_bytes"],
+        2 << 20,
+        "the leaked handle's mapping stays, the control's was unmapped"
+    );
+    assert_eq!(root["device"]["unmatched_frees"], 0);
+    let failures = r.0["device_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["error"], "CUDA_ERROR_NOT_INITIALIZED");
+    assert_eq!(failures[0]["frames"][0]["function"], "main");
+}
+
+#[test]
+fn a_thread_pool_is_accounted_exactly() {
+    let Some(t) = trace_gpu("threads") else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(r.site("device", 0, "pool_worker"), (4 * 8 * 4096, 32));
+    assert_eq!(r.0["totals"]["device"]["blocks"], 32);
+    assert_eq!(r.losses()["return_without_entry"], 0);
+}
+
+#[test]
+fn a_runtime_loaded_with_dlopen_after_start_is_probed_before_its_first_call() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let cuda = fixture::fake_cuda();
+    let bin = fixture::build_with("gpu_dlopen", &["-ldl"]);
+    let runtime = cuda.join("libcudart.so.13");
+    let t = fixture::trace(&[], &[bin.to_str().unwrap(), runtime.to_str().unwrap()])
+        .expect("leaktracer run");
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    assert_eq!(r.site("device", 0, "leak_after_dlopen"), (2 * 123_456, 2));
+    let lib = library(r, "libcudart.so.13");
+    assert_eq!(lib["timing"]["when"], "at_map");
+    assert_eq!(lib["pid"], r.root_pid());
+    assert_eq!(r.losses()["stop_failed"], 0);
+}

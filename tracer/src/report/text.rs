@@ -1,0 +1,191 @@
+//! The human-readable rendering of a report.
+
+use std::fmt::Write as _;
+
+use super::{KindTotals, Report};
+use crate::{ledger::Kind, probes::Timing, symbolize::SymFrame};
+
+/// Human-readable rendering.
+pub fn text(r: &Report) -> String {
+    let mut s = String::new();
+    let title = if r.final_report {
+        "final report"
+    } else {
+        "report"
+    };
+    let _ = writeln!(
+        s,
+        "== leaktracer {title} after {:.1}s: {} events ==",
+        r.elapsed_s, r.events
+    );
+    let _ = writeln!(s, "outstanding: {}", kinds(&r.totals));
+    let l = &r.losses;
+    let _ = writeln!(
+        s,
+        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} stop_failed={} | unmatched: frees={} unmap_bytes={} reused_addresses={} device_frees={}",
+        l.ringbuf_full,
+        l.pending_full,
+        l.traced_full,
+        l.stack_errors,
+        l.return_without_entry,
+        l.stack_table_full,
+        l.undecodable,
+        l.stop_failed,
+        l.unmatched_frees,
+        l.unmatched_unmap_bytes,
+        l.reused_addresses,
+        l.unmatched_device_frees,
+    );
+    libraries(&mut s, r);
+    let _ = writeln!(s, "\nprocesses:");
+    for p in &r.processes {
+        let state = if p.exited { "exited" } else { "running" };
+        let inherited = if p.inherited == KindTotals::default() {
+            String::new()
+        } else {
+            format!(" | inherited: {}", kinds(&p.inherited))
+        };
+        let _ = writeln!(
+            s,
+            "  pid {:>7} ppid {:>7} {state:<7} {}{inherited}  {}",
+            p.pid,
+            p.ppid.map_or_else(|| "-".into(), |v| v.to_string()),
+            kinds(&p.own),
+            one_line(&p.command),
+        );
+    }
+    failures(&mut s, r);
+    let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
+    for (i, st) in r.stacks.iter().enumerate() {
+        let inh = if st.inherited { " (inherited)" } else { "" };
+        let _ = writeln!(
+            s,
+            "#{:<2} {} in {} blocks, {:?}{inh} via {}, pid {}, oldest {:.1}s",
+            i + 1,
+            human(st.bytes),
+            st.blocks,
+            st.kind,
+            st.allocators.join("/"),
+            st.pid,
+            st.oldest_age_s
+        );
+        frames(&mut s, &st.frames);
+    }
+    s
+}
+
+fn frames(s: &mut String, frames: &[SymFrame]) {
+    for f in frames.iter().take(12) {
+        let func = f.function.as_deref().unwrap_or("??");
+        let loc = match (&f.file, f.line) {
+            (Some(file), Some(line)) => format!(" {file}:{line}"),
+            _ => String::new(),
+        };
+        let module = f
+            .module
+            .as_deref()
+            .map(|m| m.rsplit('/').next().unwrap_or(m))
+            .unwrap_or("?");
+        let _ = writeln!(s, "      {func}{loc} [{module}]");
+    }
+}
+
+/// "heap 1.2 MiB in 3 blocks, device 4.0 GiB in 2 blocks, …": the kinds with memory (heap always).
+fn kinds(t: &KindTotals) -> String {
+    let parts: Vec<String> = Kind::ALL
+        .iter()
+        .map(|&k| (k, t.get(k)))
+        .filter(|(k, a)| a.bytes > 0 || *k == Kind::Heap)
+        .map(|(k, a)| format!("{} {} ({})", k.name(), human(a.bytes), a.blocks))
+        .collect();
+    parts.join(", ")
+}
+
+fn libraries(s: &mut String, r: &Report) {
+    for lib in r
+        .libraries
+        .iter()
+        .filter(|l| l.timing != Timing::BeforeStart)
+    {
+        let when = match lib.timing {
+            Timing::BeforeStart | Timing::AtMap => "probed when mapped, nothing missed".to_string(),
+            Timing::AlreadyLoaded => "already loaded: calls before the attach not seen".into(),
+            Timing::Late { late_ms } => {
+                format!("probed {late_ms:.1} ms after it was mapped: calls in between not seen")
+            }
+        };
+        let _ = writeln!(
+            s,
+            "library {} ({}): {when}",
+            lib.path.display(),
+            lib.roles.join(", ")
+        );
+    }
+}
+
+fn failures(s: &mut String, r: &Report) {
+    if r.device_failures.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\nfailed CUDA allocations:");
+    for f in &r.device_failures {
+        let _ = writeln!(
+            s,
+            "  {} × {} → {} ({}), {} asked for, pid {}",
+            f.calls,
+            f.function,
+            f.error,
+            f.code,
+            human(f.bytes),
+            f.pid
+        );
+        frames(s, &f.frames);
+    }
+}
+
+/// A traced program's string on one line: control characters (newlines in `python -c` scripts)
+/// escaped, so one process stays one row.
+fn one_line(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// Bytes in binary units.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn commands_render_on_one_line() {
+        assert_eq!(
+            super::one_line("python3 -c \nimport x\tprint()"),
+            "python3 -c \\nimport x\\tprint()"
+        );
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(super::human(1000), "1000 B");
+        assert_eq!(super::human(10 * 1024 * 1024), "10.0 MiB");
+    }
+}
