@@ -11,6 +11,10 @@ use crate::line_of;
 
 /// Traces `gpu SCENARIO`, linked against the stand-in runtime and driver.
 fn trace_gpu(scenario: &str) -> Option<Traced> {
+    trace_gpu_env(scenario, &[])
+}
+
+fn trace_gpu_env(scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
     if !fixture::bpf_available() {
         return None;
     }
@@ -24,7 +28,8 @@ fn trace_gpu(scenario: &str) -> Option<Traced> {
             &format!("-Wl,-rpath,{}", cuda.display()),
         ],
     );
-    let t = fixture::trace(&[], &[bin.to_str().unwrap(), scenario]).expect("leaktracer run");
+    let t = fixture::trace_with_env(&[], &[bin.to_str().unwrap(), scenario], env)
+        .expect("leaktracer run");
     assert_eq!(
         t.output.status.code(),
         Some(0),
@@ -124,7 +129,8 @@ fn runtime_calls_are_accounted_per_kind_and_site() {
 
 #[test]
 fn driver_and_virtual_memory_calls_are_accounted() {
-    let Some(t) = trace_gpu("driver") else {
+    let conf = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True");
+    let Some(t) = trace_gpu_env("driver", &[conf]) else {
         return;
     };
     let r = t.last();
@@ -155,6 +161,38 @@ fn driver_and_virtual_memory_calls_are_accounted() {
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0]["error"], "CUDA_ERROR_NOT_INITIALIZED");
     assert_eq!(failures[0]["frames"][0]["function"], "main");
+    assert_eq!(
+        root["allocator_env"],
+        serde_json::json!([["PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"]]),
+        "the allocator's settings are read from the target's environment"
+    );
+}
+
+/// No GPU and no driver here: NVML cannot load, the report says so, and everything else works.
+#[test]
+fn without_nvml_the_report_says_so_and_still_accounts_device_memory() {
+    let Some(t) = trace_gpu("runtime") else {
+        return;
+    };
+    let r = t.last();
+    let gpu = &r.0["gpu"];
+    if std::path::Path::new("/proc/driver/nvidia").exists() {
+        eprintln!("an NVIDIA driver is present: the NVML-unavailable path is not exercised here");
+        return;
+    }
+    assert_eq!(gpu["nvml"]["available"], false);
+    assert!(
+        gpu["nvml"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("libnvidia-ml"),
+        "{gpu}"
+    );
+    let p = &gpu["processes"][0];
+    assert_eq!(p["pid"], r.root_pid());
+    assert_eq!(p["traced_bytes"], r.0["totals"]["device"]["bytes"]);
+    assert_eq!(p["managed_bytes"], 200_000);
+    assert!(p["nvml_bytes"].is_null() && p["unexplained_bytes"].is_null());
 }
 
 #[test]

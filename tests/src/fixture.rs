@@ -171,6 +171,15 @@ impl Traced {
 
 /// Runs `leaktracer run --json -o FILE [extra…] -- argv…` and parses every report it wrote.
 pub fn trace(extra: &[&str], argv: &[&str]) -> anyhow::Result<Traced> {
+    trace_with_env(extra, argv, &[])
+}
+
+/// As [`trace`], with variables added to the environment.
+pub fn trace_with_env(
+    extra: &[&str],
+    argv: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Traced> {
     let dir = target_dir().join("reports");
     std::fs::create_dir_all(&dir)?;
     let file = dir.join(format!(
@@ -184,6 +193,7 @@ pub fn trace(extra: &[&str], argv: &[&str]) -> anyhow::Result<Traced> {
         .args(extra)
         .arg("--")
         .args(argv)
+        .envs(env.iter().copied())
         .output()
         .context("running leaktracer")?;
     let text = std::fs::read_to_string(&file).unwrap_or_default();

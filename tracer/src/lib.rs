@@ -7,6 +7,7 @@ pub mod hold;
 pub mod ingest;
 pub mod launch;
 pub mod ledger;
+pub mod nvml;
 pub mod probes;
 pub mod report;
 pub mod session;

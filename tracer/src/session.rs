@@ -18,6 +18,7 @@ use crate::{
     ingest::{self, Input},
     launch::{self, HeldChild},
     ledger::Ledger,
+    nvml::GpuView,
     probes::{Mode, Probes, Timing},
     report,
     symbolize::Symbolizer,
@@ -126,19 +127,22 @@ async fn trace(
             let child = child.take().expect("held child present");
             let hold = hold::start(child.pid, hold_tx);
             probes.trace_pid(child.pid, hold.is_some())?;
-            ledger.add_root(child.pid, command, monotonic_ns());
+            let env = ingest::read_allocator_env(child.pid);
+            ledger.add_root(child.pid, command, env, monotonic_ns());
             (child.release()?, hold)
         }
         Root::Attached { pid, .. } => {
             let hold = hold::start(*pid, hold_tx);
             probes.trace_pid(*pid, hold.is_some())?;
-            ledger.add_root(*pid, command, monotonic_ns());
+            let env = ingest::read_allocator_env(*pid);
+            ledger.add_root(*pid, command, env, monotonic_ns());
             (*pid, hold)
         }
     };
     tracing::info!(pid = root_pid, "tracing");
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
+    let gpus = GpuView::open();
     let (hold, root_exit) = match hold {
         Some(Hold { root_exit, stop }) => (Some(stop), Some(root_exit)),
         None => (None, None),
@@ -149,7 +153,7 @@ async fn trace(
         tokio::select! {
             Some(batch) = rx.recv() => route(batch, &mut ledger, &mut probes),
             _ = tick.tick() => {
-                let r = make_report(&ledger, &mut sym, &args, &probes, started, false);
+                let r = make_report(&ledger, &mut sym, &args, &probes, &gpus, started, false);
                 out.write(&r, args.json)?;
             }
             code = &mut end => break code,
@@ -166,7 +170,7 @@ async fn trace(
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
-    let r = make_report(&ledger, &mut sym, &args, &probes, started, true);
+    let r = make_report(&ledger, &mut sym, &args, &probes, &gpus, started, true);
     out.write(&r, args.json)?;
     probes.detach_in_background();
     Ok(exit_code)
@@ -271,6 +275,7 @@ fn make_report(
     sym: &mut Symbolizer,
     args: &ReportArgs,
     probes: &Probes,
+    gpus: &GpuView,
     started: Instant,
     final_report: bool,
 ) -> report::Report {
@@ -281,6 +286,7 @@ fn make_report(
         top: args.top,
         probes: probes.attached(),
         libraries: probes.libraries(),
+        nvml: &gpus.sample(),
     };
     report::build(ledger, sym, &cx)
 }

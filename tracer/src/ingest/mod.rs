@@ -38,6 +38,8 @@ pub struct Decoded {
     pub stack: Option<StackId>,
     /// For exec (and fork): the process's command line, read while it lives.
     pub command: Option<String>,
+    /// For exec: the allocator settings in its environment (see [`read_allocator_env`]).
+    pub env: Option<Vec<(String, String)>>,
 }
 
 /// Kernel-side counters summed over CPUs, indexed like [`Counter`].
@@ -312,6 +314,7 @@ impl Decoder {
             aux: ev.aux,
             stack,
             command,
+            env: (kind == EventKind::Exec).then(|| read_allocator_env(ev.tgid)),
         }));
     }
 
@@ -386,4 +389,35 @@ pub fn read_command(pid: u32) -> Option<String> {
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect();
     (!text.is_empty()).then(|| text.join(" "))
+}
+
+/// Environment variables that change how PyTorch allocates (and so what a leak looks like): the
+/// CUDA caching allocator's settings and the switch that turns caching off.
+pub const ALLOCATOR_ENV: &[&str] = &[
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "CUDA_LAUNCH_BLOCKING",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+];
+
+/// The [`ALLOCATOR_ENV`] variables set in a live process's environment, in that order.
+pub fn read_allocator_env(pid: u32) -> Vec<(String, String)> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let vars: Vec<(&[u8], &[u8])> = raw
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let eq = kv.iter().position(|b| *b == b'=')?;
+            Some((&kv[..eq], &kv[eq + 1..]))
+        })
+        .collect();
+    ALLOCATOR_ENV
+        .iter()
+        .filter_map(|name| {
+            let (_, v) = vars.iter().find(|(k, _)| *k == name.as_bytes())?;
+            Some((name.to_string(), String::from_utf8_lossy(v).into_owned()))
+        })
+        .collect()
 }

@@ -117,10 +117,11 @@ const MAP_ANONYMOUS: u64 = 0x20;
 
 impl Ledger {
     /// Registers a root process (the launched command or the attached pid).
-    pub fn add_root(&mut self, pid: u32, command: String, now_ns: u64) {
-        self.procs
-            .entry(pid)
-            .or_insert_with(|| Process::new(pid, None, command, now_ns));
+    pub fn add_root(&mut self, pid: u32, command: String, env: Vec<(String, String)>, now_ns: u64) {
+        self.procs.entry(pid).or_insert_with(|| Process {
+            allocator_env: env,
+            ..Process::new(pid, None, command, now_ns)
+        });
     }
 
     pub fn apply(&mut self, input: Input) {
@@ -186,7 +187,7 @@ impl Ledger {
             EventKind::Munmap => p.munmap(ev.old_addr, ev.old_size),
             EventKind::Mremap => p.mremap(ev.old_addr, ev.old_size, ev.addr, ev.size),
             EventKind::Brk => p.brk(ev.addr, origin),
-            EventKind::Exec => p.exec(ev.command),
+            EventKind::Exec => p.exec(ev.command, ev.env),
             EventKind::Exit => p.exited_ns = Some(ev.ts_ns),
             EventKind::Fork => {}
         }

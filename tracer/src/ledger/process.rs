@@ -46,6 +46,8 @@ pub struct Process {
     pub pid: u32,
     pub ppid: Option<u32>,
     pub command: String,
+    /// Allocator settings found in its environment (ingest::ALLOCATOR_ENV).
+    pub allocator_env: Vec<(String, String)>,
     pub started_ns: u64,
     pub exited_ns: Option<u64>,
     pub execs: u32,
@@ -77,6 +79,7 @@ impl Process {
             pid,
             ppid: Some(parent.pid),
             command: command.unwrap_or_else(|| parent.command.clone()),
+            allocator_env: parent.allocator_env.clone(),
             started_ns: ts_ns,
             heap,
             mmaps: parent.mmaps.inherited(),
@@ -90,7 +93,7 @@ impl Process {
     }
 
     /// execve: a fresh image, nothing of the old address space survives.
-    pub fn exec(&mut self, command: Option<String>) {
+    pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
         self.mmaps = Regions::default();
         self.brk = Brk::default();
@@ -98,6 +101,9 @@ impl Process {
         self.execs += 1;
         if let Some(c) = command {
             self.command = c;
+        }
+        if let Some(env) = env {
+            self.allocator_env = env;
         }
     }
 

@@ -24,6 +24,7 @@ fn ev(kind: EventKind, func: AllocFn) -> Decoded {
         aux: 0,
         stack: Some(StackId(1)),
         command: None,
+        env: None,
     }
 }
 
@@ -86,7 +87,7 @@ fn brk(result: u64, stack: u32) -> Input {
 
 fn ledger(inputs: Vec<Input>) -> Ledger {
     let mut l = Ledger::default();
-    l.add_root(PID, "fixture".into(), 0);
+    l.add_root(PID, "fixture".into(), Vec::new(), 0);
     for s in 1..=9 {
         let frames: Arc<[Frame]> = Arc::from(vec![Frame {
             module: None,
@@ -249,4 +250,106 @@ fn exec_starts_a_fresh_image() {
     assert_eq!(of(&l, Kind::Heap, 1), (0, 0));
     assert_eq!(l.procs[&PID].command, "new");
     assert_eq!(l.procs[&PID].execs, 1);
+}
+
+fn cuda_free(func: AllocFn, addr: u64) -> Input {
+    Input::Event(Decoded {
+        old_addr: addr,
+        stack: None,
+        ..ev(EventKind::Free, func)
+    })
+}
+
+fn outstanding(l: &Ledger, kind: Kind) -> (u64, u64) {
+    l.groups()
+        .iter()
+        .filter(|g| g.kind == kind)
+        .fold((0, 0), |(b, n), g| (b + g.bytes, n + g.blocks))
+}
+
+#[test]
+fn device_memory_is_kept_apart_from_the_heap() {
+    let mut l = ledger(Vec::new());
+    // The same address as a heap block: device pointers live in their own table.
+    l.apply(alloc(AllocFn::Malloc, 0x1000, 10, 1));
+    l.apply(alloc(AllocFn::CudaMalloc, 0x1000, 1 << 20, 2));
+    l.apply(alloc(AllocFn::CudaMallocManaged, 0x2000, 300, 2));
+    l.apply(alloc(AllocFn::CudaHostAlloc, 0x3000, 400, 2));
+    l.apply(alloc(AllocFn::CuMemCreate, 7, 2 << 20, 3));
+    assert_eq!(outstanding(&l, Kind::Heap), (10, 1));
+    assert_eq!(outstanding(&l, Kind::Device), ((1 << 20) + (2 << 20), 2));
+    assert_eq!(outstanding(&l, Kind::Managed), (300, 1));
+    assert_eq!(outstanding(&l, Kind::Pinned), (400, 1));
+    // cudaFree frees the device block, not the heap block at the same address; a handle is
+    // released by cuMemRelease only.
+    l.apply(cuda_free(AllocFn::CudaFree, 0x1000));
+    l.apply(cuda_free(AllocFn::CudaFree, 7));
+    assert_eq!(outstanding(&l, Kind::Heap), (10, 1));
+    assert_eq!(outstanding(&l, Kind::Device), (2 << 20, 1));
+    l.apply(cuda_free(AllocFn::CuMemRelease, 7));
+    assert_eq!(outstanding(&l, Kind::Device), (0, 0));
+    assert_eq!(l.procs[&PID].device.unmatched_frees, 1, "cudaFree(7) matched nothing");
+}
+
+#[test]
+fn device_memory_is_not_inherited_and_ends_with_exec() {
+    let mut l = ledger(Vec::new());
+    l.apply(alloc(AllocFn::CudaMalloc, 0x1000, 100, 2));
+    l.apply(Input::Event(Decoded {
+        aux: 200,
+        size: 0,
+        ..ev(EventKind::Fork, AllocFn::Malloc)
+    }));
+    assert!(l.procs[&200].device.blocks.is_empty(), "a CUDA context does not survive fork");
+    assert_eq!(l.procs[&PID].device.blocks.len(), 1);
+    l.apply(Input::Event(ev(EventKind::Exec, AllocFn::Malloc)));
+    assert!(l.procs[&PID].device.blocks.is_empty());
+}
+
+#[test]
+fn failures_are_counted_per_stack_function_and_code() {
+    let mut l = ledger(Vec::new());
+    let failed = |size: u64, code: u64, stack: u32| {
+        Input::Event(Decoded {
+            size,
+            aux: code,
+            stack: Some(StackId(stack)),
+            ..ev(EventKind::AllocFailed, AllocFn::CudaMalloc)
+        })
+    };
+    l.apply(failed(1 << 30, 2, 1));
+    l.apply(failed(1 << 30, 2, 1));
+    l.apply(failed(8, 1, 1));
+    let f = &l.procs[&PID].device.failures;
+    assert_eq!(f.len(), 2);
+    assert_eq!((f[0].calls, f[0].bytes, f[0].code), (2, 2 << 30, 2));
+    assert_eq!(outstanding(&l, Kind::Device), (0, 0), "a failure allocates nothing");
+}
+
+#[test]
+fn tensors_are_heap_blocks_of_their_own_kind() {
+    let mut l = ledger(Vec::new());
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x5000, 4096, 4));
+    assert_eq!(outstanding(&l, Kind::Tensor), (4096, 1));
+    assert_eq!(outstanding(&l, Kind::Heap), (0, 0));
+    l.apply(free(0x5000)); // c10::free_cpu frees with free()
+    assert_eq!(outstanding(&l, Kind::Tensor), (0, 0));
+}
+
+#[test]
+fn mappings_of_handles_are_tracked() {
+    let mut l = ledger(Vec::new());
+    l.apply(Input::Event(Decoded {
+        addr: 0x2000_0000_0000,
+        size: 2 << 20,
+        aux: 7,
+        ..ev(EventKind::DeviceMap, AllocFn::CuMemMap)
+    }));
+    assert_eq!(l.procs[&PID].device.mapped_bytes(), 2 << 20);
+    l.apply(Input::Event(Decoded {
+        old_addr: 0x2000_0000_0000,
+        old_size: 2 << 20,
+        ..ev(EventKind::DeviceUnmap, AllocFn::CuMemUnmap)
+    }));
+    assert_eq!(l.procs[&PID].device.mapped_bytes(), 0);
 }

@@ -4,10 +4,52 @@
 use serde::Serialize;
 use tracer_common::AllocFn;
 
+use super::ProcReport;
 use crate::{
     ledger::{Failure, Ledger, Process},
+    nvml::Sample,
     symbolize::{SymFrame, Symbolizer},
 };
+
+/// Device memory traced through CUDA calls beside what the driver reports (NVML).
+#[derive(Debug, Serialize)]
+pub struct GpuReport {
+    pub nvml: Sample,
+    /// Traced processes with device memory, traced or seen by NVML.
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Device memory outstanding from traced CUDA calls (device kind: blocks and physical handles).
+    pub traced_bytes: u64,
+    /// Managed memory outstanding (resident on the GPU or not; NVML may count part of it).
+    pub managed_bytes: u64,
+    /// What NVML says the process holds on its GPUs; null without NVML.
+    pub nvml_bytes: Option<u64>,
+    /// NVML minus traced: the CUDA context, fragmentation, allocations leaktracer did not see.
+    pub unexplained_bytes: Option<i64>,
+}
+
+pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
+    let processes = processes
+        .iter()
+        .filter_map(|p| {
+            let nvml_bytes = nvml.available.then(|| nvml.per_pid.get(&p.pid).copied().unwrap_or(0));
+            let (traced, managed) = (p.own.device.bytes, p.own.managed.bytes);
+            let seen = traced > 0 || managed > 0 || nvml_bytes.is_some_and(|b| b > 0);
+            seen.then(|| GpuProcess {
+                pid: p.pid,
+                traced_bytes: traced,
+                managed_bytes: managed,
+                nvml_bytes,
+                unexplained_bytes: nvml_bytes.map(|n| n as i64 - traced as i64),
+            })
+        })
+        .collect();
+    GpuReport { nvml, processes }
+}
 
 /// One (process, stack, function, error) of failed device allocations.
 #[derive(Debug, Serialize)]

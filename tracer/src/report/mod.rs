@@ -13,7 +13,7 @@ use crate::{
 mod device;
 mod text;
 
-pub use device::{DeviceFailure, DeviceSummary};
+pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
 pub use text::{human, text};
 
 pub const SCHEMA: &str = "leaktracer.report/1";
@@ -74,6 +74,8 @@ pub struct ProcReport {
     pub inherited: KindTotals,
     pub mismatches: Mismatches,
     pub device: DeviceSummary,
+    /// Allocator settings in its environment (PYTORCH_CUDA_ALLOC_CONF…), as [name, value].
+    pub allocator_env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,6 +125,8 @@ pub struct Report {
     pub processes: Vec<ProcReport>,
     pub stacks: Vec<StackReport>,
     pub losses: Losses,
+    /// Device memory traced vs what the driver reports.
+    pub gpu: GpuReport,
     /// CUDA allocation calls that failed (out of memory, invalid arguments), with their stacks.
     pub device_failures: Vec<DeviceFailure>,
     pub probes: Vec<AttachedFn>,
@@ -139,6 +143,7 @@ pub struct Context<'a> {
     pub top: usize,
     pub probes: &'a [AttachedFn],
     pub libraries: &'a [Library],
+    pub nvml: &'a crate::nvml::Sample,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
@@ -166,6 +171,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         .take(cx.top)
         .map(|g| stack_report(ledger, sym, g, cx.now_ns))
         .collect();
+    let gpu = device::gpu(&processes, cx.nvml.clone());
     Report {
         schema: SCHEMA,
         final_report: cx.final_report,
@@ -174,6 +180,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         processes,
         stacks,
         losses: losses(ledger),
+        gpu,
         device_failures: device::failures(ledger, sym),
         probes: cx.probes.to_vec(),
         libraries: cx.libraries.to_vec(),
@@ -192,6 +199,7 @@ fn proc_report(p: &Process) -> ProcReport {
         inherited: KindTotals::default(),
         mismatches: p.mismatches,
         device: DeviceSummary::of(p),
+        allocator_env: p.allocator_env.clone(),
     }
 }
 

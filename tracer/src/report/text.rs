@@ -37,6 +37,7 @@ pub fn text(r: &Report) -> String {
         l.unmatched_device_frees,
     );
     libraries(&mut s, r);
+    gpu(&mut s, r);
     let _ = writeln!(s, "\nprocesses:");
     for p in &r.processes {
         let state = if p.exited { "exited" } else { "running" };
@@ -53,6 +54,9 @@ pub fn text(r: &Report) -> String {
             kinds(&p.own),
             one_line(&p.command),
         );
+        for (k, v) in &p.allocator_env {
+            let _ = writeln!(s, "      {k}={}", one_line(v));
+        }
     }
     failures(&mut s, r);
     let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
@@ -119,6 +123,47 @@ fn libraries(s: &mut String, r: &Report) {
             "library {} ({}): {when}",
             lib.path.display(),
             lib.roles.join(", ")
+        );
+    }
+}
+
+/// Traced device memory beside NVML's, when CUDA is in the picture.
+fn gpu(s: &mut String, r: &Report) {
+    let cuda = r.libraries.iter().any(|l| l.roles.iter().any(|x| x.starts_with("cuda")));
+    if !cuda && r.gpu.processes.is_empty() {
+        return;
+    }
+    let nvml = &r.gpu.nvml;
+    if !nvml.available {
+        let reason = nvml.reason.as_deref().unwrap_or("unknown reason");
+        let _ = writeln!(s, "gpu: NVML unavailable ({reason}): traced CUDA memory only");
+    }
+    for d in &nvml.devices {
+        let _ = writeln!(
+            s,
+            "gpu {} {}: {} of {} in use",
+            d.index,
+            d.name,
+            human(d.used_bytes),
+            human(d.total_bytes)
+        );
+    }
+    for p in &r.gpu.processes {
+        let nvml_part = match (p.nvml_bytes, p.unexplained_bytes) {
+            (Some(n), Some(u)) => format!(
+                ", NVML {} ({}{} not explained by traced calls)",
+                human(n),
+                if u < 0 { "-" } else { "" },
+                human(u.unsigned_abs())
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "gpu pid {}: traced device {}, managed {}{nvml_part}",
+            p.pid,
+            human(p.traced_bytes),
+            human(p.managed_bytes)
         );
     }
 }
