@@ -225,3 +225,95 @@ fn a_runtime_loaded_with_dlopen_after_start_is_probed_before_its_first_call() {
     assert_eq!(lib["pid"], r.root_pid());
     assert_eq!(r.losses()["stop_failed"], 0);
 }
+
+/// A process that cannot be held (another tracer has it under ptrace, as a debugger would): a
+/// library it loads later is probed as soon as its mapping is seen, and the report says it was
+/// late and by how much.
+#[test]
+fn a_library_probed_late_is_reported_as_late() {
+    use std::{
+        io::{BufRead, BufReader},
+        os::unix::process::CommandExt,
+        process::{Command, Stdio},
+    };
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let cuda = fixture::fake_cuda();
+    let bin = fixture::build_with("gpu_dlopen", &["-ldl"]);
+    let mut cmd = Command::new(&bin);
+    cmd.arg(cuda.join("libcudart.so.13")).arg("wait");
+    // SAFETY: ptrace(PTRACE_TRACEME) between fork and exec touches no shared state.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            Ok(())
+        })
+    };
+    let mut target = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let pid = target.id() as i32;
+    let wait_stop = || {
+        let mut status = 0;
+        // SAFETY: waiting for our own traced child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        status
+    };
+    let status = wait_stop(); // the exec trap of a PTRACE_TRACEME child
+    assert!(libc::WIFSTOPPED(status));
+    // SAFETY: resuming our own tracee.
+    unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+    let mut line = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = fixture::target_dir().join("late.json");
+    let mut tracer = Command::new(fixture::leaktracer())
+        .args(["-v", "attach", &pid.to_string(), "--json", "-o"])
+        .arg(&out)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = String::new();
+    // Kept open to the end: a closed pipe would fail the tracer's own logging.
+    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        log.push_str(&l);
+        log.push('\n');
+        if l.contains("tracing") {
+            break;
+        }
+    }
+    assert!(log.contains("cannot hold"), "the target was held after all: {log}");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    loop {
+        let status = wait_stop();
+        if libc::WIFEXITED(status) {
+            assert_eq!(libc::WEXITSTATUS(status), 0);
+            break;
+        }
+        assert!(!libc::WIFSIGNALED(status), "target killed");
+        let sig = if libc::WIFSTOPPED(status) { libc::WSTOPSIG(status) } else { 0 };
+        let sig = if sig == libc::SIGTRAP { 0 } else { sig };
+        // SAFETY: resuming our own tracee with the signal it stopped for.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, sig) };
+    }
+    log.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
+    assert_eq!(tracer.wait().unwrap().code(), Some(0), "{log}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let r = Report::parse(text.lines().last().unwrap()).unwrap();
+    let lib = library(&r, "libcudart.so.13");
+    assert_eq!(lib["timing"]["when"], "late", "{lib}");
+    assert!(lib["timing"]["late_ms"].as_f64().unwrap() >= 0.0);
+    assert_eq!(
+        r.site("device", 0, "leak_after_dlopen"),
+        (2 * 123_456, 2),
+        "probed in the half second between loading and allocating"
+    );
+    let libc_lib = library(&r, "libc.so.6");
+    assert_eq!(libc_lib["timing"]["when"], "already_loaded");
+}
