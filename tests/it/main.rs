@@ -8,6 +8,7 @@ mod heap;
 mod oracle;
 mod pages;
 mod run;
+mod torch;
 mod tree;
 
 use std::path::Path;

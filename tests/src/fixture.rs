@@ -115,6 +115,20 @@ fn compile_once(out: &Path, args: &[String]) {
     built.push(out.to_path_buf());
 }
 
+/// The tch harness binary (scripts/test.sh builds it; it needs libtorch from scripts/setup.sh).
+/// `None` when it is not built, which CI=true makes a failure.
+pub fn harness() -> Option<PathBuf> {
+    let bin = profile_dir().join("harness");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("no harness binary at {}: cargo build -p harness", bin.display());
+    }
+    eprintln!("skipping: the harness is not built (cargo build -p harness)");
+    None
+}
+
 /// Whether BPF tests can run here; under CI they must (a test that cannot run fails).
 pub fn bpf_available() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -8,6 +8,7 @@ pub mod ingest;
 pub mod launch;
 pub mod ledger;
 pub mod nvml;
+pub mod prober;
 pub mod probes;
 pub mod report;
 pub mod session;

@@ -5,7 +5,6 @@
 use std::{
     fs::File,
     io::Write,
-    path::Path,
     time::{Duration, Instant},
 };
 
@@ -15,10 +14,11 @@ use crate::{
     cli::ReportArgs,
     error::Error,
     hold::{self, Hold},
-    ingest::{self, Input},
+    ingest,
     launch::{self, HeldChild},
     ledger::Ledger,
     nvml::GpuView,
+    prober::{Prober, ProbesInfo},
     probes::{Mode, Probes, Timing},
     report,
     symbolize::Symbolizer,
@@ -119,26 +119,36 @@ async fn trace(
     let (tx, mut rx) = mpsc::channel(256);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hold_tx, hold_rx) = mpsc::channel(64);
-    let ingest = tokio::spawn(ingest::run(channels, tx, hold_rx, stop_rx));
     let started = Instant::now();
     let mut ledger = Ledger::default();
-    let (root_pid, hold) = match &mut root {
+    let (root_pid, hold, held_child) = match &mut root {
         Root::Held(child) => {
             let child = child.take().expect("held child present");
             let hold = hold::start(child.pid, hold_tx);
             probes.trace_pid(child.pid, hold.is_some())?;
             let env = ingest::read_allocator_env(child.pid);
             ledger.add_root(child.pid, command, env, monotonic_ns());
-            (child.release()?, hold)
+            (child.pid, hold, Some(child))
         }
         Root::Attached { pid, .. } => {
             let hold = hold::start(*pid, hold_tx);
             probes.trace_pid(*pid, hold.is_some())?;
             let env = ingest::read_allocator_env(*pid);
             ledger.add_root(*pid, command, env, monotonic_ns());
-            (*pid, hold)
+            (*pid, hold, None)
         }
     };
+    let prober = Prober::spawn(probes).map_err(|e| anyhow::anyhow!("prober thread: {e}"))?;
+    let ingest = tokio::spawn(ingest::run(
+        channels,
+        tx,
+        hold_rx,
+        prober.requests.clone(),
+        stop_rx,
+    ));
+    if let Some(child) = held_child {
+        child.release()?;
+    }
     tracing::info!(pid = root_pid, "tracing");
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
@@ -149,62 +159,31 @@ async fn trace(
     };
     let mut end = Box::pin(end_of(&root, root_pid, root_exit));
     let mut tick = ticker(args.interval);
+    let report = |ledger: &Ledger, sym: &mut Symbolizer, final_report| {
+        let info = prober.info.borrow().clone();
+        make_report(ledger, sym, &args, &info, &gpus, started, final_report)
+    };
     let exit_code = loop {
         tokio::select! {
-            Some(batch) = rx.recv() => route(batch, &mut ledger, &mut probes),
-            _ = tick.tick() => {
-                let r = make_report(&ledger, &mut sym, &args, &probes, &gpus, started, false);
-                out.write(&r, args.json)?;
-            }
+            Some(batch) = rx.recv() => batch.into_iter().for_each(|i| ledger.apply(i)),
+            _ = tick.tick() => out.write(&report(&ledger, &mut sym, false), args.json)?,
             code = &mut end => break code,
         }
     };
     if let Some(h) = hold {
-        probes.release_holds();
+        prober.end_holds();
         let _ = h.send(());
     }
     let _ = stop_tx.send(true);
     while let Some(batch) = rx.recv().await {
-        route(batch, &mut ledger, &mut probes);
+        batch.into_iter().for_each(|i| ledger.apply(i));
     }
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
-    let r = make_report(&ledger, &mut sym, &args, &probes, &gpus, started, true);
-    out.write(&r, args.json)?;
-    probes.detach_in_background();
+    out.write(&report(&ledger, &mut sym, true), args.json)?;
+    prober.finish().detach_in_background();
     Ok(exit_code)
-}
-
-/// Applies a batch from ingest in order: new code is probed (before a thread held for it is
-/// released), everything else goes to the ledger.
-fn route(batch: ingest::Batch, ledger: &mut Ledger, probes: &mut Probes) {
-    for input in batch {
-        match input {
-            Input::Code {
-                tgid,
-                path,
-                mapped_ns,
-                held,
-            } => {
-                let timing = if held {
-                    Timing::AtMap
-                } else {
-                    let late_ns = monotonic_ns().saturating_sub(mapped_ns);
-                    Timing::Late {
-                        late_ms: late_ns as f64 / 1e6,
-                    }
-                };
-                if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
-                    tracing::warn!(library = %path, error = %e, "not probed");
-                }
-            }
-            Input::Release { ours, done } => {
-                let _ = done.send(ours);
-            }
-            other => ledger.apply(other),
-        }
-    }
 }
 
 fn ticker(interval: f64) -> tokio::time::Interval {
@@ -274,7 +253,7 @@ fn make_report(
     ledger: &Ledger,
     sym: &mut Symbolizer,
     args: &ReportArgs,
-    probes: &Probes,
+    probes: &ProbesInfo,
     gpus: &GpuView,
     started: Instant,
     final_report: bool,
@@ -284,8 +263,8 @@ fn make_report(
         elapsed_s: started.elapsed().as_secs_f64(),
         now_ns: monotonic_ns(),
         top: args.top,
-        probes: probes.attached(),
-        libraries: probes.libraries(),
+        probes: &probes.attached,
+        libraries: &probes.libraries,
         nvml: &gpus.sample(),
     };
     report::build(ledger, sym, &cx)

@@ -21,6 +21,7 @@ pub use stacks::{Frame, StackId, StackTable};
 use crate::{
     error::Error,
     hold::{HoldReason, HoldRequest},
+    prober::ProbeRequest,
 };
 
 /// An event as the ledger sees it: decoded, with its stack interned.
@@ -68,21 +69,6 @@ pub enum Input {
         stack_table_full: u64,
         undecodable: u64,
     },
-    /// A file with executable pages that `tgid` mapped at `mapped_ns`, seen for the first time: the
-    /// session probes it if it allocates. `held`: the mapping thread is stopped until a
-    /// [`Input::Release`] for it (nothing it calls is missed).
-    Code {
-        tgid: u32,
-        path: Arc<str>,
-        mapped_ns: u64,
-        held: bool,
-    },
-    /// Everything before this input has been sent: the held thread may go on. `ours` says whether
-    /// its SIGSTOP came from the kernel side (and is to be suppressed).
-    Release {
-        ours: bool,
-        done: std::sync::mpsc::Sender<bool>,
-    },
 }
 
 /// Inputs are sent in batches: one channel operation per drained chunk, not per event.
@@ -126,6 +112,7 @@ pub async fn run(
     ch: KernelChannels,
     tx: mpsc::Sender<Batch>,
     mut holds: mpsc::Receiver<HoldRequest>,
+    probe: std::sync::mpsc::Sender<ProbeRequest>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let KernelChannels {
@@ -139,7 +126,10 @@ pub async fn run(
         None => None,
     };
     let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
-    let mut decoder = Decoder::default();
+    let mut decoder = Decoder {
+        probe: Some(probe.clone()),
+        ..Decoder::default()
+    };
     // Data records never wake us (DATA_FLAGS in tracer-ebpf); only process events do. Poll: rarely
     // enough that the records have left the producing CPU's cache when they are read (reading them
     // hot slows the traced program measurably), often enough that the ring never fills.
@@ -166,7 +156,7 @@ pub async fn run(
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
                 decoder.drain(ring.get_mut(), &tx).await?;
                 let ours = decoder.stopped.remove(&req.tid) && req.reason == HoldReason::Stop;
-                tx.send(vec![Input::Release { ours, done: req.done }]).await?;
+                let _ = probe.send(ProbeRequest::Release { ours, done: req.done });
             }
             _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
@@ -222,8 +212,9 @@ struct Decoder {
     scratch: Vec<u64>,
     /// Threads the kernel side stopped for new code, not yet released.
     stopped: HashSet<u32>,
-    /// Files with executable pages already announced to the session.
+    /// Files with executable pages already announced to the prober.
     code_seen: HashSet<Arc<str>>,
+    probe: Option<std::sync::mpsc::Sender<ProbeRequest>>,
 }
 
 impl Decoder {
@@ -295,7 +286,7 @@ impl Decoder {
             aux = ev.aux,
             "event"
         );
-        self.observe_process(kind, &ev, out);
+        self.observe_process(kind, &ev);
         let stack = stack.and_then(|se| self.intern(&se, out));
         let command = match kind {
             EventKind::Exec => read_command(ev.tgid),
@@ -319,7 +310,7 @@ impl Decoder {
     }
 
     /// Keeps the mapping snapshots in step with the process's life, and announces new code.
-    fn observe_process(&mut self, kind: EventKind, ev: &Event, out: &mut Vec<Input>) {
+    fn observe_process(&mut self, kind: EventKind, ev: &Event) {
         const PROT_EXEC: u64 = 0x4;
         const MAP_ANONYMOUS: u64 = 0x20;
         let held = ev.old_size == STOPPED_FOR_PROBES;
@@ -341,12 +332,12 @@ impl Decoder {
         if held {
             self.stopped.insert(ev.tid);
         }
-        let Some(maps) = self.maps.get(ev.tgid) else {
+        let (Some(maps), Some(probe)) = (self.maps.get(ev.tgid), &self.probe) else {
             return;
         };
         for path in maps.paths() {
             if self.code_seen.insert(path.clone()) {
-                out.push(Input::Code {
+                let _ = probe.send(ProbeRequest::Code {
                     tgid: ev.tgid,
                     path: path.clone(),
                     mapped_ns: ev.ts_ns,

@@ -133,8 +133,6 @@ impl Ledger {
             } => self.stacks.insert(id, frames, truncated),
             Input::Event(ev) => self.apply_event(ev),
             Input::Kernel(k) => self.kernel = k,
-            // The session's: probing new code and releasing held threads.
-            Input::Code { .. } | Input::Release { .. } => {}
             Input::IngestLoss {
                 stack_table_full,
                 undecodable,

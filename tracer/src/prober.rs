@@ -1,0 +1,130 @@
+//! The thread that owns the probes while a session runs. Ingest tells it about code the traced
+//! processes map; it probes what allocates and then lets a held thread go. Probing can be slow
+//! (a large library's symbol tables; the kernel's uprobe lock, which another leaktracer detaching
+//! its probes may hold for seconds), so it happens here and not on the path that feeds the ledger:
+//! events keep flowing while a library is probed.
+
+use std::{
+    path::Path,
+    sync::{Arc, mpsc},
+    thread,
+};
+
+use tokio::sync::watch;
+
+use crate::{
+    probes::{AttachedFn, Library, Probes, Timing},
+    session::monotonic_ns,
+};
+
+/// What ingest asks of the prober, in the order it must happen.
+#[derive(Debug)]
+pub enum ProbeRequest {
+    /// A file with executable pages that `tgid` mapped at `mapped_ns`, seen for the first time.
+    /// `held`: the mapping thread is stopped until the next [`ProbeRequest::Release`] for it.
+    Code {
+        tgid: u32,
+        path: Arc<str>,
+        mapped_ns: u64,
+        held: bool,
+    },
+    /// Everything asked before is done: the held thread may go on. `ours` says whether its
+    /// SIGSTOP came from the kernel side (and is to be suppressed).
+    Release {
+        ours: bool,
+        done: mpsc::Sender<bool>,
+    },
+    /// Stop the kernel side from stopping threads (the holder is going away); answers when done.
+    EndHolds(mpsc::Sender<()>),
+}
+
+/// What the probes are, for reports.
+#[derive(Clone, Debug, Default)]
+pub struct ProbesInfo {
+    pub attached: Vec<AttachedFn>,
+    pub libraries: Vec<Library>,
+}
+
+/// The running prober.
+pub struct Prober {
+    pub requests: mpsc::Sender<ProbeRequest>,
+    pub info: watch::Receiver<Arc<ProbesInfo>>,
+    thread: thread::JoinHandle<Probes>,
+}
+
+impl Prober {
+    pub fn spawn(probes: Probes) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let (info_tx, info) = watch::channel(Arc::new(info_of(&probes)));
+        let thread = thread::Builder::new()
+            .name("prober".into())
+            .spawn(move || serve(probes, &rx, &info_tx))?;
+        Ok(Self {
+            requests: tx,
+            info,
+            thread,
+        })
+    }
+
+    /// Turns the kernel side's stops off and waits until it is done.
+    pub fn end_holds(&self) {
+        let (done, rx) = mpsc::channel();
+        if self.requests.send(ProbeRequest::EndHolds(done)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+
+    /// Waits for every sender to go (ingest ended) and takes the probes back.
+    pub fn finish(self) -> Probes {
+        drop(self.requests);
+        self.thread.join().expect("prober thread")
+    }
+}
+
+fn info_of(probes: &Probes) -> ProbesInfo {
+    ProbesInfo {
+        attached: probes.attached().to_vec(),
+        libraries: probes.libraries().to_vec(),
+    }
+}
+
+fn serve(
+    mut probes: Probes,
+    rx: &mpsc::Receiver<ProbeRequest>,
+    info: &watch::Sender<Arc<ProbesInfo>>,
+) -> Probes {
+    for req in rx {
+        match req {
+            ProbeRequest::Code {
+                tgid,
+                path,
+                mapped_ns,
+                held,
+            } => {
+                let timing = if held {
+                    Timing::AtMap
+                } else {
+                    let late_ns = monotonic_ns().saturating_sub(mapped_ns);
+                    Timing::Late {
+                        late_ms: late_ns as f64 / 1e6,
+                    }
+                };
+                let before = probes.libraries().len();
+                if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
+                    tracing::warn!(library = %path, error = %e, "not probed");
+                }
+                if probes.libraries().len() != before {
+                    info.send_replace(Arc::new(info_of(&probes)));
+                }
+            }
+            ProbeRequest::Release { ours, done } => {
+                let _ = done.send(ours);
+            }
+            ProbeRequest::EndHolds(done) => {
+                probes.release_holds();
+                let _ = done.send(());
+            }
+        }
+    }
+    probes
+}
