@@ -43,7 +43,23 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
-# 4. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
+# 4. libtorch for the tch harness: the torch wheel's libraries (CPU-usable, no GPU needed) and the
+#    two CUDA runtime wheels libtorch_cpu.so links against, into .libtorch (LIBTORCH in
+#    .cargo/config.toml points there). Pinned to the PyTorch release tch 0.26 is built for.
+if ! [ -f .libtorch/torch/lib/libtorch_cpu.so ] || ! [ -f .libtorch/torch/lib/libc10.so ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    log "apt-get install python3-pip"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
+  fi
+  log "installing libtorch 2.13.0 into .libtorch"
+  python3 -m pip install --quiet --no-input --no-deps --only-binary=:all: --target .libtorch \
+    --break-system-packages 'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85' 2>/dev/null \
+  || python3 -m pip install --quiet --no-input --no-deps --only-binary=:all: --target .libtorch \
+    'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85'
+fi
+
+# 5. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
 if ! [ -e /sys/kernel/tracing/events ]; then
   log "mounting tracefs"
   mount -t tracefs nodev /sys/kernel/tracing

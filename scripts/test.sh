@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build -p tracer
+cargo build -p tracer -p harness
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
