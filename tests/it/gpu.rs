@@ -287,7 +287,10 @@ fn a_library_probed_late_is_reported_as_late() {
             break;
         }
     }
-    assert!(log.contains("cannot hold"), "the target was held after all: {log}");
+    assert!(
+        log.contains("cannot hold"),
+        "the target was held after all: {log}"
+    );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGUSR1) };
     loop {
@@ -297,7 +300,11 @@ fn a_library_probed_late_is_reported_as_late() {
             break;
         }
         assert!(!libc::WIFSIGNALED(status), "target killed");
-        let sig = if libc::WIFSTOPPED(status) { libc::WSTOPSIG(status) } else { 0 };
+        let sig = if libc::WIFSTOPPED(status) {
+            libc::WSTOPSIG(status)
+        } else {
+            0
+        };
         let sig = if sig == libc::SIGTRAP { 0 } else { sig };
         // SAFETY: resuming our own tracee with the signal it stopped for.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, sig) };

@@ -18,8 +18,11 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
     // ring. Exact counts need a clean start.
     fixture::wait_for_detached_probes();
     let steps = 4;
-    let t = fixture::trace(&[], &[harness.to_str().unwrap(), "retain", &steps.to_string()])
-        .expect("leaktracer run");
+    let t = fixture::trace(
+        &[],
+        &[harness.to_str().unwrap(), "retain", &steps.to_string()],
+    )
+    .expect("leaktracer run");
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
     let activation = 256 * 256 * 4; // one f32 activation of harness::SIDE²
@@ -29,7 +32,11 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
         "the retained activations, and nothing else: inputs and weights were freed"
     );
     assert_eq!(r.0["totals"]["tensor"]["blocks"], steps);
-    let tensors: Vec<_> = r.stacks().iter().filter(|s| s["kind"] == "tensor").collect();
+    let tensors: Vec<_> = r
+        .stacks()
+        .iter()
+        .filter(|s| s["kind"] == "tensor")
+        .collect();
     assert_eq!(tensors.len(), 1, "one allocation site");
     assert_eq!(tensors[0]["allocators"][0], "c10::alloc_cpu");
     assert_eq!(

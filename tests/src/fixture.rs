@@ -123,7 +123,10 @@ pub fn harness() -> Option<PathBuf> {
         return Some(bin);
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("no harness binary at {}: cargo build -p harness", bin.display());
+        panic!(
+            "no harness binary at {}: cargo build -p harness",
+            bin.display()
+        );
     }
     eprintln!("skipping: the harness is not built (cargo build -p harness)");
     None

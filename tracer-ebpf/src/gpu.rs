@@ -11,7 +11,8 @@
 //! own right.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    EbpfContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -53,84 +54,32 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
-/// `(void **out, size_t size, …)`: cudaMalloc, cudaMallocAsync, cudaMallocManaged, cudaMallocHost,
-/// cudaHostAlloc, cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocHost_v2, cuMemHostAlloc, and
-/// cuMemCreate (whose out-parameter is a handle).
-macro_rules! out_param_alloc {
-    ($($name:ident => $func:ident),* $(,)?) => {$(
-        #[uprobe]
-        pub fn $name(ctx: ProbeContext) -> u32 {
-            enter(&ctx, AllocFn::$func, arg(&ctx, 0), arg(&ctx, 1), 0)
-        }
-    )*};
-}
-
-out_param_alloc! {
-    cuda_malloc_enter => CudaMalloc,
-    cuda_malloc_async_enter => CudaMallocAsync,
-    cuda_malloc_managed_enter => CudaMallocManaged,
-    cuda_malloc_host_enter => CudaMallocHost,
-    cuda_host_alloc_enter => CudaHostAlloc,
-    cu_mem_alloc_enter => CuMemAlloc,
-    cu_mem_alloc_async_enter => CuMemAllocAsync,
-    cu_mem_alloc_host_enter => CuMemAllocHost,
-    cu_mem_host_alloc_enter => CuMemHostAlloc,
-    cu_mem_create_enter => CuMemCreate,
-}
-
-/// `(ptr, …)`: the frees (cuMemRelease takes a handle).
-macro_rules! release {
-    ($($name:ident => $func:ident),* $(,)?) => {$(
-        #[uprobe]
-        pub fn $name(ctx: ProbeContext) -> u32 {
-            enter(&ctx, AllocFn::$func, arg(&ctx, 0), 0, 0)
-        }
-    )*};
-}
-
-release! {
-    cuda_free_enter => CudaFree,
-    cuda_free_async_enter => CudaFreeAsync,
-    cuda_free_host_enter => CudaFreeHost,
-    cu_mem_free_enter => CuMemFree,
-    cu_mem_free_async_enter => CuMemFreeAsync,
-    cu_mem_free_host_enter => CuMemFreeHost,
-    cu_mem_release_enter => CuMemRelease,
-}
-
-/// `cudaMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)`: the bytes are
-/// `*pitch * height`, known only at return.
-#[uprobe]
-pub fn cuda_malloc_pitch_enter(ctx: ProbeContext) -> u32 {
-    enter(
-        &ctx,
-        AllocFn::CudaMallocPitch,
-        arg(&ctx, 0),
-        arg(&ctx, 3),
-        arg(&ctx, 1),
-    )
-}
-
-/// `cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, handle, flags)`.
-#[uprobe]
-pub fn cu_mem_map_enter(ctx: ProbeContext) -> u32 {
-    enter(
-        &ctx,
-        AllocFn::CuMemMap,
-        arg(&ctx, 0),
-        arg(&ctx, 1),
-        arg(&ctx, 3),
-    )
-}
-
-/// `cuMemUnmap(CUdeviceptr ptr, size_t size)`.
-#[uprobe]
-pub fn cu_mem_unmap_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, AllocFn::CuMemUnmap, arg(&ctx, 0), arg(&ctx, 1), 0)
+/// The entry program of every device call: one multi-attach link per library (detaching a
+/// uprobe costs a grace period per link, not per function), the function told by its cookie.
+#[uprobe(multi)]
+pub fn cuda_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: helper on the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(func) = AllocFn::from_u32(cookie as u32) else {
+        return 0;
+    };
+    use AllocFn::*;
+    let (arg0, size, aux) = match func {
+        // (void **ptr, size_t *pitch, size_t width, size_t height): bytes = *pitch × height.
+        CudaMallocPitch => (arg(&ctx, 0), arg(&ctx, 3), arg(&ctx, 1)),
+        // (CUdeviceptr ptr, size_t size, size_t offset, handle, flags)
+        CuMemMap => (arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 3)),
+        // (ptr or handle, …)
+        CudaFree | CudaFreeAsync | CudaFreeHost | CuMemFree | CuMemFreeAsync | CuMemFreeHost
+        | CuMemRelease => (arg(&ctx, 0), 0, 0),
+        // (void **out, size_t size, …), cuMemCreate's out-parameter a handle; cuMemUnmap(ptr, size)
+        _ => (arg(&ctx, 0), arg(&ctx, 1), 0),
+    };
+    enter(&ctx, func, arg0, size, aux)
 }
 
 /// Shared return program of every device call above.
-#[uretprobe]
+#[uretprobe(multi)]
 pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let Some(p) = GPU_PENDING.current() else {

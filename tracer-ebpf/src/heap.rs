@@ -134,8 +134,8 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Pvalloc, 0, arg(&ctx, 0))
 }
 
-/// Shared return program of every allocator above.
-#[uretprobe]
+/// Shared return program of every allocator above (one multi-attach link per library).
+#[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let Some(p) = PENDING.current() else {
@@ -238,7 +238,7 @@ pub fn bare_enter(_ctx: ProbeContext) -> u32 {
     0
 }
 
-#[uretprobe]
+#[uretprobe(multi)]
 pub fn bare_return(_ctx: RetProbeContext) -> u32 {
     0
 }

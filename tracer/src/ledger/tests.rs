@@ -288,7 +288,10 @@ fn device_memory_is_kept_apart_from_the_heap() {
     assert_eq!(outstanding(&l, Kind::Device), (2 << 20, 1));
     l.apply(cuda_free(AllocFn::CuMemRelease, 7));
     assert_eq!(outstanding(&l, Kind::Device), (0, 0));
-    assert_eq!(l.procs[&PID].device.unmatched_frees, 1, "cudaFree(7) matched nothing");
+    assert_eq!(
+        l.procs[&PID].device.unmatched_frees, 1,
+        "cudaFree(7) matched nothing"
+    );
 }
 
 #[test]
@@ -300,7 +303,10 @@ fn device_memory_is_not_inherited_and_ends_with_exec() {
         size: 0,
         ..ev(EventKind::Fork, AllocFn::Malloc)
     }));
-    assert!(l.procs[&200].device.blocks.is_empty(), "a CUDA context does not survive fork");
+    assert!(
+        l.procs[&200].device.blocks.is_empty(),
+        "a CUDA context does not survive fork"
+    );
     assert_eq!(l.procs[&PID].device.blocks.len(), 1);
     l.apply(Input::Event(ev(EventKind::Exec, AllocFn::Malloc)));
     assert!(l.procs[&PID].device.blocks.is_empty());
@@ -323,7 +329,11 @@ fn failures_are_counted_per_stack_function_and_code() {
     let f = &l.procs[&PID].device.failures;
     assert_eq!(f.len(), 2);
     assert_eq!((f[0].calls, f[0].bytes, f[0].code), (2, 2 << 30, 2));
-    assert_eq!(outstanding(&l, Kind::Device), (0, 0), "a failure allocates nothing");
+    assert_eq!(
+        outstanding(&l, Kind::Device),
+        (0, 0),
+        "a failure allocates nothing"
+    );
 }
 
 #[test]

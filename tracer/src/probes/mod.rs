@@ -10,12 +10,15 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData},
-    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
 };
 use iced_x86::Register;
 use serde::Serialize;
 
-use tracer_common::{TRACED_HOLD, TRACED_ON};
+use tracer_common::{AllocFn, TRACED_HOLD, TRACED_ON};
 
 use crate::error::Error;
 
@@ -68,6 +71,8 @@ struct ProbeFn {
     entry: &'static str,
     ret: Option<&'static str>,
     args: &'static [Register],
+    /// For multi-attach programs (one link per library and program): the function's cookie.
+    cookie: Option<u64>,
 }
 
 const fn heap_fn(
@@ -81,15 +86,18 @@ const fn heap_fn(
         entry,
         ret: if returns { Some("alloc_return") } else { None },
         args,
+        cookie: None,
     }
 }
 
-const fn cuda_fn(name: &'static str, entry: &'static str) -> ProbeFn {
+/// A CUDA function: the shared multi-attach entry and return programs, told apart by a cookie.
+const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
     ProbeFn {
         name,
-        entry,
+        entry: "cuda_enter",
         ret: Some("cuda_return"),
         args: &[],
+        cookie: Some(func as u64),
     }
 }
 
@@ -137,15 +145,15 @@ const CUDA_RUNTIME: ProbeSet = ProbeSet {
     file_prefix: None, // libcudart.so.N, or a program that links cudart statically
     placed: false,
     fns: &[
-        cuda_fn("cudaMalloc", "cuda_malloc_enter"),
-        cuda_fn("cudaFree", "cuda_free_enter"),
-        cuda_fn("cudaMallocAsync", "cuda_malloc_async_enter"),
-        cuda_fn("cudaFreeAsync", "cuda_free_async_enter"),
-        cuda_fn("cudaMallocManaged", "cuda_malloc_managed_enter"),
-        cuda_fn("cudaMallocHost", "cuda_malloc_host_enter"),
-        cuda_fn("cudaHostAlloc", "cuda_host_alloc_enter"),
-        cuda_fn("cudaFreeHost", "cuda_free_host_enter"),
-        cuda_fn("cudaMallocPitch", "cuda_malloc_pitch_enter"),
+        cuda_fn("cudaMalloc", AllocFn::CudaMalloc),
+        cuda_fn("cudaFree", AllocFn::CudaFree),
+        cuda_fn("cudaMallocAsync", AllocFn::CudaMallocAsync),
+        cuda_fn("cudaFreeAsync", AllocFn::CudaFreeAsync),
+        cuda_fn("cudaMallocManaged", AllocFn::CudaMallocManaged),
+        cuda_fn("cudaMallocHost", AllocFn::CudaMallocHost),
+        cuda_fn("cudaHostAlloc", AllocFn::CudaHostAlloc),
+        cuda_fn("cudaFreeHost", AllocFn::CudaFreeHost),
+        cuda_fn("cudaMallocPitch", AllocFn::CudaMallocPitch),
     ],
 };
 
@@ -155,17 +163,17 @@ const CUDA_DRIVER: ProbeSet = ProbeSet {
     file_prefix: None,
     placed: false,
     fns: &[
-        cuda_fn("cuMemAlloc_v2", "cu_mem_alloc_enter"),
-        cuda_fn("cuMemFree_v2", "cu_mem_free_enter"),
-        cuda_fn("cuMemAllocAsync", "cu_mem_alloc_async_enter"),
-        cuda_fn("cuMemFreeAsync", "cu_mem_free_async_enter"),
-        cuda_fn("cuMemAllocHost_v2", "cu_mem_alloc_host_enter"),
-        cuda_fn("cuMemHostAlloc", "cu_mem_host_alloc_enter"),
-        cuda_fn("cuMemFreeHost", "cu_mem_free_host_enter"),
-        cuda_fn("cuMemCreate", "cu_mem_create_enter"),
-        cuda_fn("cuMemRelease", "cu_mem_release_enter"),
-        cuda_fn("cuMemMap", "cu_mem_map_enter"),
-        cuda_fn("cuMemUnmap", "cu_mem_unmap_enter"),
+        cuda_fn("cuMemAlloc_v2", AllocFn::CuMemAlloc),
+        cuda_fn("cuMemFree_v2", AllocFn::CuMemFree),
+        cuda_fn("cuMemAllocAsync", AllocFn::CuMemAllocAsync),
+        cuda_fn("cuMemFreeAsync", AllocFn::CuMemFreeAsync),
+        cuda_fn("cuMemAllocHost_v2", AllocFn::CuMemAllocHost),
+        cuda_fn("cuMemHostAlloc", AllocFn::CuMemHostAlloc),
+        cuda_fn("cuMemFreeHost", AllocFn::CuMemFreeHost),
+        cuda_fn("cuMemCreate", AllocFn::CuMemCreate),
+        cuda_fn("cuMemRelease", AllocFn::CuMemRelease),
+        cuda_fn("cuMemMap", AllocFn::CuMemMap),
+        cuda_fn("cuMemUnmap", AllocFn::CuMemUnmap),
     ],
 };
 
@@ -397,6 +405,8 @@ impl Probes {
         set: &ProbeSet,
     ) -> Result<(), Error> {
         let mut seen_addrs = Vec::new();
+        // (program, symbol, offset, cookie)
+        let mut points: Vec<(&str, String, u64, Option<u64>)> = Vec::new();
         for f in set.fns {
             let Some(func) = elf.function(f.name) else {
                 tracing::warn!(function = f.name, library = %library.display(), "symbol not found: not probed");
@@ -426,13 +436,29 @@ impl Probes {
                 reason = place.reason,
                 "probe placement"
             );
-            self.attach_fn(library, f, &func.symbol, place.offset)?;
+            let (entry, ret) = match self.mode {
+                Mode::Full => (f.entry, f.ret),
+                Mode::Bare => ("bare_enter", f.ret.map(|_| "bare_return")),
+            };
+            for prog in std::iter::once(entry).chain(ret) {
+                points.push((prog, func.symbol.clone(), place.offset, f.cookie));
+            }
             self.attached.push(AttachedFn {
                 function: f.name.into(),
                 library: library.to_path_buf(),
                 offset: place.offset,
                 reason: place.reason,
             });
+        }
+        // One attach call per program: a multi-attach program (the shared return programs, the
+        // CUDA entry) gets one link for all its points, and a link is what costs a grace period
+        // to detach; the others get one uprobe per point as before.
+        let mut progs: Vec<&str> = points.iter().map(|p| p.0).collect();
+        progs.sort_unstable();
+        progs.dedup();
+        for prog in progs {
+            let mine = points.iter().filter(|p| p.0 == prog);
+            self.attach_points(library, prog, mine.map(|p| (&*p.1, p.2, p.3)))?;
         }
         Ok(())
     }
@@ -450,32 +476,30 @@ impl Probes {
         self.libraries.iter().any(|l| l.roles.contains(&HEAP.role))
     }
 
-    fn attach_fn(
+    /// Attaches `prog` at (symbol, offset, cookie) points of `library`, in one attach call.
+    fn attach_points<'p>(
         &mut self,
         library: &Path,
-        f: &ProbeFn,
-        symbol: &str,
-        offset: u64,
+        prog: &str,
+        points: impl Iterator<Item = (&'p str, u64, Option<u64>)>,
     ) -> Result<(), Error> {
-        let (entry, ret) = match self.mode {
-            Mode::Full => (f.entry, f.ret),
-            Mode::Bare => ("bare_enter", f.ret.map(|_| "bare_return")),
-        };
-        let points = std::iter::once(entry).chain(ret);
-        for prog in points {
-            let up: &mut UProbe = program(&mut self.bpf, prog)?;
-            if up.fd().is_err() {
-                up.load().map_err(|e| load_error(e.into()))?;
-            }
-            let at = aya::programs::uprobe::UProbeAttachLocation::SymbolOffset(symbol, offset);
-            up.attach([at], library, UProbeScope::AllProcesses)
-                .map_err(|e| {
-                    Error::Kernel(format!(
-                        "attaching uprobe {prog} to {symbol}+{offset} in {}: {e}",
-                        library.display()
-                    ))
-                })?;
+        let points: Vec<UProbeAttachPoint<'p>> = points
+            .map(|(sym, offset, cookie)| UProbeAttachPoint {
+                location: UProbeAttachLocation::SymbolOffset(sym, offset),
+                cookie,
+            })
+            .collect();
+        let up: &mut UProbe = program(&mut self.bpf, prog)?;
+        if up.fd().is_err() {
+            up.load().map_err(|e| load_error(e.into()))?;
         }
+        let what = format!(
+            "{} point(s) of {prog} in {}",
+            points.len(),
+            library.display()
+        );
+        up.attach(points, library, UProbeScope::AllProcesses)
+            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))?;
         Ok(())
     }
 

@@ -36,7 +36,9 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
     let processes = processes
         .iter()
         .filter_map(|p| {
-            let nvml_bytes = nvml.available.then(|| nvml.per_pid.get(&p.pid).copied().unwrap_or(0));
+            let nvml_bytes = nvml
+                .available
+                .then(|| nvml.per_pid.get(&p.pid).copied().unwrap_or(0));
             let (traced, managed) = (p.own.device.bytes, p.own.managed.bytes);
             let seen = traced > 0 || managed > 0 || nvml_bytes.is_some_and(|b| b > 0);
             seen.then(|| GpuProcess {

@@ -129,14 +129,20 @@ fn libraries(s: &mut String, r: &Report) {
 
 /// Traced device memory beside NVML's, when CUDA is in the picture.
 fn gpu(s: &mut String, r: &Report) {
-    let cuda = r.libraries.iter().any(|l| l.roles.iter().any(|x| x.starts_with("cuda")));
+    let cuda = r
+        .libraries
+        .iter()
+        .any(|l| l.roles.iter().any(|x| x.starts_with("cuda")));
     if !cuda && r.gpu.processes.is_empty() {
         return;
     }
     let nvml = &r.gpu.nvml;
     if !nvml.available {
         let reason = nvml.reason.as_deref().unwrap_or("unknown reason");
-        let _ = writeln!(s, "gpu: NVML unavailable ({reason}): traced CUDA memory only");
+        let _ = writeln!(
+            s,
+            "gpu: NVML unavailable ({reason}): traced CUDA memory only"
+        );
     }
     for d in &nvml.devices {
         let _ = writeln!(
