@@ -1,6 +1,6 @@
-//! PyTorch's CPU allocator through the tch harness on the real libtorch: tensors are told apart
-//! from the rest of the heap, exactly, and counted once (c10::alloc_cpu's own posix_memalign is
-//! nested in it).
+//! PyTorch on the real libtorch: the CPU allocator through the tch harness (tensors told apart from
+//! the rest of the heap, exactly, and counted once: c10::alloc_cpu's own posix_memalign is nested
+//! in it), and the CUDA libraries of the wheels probed when loaded.
 
 use tests::{fixture, report::frame_fn};
 
@@ -60,4 +60,72 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
     assert_eq!(libc10["roles"][0], "torch-cpu");
     assert_eq!(libc10["timing"]["when"], "at_map");
     assert_eq!(r.losses()["ringbuf_full"], 0);
+}
+
+/// The real libc10_cuda.so and libcudart.so.13 from the torch wheels (no GPU needed to load them):
+/// the caching allocator's entry points are found by demangled name among its local symbols, every
+/// runtime call leaktracer probes exists in the real runtime, and all are probed when mapped.
+#[test]
+fn the_real_cuda_libraries_of_pytorch_are_probed_when_loaded() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let Some(_) = fixture::harness() else {
+        return; // no libtorch either
+    };
+    let _x = fixture::exclusive();
+    let lib = fixture::libtorch().join("lib/libc10_cuda.so");
+    let bin = fixture::build_with("load_library", &["-ldl"]);
+    let t = fixture::trace(&[], &[bin.to_str().unwrap(), lib.to_str().unwrap()])
+        .expect("leaktracer run");
+    assert_eq!(
+        t.output.status.code(),
+        Some(0),
+        "dlopen of {}",
+        lib.display()
+    );
+    let r = t.last();
+    let libraries = r.0["libraries"].as_array().unwrap();
+    let role_of = |name: &str| {
+        let l = libraries
+            .iter()
+            .find(|l| l["path"].as_str().unwrap().ends_with(name))
+            .unwrap_or_else(|| panic!("{name} not probed: {libraries:?}"));
+        assert_eq!(l["timing"]["when"], "at_map", "{name}");
+        l["roles"][0].as_str().unwrap().to_string()
+    };
+    assert_eq!(role_of("libc10_cuda.so"), "torch-cuda");
+    assert_eq!(role_of("libc10.so"), "torch-cpu");
+    assert_eq!(role_of("libcudart.so.13"), "cuda-runtime");
+    let probed = |lib: &str| -> Vec<String> {
+        r.0["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["library"].as_str().unwrap().ends_with(lib))
+            .map(|p| p["function"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let caching = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::";
+    assert_eq!(
+        probed("libc10_cuda.so"),
+        [
+            format!("{caching}malloc"),
+            format!("{caching}get_allocated_block")
+        ]
+    );
+    assert_eq!(
+        probed("libcudart.so.13"),
+        [
+            "cudaMalloc",
+            "cudaFree",
+            "cudaMallocAsync",
+            "cudaFreeAsync",
+            "cudaMallocManaged",
+            "cudaMallocHost",
+            "cudaHostAlloc",
+            "cudaFreeHost",
+            "cudaMallocPitch"
+        ]
+    );
 }

@@ -132,6 +132,11 @@ pub fn harness() -> Option<PathBuf> {
     None
 }
 
+/// The libtorch scripts/setup.sh installs (LIBTORCH): `.libtorch/torch` in the workspace.
+pub fn libtorch() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.libtorch/torch")
+}
+
 /// Whether BPF tests can run here; under CI they must (a test that cannot run fails).
 pub fn bpf_available() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -131,6 +131,9 @@ pub enum AllocFn {
     CuMemUnmap = 36,
     /// PyTorch's CPU tensor allocator (libc10).
     C10AllocCpu = 37,
+    /// PyTorch's CUDA caching allocator: a block handed out, and a block given back.
+    TorchCudaMalloc = 38,
+    TorchCudaFree = 39,
 }
 
 impl AllocFn {
@@ -175,6 +178,8 @@ impl AllocFn {
             35 => CuMemMap,
             36 => CuMemUnmap,
             37 => C10AllocCpu,
+            38 => TorchCudaMalloc,
+            39 => TorchCudaFree,
             _ => return None,
         })
     }
@@ -182,6 +187,11 @@ impl AllocFn {
     /// A CUDA runtime or driver function (device, managed or pinned host memory).
     pub fn is_cuda(self) -> bool {
         (AllocFn::CudaMalloc as u32..=AllocFn::CuMemUnmap as u32).contains(&(self as u32))
+    }
+
+    /// A call of PyTorch's CUDA caching allocator (blocks inside the segments it reserved).
+    pub fn is_torch_cuda(self) -> bool {
+        matches!(self, AllocFn::TorchCudaMalloc | AllocFn::TorchCudaFree)
     }
 
     /// The C name of the function.
@@ -225,6 +235,8 @@ impl AllocFn {
             CuMemMap => "cuMemMap",
             CuMemUnmap => "cuMemUnmap",
             C10AllocCpu => "c10::alloc_cpu",
+            TorchCudaMalloc => "NativeCachingAllocator::malloc",
+            TorchCudaFree => "NativeCachingAllocator::get_allocated_block",
         }
     }
 }

@@ -18,18 +18,34 @@ use aya_ebpf::{
 };
 use tracer_common::{AllocFn, Counter, EventKind, Pending};
 
-use crate::shared::{
-    GPU_PENDING, capture, count, emit, emit_with_stack, event, probe_regs, traced_current,
-    untimed_event,
+use crate::{
+    shared::{
+        GPU_PENDING, TORCH_PENDING, capture, count, emit, emit_with_stack, event, probe_regs,
+        traced_current, untimed_event,
+    },
+    task_storage::TaskStorage,
 };
 
 /// Records a device call's entry: `arg0` is the out-parameter (allocations) or the pointer or
 /// handle (frees, maps), `size` the bytes asked for, `aux` a third argument some calls need.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64, aux: u64) -> u32 {
+    enter_in(&GPU_PENDING, ctx, func, arg0, size, aux)
+}
+
+/// As [`enter`], in the per-thread entry `storage` (device calls or PyTorch's allocator).
+#[inline(always)]
+fn enter_in(
+    storage: &TaskStorage<Pending>,
+    ctx: &ProbeContext,
+    func: AllocFn,
+    arg0: u64,
+    size: u64,
+    aux: u64,
+) -> u32 {
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    let p = match GPU_PENDING.current() {
+    let p = match storage.current() {
         Some(p) if p.depth > 0 && sp <= p.sp => {
             p.depth += 1;
             count(Counter::Nested);
@@ -37,7 +53,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64, aux: u64) -> u
         }
         Some(p) => p,
         None if traced_current().is_none() => return 0,
-        None => match GPU_PENDING.current_or_create() {
+        None => match storage.current_or_create() {
             Some(p) => p,
             None => {
                 count(Counter::PendingFull);
@@ -82,27 +98,81 @@ pub fn cuda_enter(ctx: ProbeContext) -> u32 {
 #[uretprobe(multi)]
 pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = GPU_PENDING.current() else {
+    let Some(p) = outermost_return(&GPU_PENDING) else {
+        return 0;
+    };
+    // cudaError_t and CUresult are 32-bit enums; 0 is success.
+    let code = ctx.ret::<u64>() as u32;
+    finish(&ctx, p, id, code);
+    0
+}
+
+/// The thread's entry in `storage` when this return ends its outermost call (the entry is then
+/// idle); None for a nested call's return or a return without an entry (counted).
+#[inline(always)]
+fn outermost_return(storage: &TaskStorage<Pending>) -> Option<&mut Pending> {
+    let Some(p) = storage.current() else {
         if traced_current().is_some() {
             count(Counter::ReturnWithoutEntry);
         }
-        return 0;
+        return None;
     };
     match p.depth {
         0 => {
             count(Counter::ReturnWithoutEntry);
-            return 0;
+            None
         }
-        1 => {}
+        1 => {
+            p.depth = 0;
+            Some(p)
+        }
         _ => {
             p.depth -= 1;
-            return 0;
+            None
         }
     }
-    p.depth = 0;
-    // cudaError_t and CUresult are 32-bit enums; 0 is success.
-    let code = ctx.ret::<u64>() as u32;
-    finish(&ctx, p, id, code);
+}
+
+/// PyTorch's CUDA caching allocator hands out blocks of the segments it reserved with cudaMalloc
+/// (or cuMemCreate, with expandable segments). `NativeCachingAllocator::malloc(this, void **ptr,
+/// DeviceIndex device, size_t size, cudaStream_t stream)`: the block, read from `*ptr` at return
+/// (it throws instead of returning on out-of-memory: then nothing is recorded). The segments it
+/// makes inside are device calls, recorded in their own right.
+#[uprobe]
+pub fn torch_cuda_malloc_enter(ctx: ProbeContext) -> u32 {
+    enter_in(
+        &TORCH_PENDING,
+        &ctx,
+        AllocFn::TorchCudaMalloc,
+        arg(&ctx, 1),
+        arg(&ctx, 3),
+        0,
+    )
+}
+
+#[uretprobe(multi)]
+pub fn torch_cuda_return(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if let Some(p) = outermost_return(&TORCH_PENDING) {
+        allocated(&ctx, p, id, 0);
+    }
+    0
+}
+
+/// `NativeCachingAllocator::get_allocated_block(this, void *ptr, bool remove)`: every way a block
+/// goes back to the cache (tensor deleters, raw_delete, free) looks the block up with remove set.
+#[uprobe]
+pub fn torch_cuda_free_enter(ctx: ProbeContext) -> u32 {
+    let (ptr, remove) = (arg(&ctx, 1), arg(&ctx, 2) & 0xff);
+    if ptr == 0 || remove == 0 {
+        return 0;
+    }
+    let Some((id, _)) = traced_current() else {
+        return 0;
+    };
+    let mut ev = untimed_event(EventKind::Free, AllocFn::TorchCudaFree as u32, id);
+    ev.old_addr = ptr;
+    emit(&ev);
     0
 }
 

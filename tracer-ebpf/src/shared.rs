@@ -32,6 +32,11 @@ pub static PENDING: TaskStorage<Pending> = TaskStorage::new();
 #[btf_map]
 pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 
+/// Each thread's call into PyTorch's CUDA caching allocator in flight (its cudaMalloc calls are
+/// device calls of their own: segments beside blocks).
+#[btf_map]
+pub static TORCH_PENDING: TaskStorage<Pending> = TaskStorage::new();
+
 /// Traced syscalls in flight, keyed by pid_tgid.
 #[map]
 pub static SYS_PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(MAX_PENDING, 0);

@@ -35,6 +35,8 @@ pub struct Device {
     pub blocks: FxHashMap<u64, Block>,
     /// cuMemCreate handles by handle value.
     pub handles: FxHashMap<u64, Block>,
+    /// PyTorch caching-allocator blocks by address (a segment's first block shares its address).
+    pub torch_blocks: FxHashMap<u64, Block>,
     /// cuMemMap'd ranges by device address.
     pub mapped: BTreeMap<u64, Mapping>,
     pub failures: Vec<Failure>,
@@ -43,22 +45,23 @@ pub struct Device {
 }
 
 impl Device {
+    /// The table `func`'s blocks live in.
+    fn table(&mut self, func: AllocFn) -> &mut FxHashMap<u64, Block> {
+        match func {
+            AllocFn::CuMemCreate | AllocFn::CuMemRelease => &mut self.handles,
+            AllocFn::TorchCudaMalloc | AllocFn::TorchCudaFree => &mut self.torch_blocks,
+            _ => &mut self.blocks,
+        }
+    }
+
     pub fn alloc(&mut self, addr: u64, size: u64, origin: Origin) {
-        let table = if origin.func == Some(AllocFn::CuMemCreate) {
-            &mut self.handles
-        } else {
-            &mut self.blocks
-        };
+        let table = self.table(origin.func.unwrap_or(AllocFn::CudaMalloc));
         table.insert(addr, Block { size, origin });
     }
 
     /// A successful free of `addr` by `func` (a handle for cuMemRelease).
     pub fn free(&mut self, func: AllocFn, addr: u64) {
-        let table = if func == AllocFn::CuMemRelease {
-            &mut self.handles
-        } else {
-            &mut self.blocks
-        };
+        let table = self.table(func);
         if table.remove(&addr).is_none() {
             self.unmatched_frees += 1;
         }

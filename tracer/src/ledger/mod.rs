@@ -42,6 +42,9 @@ pub enum Kind {
     Managed,
     /// Page-locked host memory from CUDA (cudaMallocHost, cudaHostAlloc, cuMemHostAlloc…).
     Pinned,
+    /// Blocks PyTorch's CUDA caching allocator handed out (tensors), inside the segments it
+    /// reserved (which are `Device`): device minus these is what the cache holds.
+    TorchBlock,
 }
 
 impl Kind {
@@ -50,6 +53,7 @@ impl Kind {
         use AllocFn::*;
         match func {
             Some(C10AllocCpu) => Self::Tensor,
+            Some(TorchCudaMalloc) => Self::TorchBlock,
             Some(CudaMallocManaged) => Self::Managed,
             Some(CudaMallocHost | CudaHostAlloc | CuMemAllocHost | CuMemHostAlloc) => Self::Pinned,
             Some(f) if f.is_cuda() => Self::Device,
@@ -67,11 +71,12 @@ impl Kind {
             Kind::Device => "device",
             Kind::Managed => "managed",
             Kind::Pinned => "pinned",
+            Kind::TorchBlock => "torch_block",
         }
     }
 
     /// Every kind, in report order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Heap,
         Kind::Mmap,
         Kind::Brk,
@@ -79,6 +84,7 @@ impl Kind {
         Kind::Device,
         Kind::Managed,
         Kind::Pinned,
+        Kind::TorchBlock,
     ];
 }
 
@@ -164,7 +170,7 @@ impl Ledger {
                 ev.ts_ns,
             )
         });
-        let cuda = ev.func.filter(|f| f.is_cuda());
+        let cuda = ev.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
         match ev.kind {
             EventKind::Alloc if cuda.is_some() => p.device.alloc(ev.addr, ev.size, origin),
             EventKind::Free if let Some(f) = cuda => p.device.free(f, ev.old_addr),
@@ -214,7 +220,9 @@ impl Ledger {
         let mut acc: HashMap<(u32, Option<StackId>, Kind, bool), Group> = HashMap::new();
         for p in self.procs.values() {
             let blocks = p.heap.values().chain(p.device.blocks.values());
-            let blocks = blocks.chain(p.device.handles.values());
+            let blocks = blocks
+                .chain(p.device.handles.values())
+                .chain(p.device.torch_blocks.values());
             let blocks = blocks.map(|b| (Kind::of(b.origin.func), b.size, &b.origin));
             let mmaps = p.mmaps.live().map(|(n, o)| (Kind::Mmap, n, o));
             let brk = p.brk.segments.live().map(|(n, o)| (Kind::Brk, n, o));

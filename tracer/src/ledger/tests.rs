@@ -363,3 +363,22 @@ fn mappings_of_handles_are_tracked() {
     }));
     assert_eq!(l.procs[&PID].device.mapped_bytes(), 0);
 }
+
+#[test]
+fn torch_blocks_sit_beside_the_segments_they_are_cut_from() {
+    let mut l = ledger(Vec::new());
+    // A 2 MiB segment from cudaMalloc; the caching allocator's first block shares its address.
+    l.apply(alloc(AllocFn::CudaMalloc, 0x7000_0000, 2 << 20, 1));
+    l.apply(alloc(AllocFn::TorchCudaMalloc, 0x7000_0000, 512, 2));
+    l.apply(alloc(AllocFn::TorchCudaMalloc, 0x7000_0200, 1024, 2));
+    assert_eq!(outstanding(&l, Kind::Device), (2 << 20, 1), "reserved");
+    assert_eq!(outstanding(&l, Kind::TorchBlock), (1536, 2), "allocated");
+    // A tensor freed back to the cache: the segment stays reserved.
+    l.apply(cuda_free(AllocFn::TorchCudaFree, 0x7000_0000));
+    assert_eq!(outstanding(&l, Kind::TorchBlock), (1024, 1));
+    assert_eq!(outstanding(&l, Kind::Device), (2 << 20, 1));
+    // emptyCache: cudaFree of the segment leaves the block table alone.
+    l.apply(cuda_free(AllocFn::CudaFree, 0x7000_0000));
+    assert_eq!(outstanding(&l, Kind::Device), (0, 0));
+    assert_eq!(outstanding(&l, Kind::TorchBlock), (1024, 1));
+}

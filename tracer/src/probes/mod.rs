@@ -185,7 +185,34 @@ const TORCH_CPU: ProbeSet = ProbeSet {
     fns: &[heap_fn("c10::alloc_cpu", "c10_alloc_cpu_enter", RDI, true)],
 };
 
-const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU];
+/// PyTorch's CUDA caching allocator (libc10_cuda.so, local symbols found by demangled name).
+const TORCH_CUDA: ProbeSet = ProbeSet {
+    role: "torch-cuda",
+    marker: TORCH_CUDA_MALLOC,
+    file_prefix: None,
+    placed: false,
+    fns: &[
+        ProbeFn {
+            name: TORCH_CUDA_MALLOC,
+            entry: "torch_cuda_malloc_enter",
+            ret: Some("torch_cuda_return"),
+            args: &[],
+            cookie: None,
+        },
+        ProbeFn {
+            name: "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::get_allocated_block",
+            entry: "torch_cuda_free_enter",
+            ret: None,
+            args: &[],
+            cookie: None,
+        },
+    ],
+};
+
+const TORCH_CUDA_MALLOC: &str =
+    "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
+
+const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
 
 /// (program, category, tracepoint)
 const TRACEPOINTS: &[(&str, &str, &str)] = &[

@@ -26,6 +26,9 @@ pub struct GpuProcess {
     pub traced_bytes: u64,
     /// Managed memory outstanding (resident on the GPU or not; NVML may count part of it).
     pub managed_bytes: u64,
+    /// Of the device memory, what PyTorch's caching allocator has handed out (blocks: tensors);
+    /// the rest of its segments is cache.
+    pub torch_block_bytes: u64,
     /// What NVML says the process holds on its GPUs; null without NVML.
     pub nvml_bytes: Option<u64>,
     /// NVML minus traced: the CUDA context, fragmentation, allocations leaktracer did not see.
@@ -45,6 +48,7 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
                 pid: p.pid,
                 traced_bytes: traced,
                 managed_bytes: managed,
+                torch_block_bytes: p.own.torch_block.bytes,
                 nvml_bytes,
                 unexplained_bytes: nvml_bytes.map(|n| n as i64 - traced as i64),
             })

@@ -34,6 +34,7 @@ pub struct KindTotals {
     pub device: Amount,
     pub managed: Amount,
     pub pinned: Amount,
+    pub torch_block: Amount,
 }
 
 impl KindTotals {
@@ -51,6 +52,7 @@ impl KindTotals {
             Kind::Device => &mut self.device,
             Kind::Managed => &mut self.managed,
             Kind::Pinned => &mut self.pinned,
+            Kind::TorchBlock => &mut self.torch_block,
         }
     }
 

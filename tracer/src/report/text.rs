@@ -164,9 +164,18 @@ fn gpu(s: &mut String, r: &Report) {
             ),
             _ => String::new(),
         };
+        let torch = if p.torch_block_bytes > 0 {
+            format!(
+                " (PyTorch tensors {}, its cache {})",
+                human(p.torch_block_bytes),
+                human(p.traced_bytes.saturating_sub(p.torch_block_bytes))
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "gpu pid {}: traced device {}, managed {}{nvml_part}",
+            "gpu pid {}: traced device {}{torch}, managed {}{nvml_part}",
             p.pid,
             human(p.traced_bytes),
             human(p.managed_bytes)
