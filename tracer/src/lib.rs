@@ -3,12 +3,11 @@
 pub mod bench;
 pub mod cli;
 pub mod error;
+pub mod gpu;
 pub mod hold;
 pub mod ingest;
 pub mod launch;
 pub mod ledger;
-pub mod nvml;
-pub mod prober;
 pub mod probes;
 pub mod report;
 pub mod session;

@@ -21,7 +21,7 @@ pub use stacks::{Frame, StackId, StackTable};
 use crate::{
     error::Error,
     hold::{HoldReason, HoldRequest},
-    prober::ProbeRequest,
+    probes::prober::ProbeRequest,
 };
 
 /// An event as the ledger sees it: decoded, with its stack interned.

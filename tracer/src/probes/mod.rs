@@ -3,6 +3,7 @@
 
 pub mod elf;
 pub mod placement;
+pub mod prober;
 pub mod tracefs;
 
 use std::path::{Path, PathBuf};

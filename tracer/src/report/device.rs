@@ -6,8 +6,8 @@ use tracer_common::AllocFn;
 
 use super::ProcReport;
 use crate::{
+    gpu::Sample,
     ledger::{Failure, Ledger, Process},
-    nvml::Sample,
     symbolize::{SymFrame, Symbolizer},
 };
 

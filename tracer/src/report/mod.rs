@@ -145,7 +145,7 @@ pub struct Context<'a> {
     pub top: usize,
     pub probes: &'a [AttachedFn],
     pub libraries: &'a [Library],
-    pub nvml: &'a crate::nvml::Sample,
+    pub nvml: &'a crate::gpu::Sample,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
