@@ -230,6 +230,10 @@ fn a_runtime_loaded_with_dlopen_after_start_is_probed_before_its_first_call() {
 /// library it loads later is probed as soon as its mapping is seen, and the report says it was
 /// late and by how much.
 #[test]
+#[allow(
+    clippy::zombie_processes,
+    reason = "the target is reaped by waitpid below, as its ptrace tracer"
+)]
 fn a_library_probed_late_is_reported_as_late() {
     use std::{
         io::{BufRead, BufReader},
