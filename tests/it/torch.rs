@@ -44,6 +44,20 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
         Some("c10::DefaultCPUAllocator::allocate(unsigned long)"),
         "the caller of alloc_cpu, symbolized and demangled"
     );
+    // The stack goes through libtorch (built without frame pointers: unwound with its call-frame
+    // information) to the line of the harness that made the activation.
+    let frames = tensors[0]["frames"].as_array().unwrap();
+    let step = frames
+        .iter()
+        .find(|f| f["function"] == "harness::train_step")
+        .unwrap_or_else(|| panic!("no harness::train_step frame: {frames:?}"));
+    assert_eq!(step["line"], harness_line("let y = x.matmul(w);"));
+    assert!(
+        frames.iter().any(|f| f["function"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("at::native::matmul"))),
+        "libtorch's own frames are kept"
+    );
     // Not counted twice: no heap block of an activation's size.
     assert!(
         !r.stacks()
@@ -128,4 +142,15 @@ fn the_real_cuda_libraries_of_pytorch_are_probed_when_loaded() {
             "cudaMallocPitch"
         ]
     );
+}
+
+/// The 1-based line of the harness source containing `needle`.
+fn harness_line(needle: &str) -> u64 {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/src/main.rs");
+    let text = std::fs::read_to_string(&src).expect("harness source");
+    let i = text
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("{needle} not in the harness"));
+    i as u64 + 1
 }

@@ -276,6 +276,34 @@ pub struct StackEvent {
 }
 const _: () = assert!(size_of::<StackEvent>() == 64 + 16 + 8 * MAX_FRAMES);
 
+/// Bytes of raw user stack a [`DeepStackEvent`] carries at most.
+pub const DEEP_STACK_BYTES: usize = 16 * 1024;
+
+/// A record with the raw user stack instead of frames, for allocations whose callers are in code
+/// built without frame pointers (libtorch, libstdc++, the CUDA libraries): user space unwinds it
+/// with the libraries' `.eh_frame` call-frame information. Sent only for rare, large allocations
+/// (tensors, device memory), with `HEADER + len` bytes; always longer than any [`StackEvent`], which
+/// is how a consumer tells the two apart.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DeepStackEvent {
+    pub event: Event,
+    /// User registers where the stack was taken (the allocator's return: `ip` in its caller).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `stack` copied, from `sp` (rounded down to 8) upwards.
+    pub len: u64,
+    pub stack: [u8; DEEP_STACK_BYTES],
+}
+const _: () = assert!(size_of::<DeepStackEvent>() == 96 + DEEP_STACK_BYTES);
+
+/// Bytes of a [`DeepStackEvent`] before its stack bytes.
+pub const DEEP_HEADER: usize = 96;
+/// The least stack a deep record carries, so that it is longer than any [`StackEvent`].
+pub const DEEP_MIN_BYTES: usize = 512;
+const _: () = assert!(DEEP_HEADER + DEEP_MIN_BYTES > size_of::<StackEvent>());
+
 /// An allocator call in flight on one thread (entry seen, return not yet).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -20,7 +20,7 @@ use tracer_common::{AllocFn, Counter, EventKind, Pending};
 
 use crate::{
     shared::{
-        GPU_PENDING, TORCH_PENDING, capture, count, emit, emit_with_stack, event, probe_regs,
+        GPU_PENDING, TORCH_PENDING, count, emit, emit_deep, event, outermost_return, probe_regs,
         traced_current, untimed_event,
     },
     task_storage::TaskStorage,
@@ -105,32 +105,6 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     let code = ctx.ret::<u64>() as u32;
     finish(&ctx, p, id, code);
     0
-}
-
-/// The thread's entry in `storage` when this return ends its outermost call (the entry is then
-/// idle); None for a nested call's return or a return without an entry (counted).
-#[inline(always)]
-fn outermost_return(storage: &TaskStorage<Pending>) -> Option<&mut Pending> {
-    let Some(p) = storage.current() else {
-        if traced_current().is_some() {
-            count(Counter::ReturnWithoutEntry);
-        }
-        return None;
-    };
-    match p.depth {
-        0 => {
-            count(Counter::ReturnWithoutEntry);
-            None
-        }
-        1 => {
-            p.depth = 0;
-            Some(p)
-        }
-        _ => {
-            p.depth -= 1;
-            None
-        }
-    }
 }
 
 /// PyTorch's CUDA caching allocator hands out blocks of the segments it reserved with cudaMalloc
@@ -239,8 +213,7 @@ fn allocated(ctx: &RetProbeContext, p: &Pending, id: u64, code: u32) {
     if p.func == AllocFn::CudaMallocPitch as u32 && code != 0 {
         ev.size = 0; // the pitch was never chosen: the bytes asked for are unknown
     }
-    match capture(&probe_regs(ctx.regs)) {
-        Some(stack) => emit_with_stack(&stack, &ev, 0),
-        None => emit(&ev),
-    }
+    // The callers of device allocations are in libraries built without frame pointers (libtorch,
+    // the CUDA libraries): the raw stack goes to user space, which unwinds it.
+    emit_deep(&probe_regs(ctx.regs), &ev);
 }

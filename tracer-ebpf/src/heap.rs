@@ -12,8 +12,8 @@ use tracer_common::{AllocFn, Counter, EventKind, Pending};
 use crate::{
     pages::flush,
     shared::{
-        PENDING, Stack, capture, count, emit, emit_with_stack, event, probe_regs, traced_current,
-        untimed_event,
+        PENDING, Stack, capture, count, emit, emit_deep, emit_with_stack, event, outermost_return,
+        probe_regs, traced_current, untimed_event,
     },
 };
 
@@ -138,26 +138,37 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = PENDING.current() else {
-        if traced_current().is_some() {
-            count(Counter::ReturnWithoutEntry);
-        }
+    let Some(p) = outermost_return(&PENDING) else {
         return 0;
     };
-    if p.depth == 0 {
-        count(Counter::ReturnWithoutEntry);
-        return 0;
-    }
-    if p.depth > 1 {
-        p.depth -= 1;
-        return 0;
-    }
     let rv: u64 = ctx.ret();
     // One walk serves the allocation and the page-level events of this call (its caller's stack).
     let stack = capture(&probe_regs(ctx.regs));
     finish(stack.as_ref(), p, id, rv);
     flush(stack.as_ref(), p);
-    p.depth = 0; // idle until the thread's next allocator call
+    0
+}
+
+/// Return of `c10::alloc_cpu`: a tensor. Its callers are libtorch's, built without frame pointers:
+/// the raw stack goes to user space, which unwinds it (see `DeepStackEvent`). Page-level events
+/// of the call (a large tensor is its own mmap) go with the frame-pointer walk.
+#[uretprobe(multi)]
+pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(p) = outermost_return(&PENDING) else {
+        return 0;
+    };
+    let rv: u64 = ctx.ret();
+    let regs = probe_regs(ctx.regs);
+    if rv != 0 {
+        let mut ev = event(EventKind::Alloc, p.func, id);
+        (ev.addr, ev.size) = (rv, p.size);
+        emit_deep(&regs, &ev);
+    }
+    if p.n_deferred > 0 {
+        let stack = capture(&regs);
+        flush(stack.as_ref(), p);
+    }
     0
 }
 

@@ -16,7 +16,7 @@ use tracer_common::{
 };
 
 use crate::task_storage::TaskStorage;
-pub use crate::unwind::{Stack, UserRegs, capture};
+pub use crate::unwind::{Stack, UserRegs, capture, deep};
 
 /// Processes (tgids) being traced. User space seeds it; fork adds children, exit removes.
 #[map]
@@ -154,6 +154,49 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
     };
     if EVENTS.output(used, DATA_FLAGS).is_err() {
         count(Counter::RingbufFull);
+    }
+}
+
+/// Sends a deep record (raw stack, for user-space unwinding) when the stack can be read, else a
+/// record with the frame-pointer walk's frames.
+#[inline(always)]
+pub fn emit_deep(regs: &UserRegs, ev: &Event) {
+    match deep(regs, ev) {
+        Some(bytes) => {
+            if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+                count(Counter::RingbufFull);
+            }
+        }
+        None => match capture(regs) {
+            Some(stack) => emit_with_stack(&stack, ev, 0),
+            None => emit(ev),
+        },
+    }
+}
+
+/// The thread's entry in `storage` when this return ends its outermost call (the entry is then
+/// idle); None for a nested call's return or a return without an entry (counted).
+#[inline(always)]
+pub fn outermost_return(storage: &TaskStorage<Pending>) -> Option<&mut Pending> {
+    let Some(p) = storage.current() else {
+        if traced_current().is_some() {
+            count(Counter::ReturnWithoutEntry);
+        }
+        return None;
+    };
+    match p.depth {
+        0 => {
+            count(Counter::ReturnWithoutEntry);
+            None
+        }
+        1 => {
+            p.depth = 0;
+            Some(p)
+        }
+        _ => {
+            p.depth -= 1;
+            None
+        }
     }
 }
 

@@ -11,7 +11,9 @@ use aya_ebpf::{
     macros::map,
     maps::PerCpuArray,
 };
-use tracer_common::{MAX_FRAMES, StackEvent};
+use tracer_common::{
+    DEEP_HEADER, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepStackEvent, Event, MAX_FRAMES, StackEvent,
+};
 
 const PAGE: u64 = 4096;
 /// Bytes copied per step: most stacks need one or two, and a step never crosses a page.
@@ -145,5 +147,60 @@ fn copy(buf: &mut [u64; BUF_WORDS], at: u64, src: u64, len: u64) -> bool {
     let at = (opaque(at) as usize / 8) & (MASK >> 1); // below WINDOW, leaving a page of room
     let len = (len & (2 * PAGE - 1)).min(PAGE) as u32;
     // SAFETY: `at * 8 + len` stays inside `buf` (at < 2048 words, len <= 4096 bytes, buf = 32 KiB).
+    unsafe { read_user_raw(buf.as_mut_ptr().add(at).cast(), len, src as *const _) == 0 }
+}
+
+/// The deep record under construction (see [`DeepStackEvent`]).
+#[map]
+static DEEP: PerCpuArray<DeepStackEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Copies up to [`DEEP_STACK_BYTES`] of the user stack from `regs.sp` into this CPU's deep record
+/// (chunk by chunk: the copy stops at the end of the stack) and returns the record's bytes to send;
+/// None when less than [`DEEP_MIN_BYTES`] could be read.
+#[inline(always)]
+pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
+    let d = DEEP.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch record, used only while this program runs.
+    let d = unsafe { &mut *d };
+    let base = regs.sp & !7;
+    (d.event, d.ip, d.sp, d.bp) = (*ev, regs.ip, base, regs.bp);
+    let first = CHUNK - (base & (CHUNK - 1));
+    if !copy_bytes(&mut d.stack, 0, base, first) {
+        return None;
+    }
+    let mut len = first;
+    for _ in 0..DEEP_STACK_BYTES as u64 / CHUNK {
+        if len + CHUNK > DEEP_STACK_BYTES as u64
+            || !copy_bytes(&mut d.stack, len, base + len, CHUNK)
+        {
+            break;
+        }
+        len += CHUNK;
+    }
+    if len < DEEP_MIN_BYTES as u64 {
+        return None;
+    }
+    d.len = len;
+    let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
+    let n = if n > DEEP_STACK_BYTES {
+        DEEP_STACK_BYTES
+    } else {
+        n
+    };
+    // SAFETY: the header and `n <= DEEP_STACK_BYTES` stack bytes of this CPU's record.
+    Some(unsafe {
+        core::slice::from_raw_parts((d as *const DeepStackEvent).cast::<u8>(), DEEP_HEADER + n)
+    })
+}
+
+/// Copies `len` (at most CHUNK) bytes of user memory at `src` into `buf` at byte offset `at`.
+#[inline(always)]
+fn copy_bytes(buf: &mut [u8; DEEP_STACK_BYTES], at: u64, src: u64, len: u64) -> bool {
+    let at = (opaque(at) as usize) & (DEEP_STACK_BYTES - 1);
+    let len = (len & (2 * CHUNK - 1)).min(CHUNK) as u32;
+    if at + len as usize > DEEP_STACK_BYTES {
+        return false;
+    }
+    // SAFETY: `at + len <= DEEP_STACK_BYTES`, checked above.
     unsafe { read_user_raw(buf.as_mut_ptr().add(at).cast(), len, src as *const _) == 0 }
 }

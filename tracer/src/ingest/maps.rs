@@ -44,6 +44,13 @@ impl ProcMaps {
         (addr < m.end).then(|| (&m.path, addr - m.start + m.file_offset))
     }
 
+    /// Every executable file mapping: (start, end, file offset, path), in address order.
+    pub fn mappings(&self) -> impl Iterator<Item = (u64, u64, u64, &Arc<str>)> {
+        self.maps
+            .iter()
+            .map(|m| (m.start, m.end, m.file_offset, &m.path))
+    }
+
     /// Every mapped file with executable pages, once each, in address order.
     pub fn paths(&self) -> impl Iterator<Item = &Arc<str>> {
         let mut last: Option<&Arc<str>> = None;

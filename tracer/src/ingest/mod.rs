@@ -4,6 +4,7 @@
 
 pub mod maps;
 mod stacks;
+mod unwind;
 
 use std::{collections::HashSet, os::fd::AsRawFd, sync::Arc, time::Duration};
 
@@ -13,7 +14,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, COUNTERS, Counter, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
+    StackEvent,
 };
 
 pub use stacks::{Frame, StackId, StackTable};
@@ -210,6 +212,7 @@ struct Decoder {
     undecodable: u64,
     /// Reused for each record's raw frames.
     scratch: Vec<u64>,
+    unwinders: unwind::Unwinders,
     /// Threads the kernel side stopped for new code, not yet released.
     stopped: HashSet<u32>,
     /// Files with executable pages already announced to the prober.
@@ -249,6 +252,9 @@ impl Decoder {
     }
 
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        if bytes.len() > size_of::<StackEvent>() {
+            return self.decode_deep(bytes, out);
+        }
         let (ev, stack) = if bytes.len() > size_of::<Event>() {
             // A stack record carries only the frames it used: copy into a full one.
             let mut se = StackEvent {
@@ -288,6 +294,54 @@ impl Decoder {
         );
         self.observe_process(kind, &ev);
         let stack = stack.and_then(|se| self.intern(&se, out));
+        self.push_event(kind, &ev, stack, out);
+    }
+
+    /// A record with a raw stack: unwound here with the libraries' call-frame information.
+    fn decode_deep(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        // SAFETY: the record is longer than the header; DeepStackEvent's header is plain data.
+        let header: [u64; DEEP_HEADER / 8] =
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        // SAFETY: as above; the event is the header's first 64 bytes.
+        let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let (ip, sp, bp, len) = (header[8], header[9], header[10], header[11] as usize);
+        let (Some(kind), Some(stack)) = (
+            EventKind::from_u32(ev.kind),
+            bytes.get(DEEP_HEADER..DEEP_HEADER.saturating_add(len)),
+        ) else {
+            self.undecodable += 1;
+            return;
+        };
+        if self
+            .maps
+            .get(ev.tgid)
+            .is_none_or(|m| m.resolve(ip).is_none())
+        {
+            self.maps.refresh(ev.tgid);
+        }
+        self.scratch.clear();
+        if let Some(maps) = self.maps.get(ev.tgid) {
+            let raw = unwind::RawStack {
+                ip,
+                sp,
+                bp,
+                bytes: stack,
+            };
+            self.unwinders
+                .unwind(ev.tgid, maps, &raw, MAX_FRAMES, &mut self.scratch);
+        }
+        let truncated = self.scratch.len() == MAX_FRAMES;
+        let id = self.intern_scratch(ev.tgid, truncated, out);
+        self.push_event(kind, &ev, id, out);
+    }
+
+    fn push_event(
+        &mut self,
+        kind: EventKind,
+        ev: &Event,
+        stack: Option<StackId>,
+        out: &mut Vec<Input>,
+    ) {
         let command = match kind {
             EventKind::Exec => read_command(ev.tgid),
             EventKind::Fork => read_command(ev.aux as u32),
@@ -317,6 +371,7 @@ impl Decoder {
         match kind {
             EventKind::Exec => {
                 self.stacks.forget(ev.tgid); // same addresses, different code now
+                self.unwinders.forget(ev.tgid);
                 self.maps.refresh(ev.tgid);
             }
             EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
@@ -325,6 +380,7 @@ impl Decoder {
             }
             EventKind::Exit => {
                 self.maps.forget(ev.tgid);
+                self.unwinders.forget(ev.tgid);
                 return self.stacks.forget(ev.tgid);
             }
             _ => return,
@@ -359,7 +415,17 @@ impl Decoder {
             raw.insert(1, se.leaf_caller);
         }
         let truncated = n == se.frames.len();
-        let (id, new) = self.stacks.intern(se.event.tgid, raw, &mut self.maps)?;
+        self.intern_scratch(se.event.tgid, truncated, out)
+    }
+
+    /// Interns the raw frames in `scratch`.
+    fn intern_scratch(
+        &mut self,
+        tgid: u32,
+        truncated: bool,
+        out: &mut Vec<Input>,
+    ) -> Option<StackId> {
+        let (id, new) = self.stacks.intern(tgid, &self.scratch, &mut self.maps)?;
         if let Some(frames) = new {
             out.push(Input::Stack {
                 id,

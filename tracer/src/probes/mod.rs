@@ -183,7 +183,13 @@ const TORCH_CPU: ProbeSet = ProbeSet {
     marker: "c10::alloc_cpu",
     file_prefix: None, // libc10.so
     placed: false,
-    fns: &[heap_fn("c10::alloc_cpu", "c10_alloc_cpu_enter", RDI, true)],
+    fns: &[ProbeFn {
+        name: "c10::alloc_cpu",
+        entry: "c10_alloc_cpu_enter",
+        ret: Some("c10_alloc_return"),
+        args: RDI,
+        cookie: None,
+    }],
 };
 
 /// PyTorch's CUDA caching allocator (libc10_cuda.so, local symbols found by demangled name).

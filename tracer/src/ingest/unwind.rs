@@ -1,0 +1,234 @@
+//! Unwinding deep records (`DeepStackEvent`: registers and raw stack bytes) in user space with the
+//! call-frame information (`.eh_frame`) of the mapped libraries, through framehop. The kernel's
+//! frame-pointer walk stops at the first library built without frame pointers, and the callers of
+//! tensor and device allocations are all in such libraries (libtorch, libstdc++, the CUDA
+//! libraries); the CFI walks through them to the program's own code.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs::File,
+    ops::{Deref, Range},
+    sync::Arc,
+};
+
+use framehop::{
+    ModuleSectionInfo, Unwinder,
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+};
+use memmap2::Mmap;
+use object::{Object, ObjectSection, ObjectSegment};
+use rustc_hash::FxHashMap;
+
+use super::maps::ProcMaps;
+
+/// Bytes of one section of a mapped file (the file stays mapped while any module uses it).
+#[derive(Clone)]
+pub struct SectionBytes {
+    map: Arc<Mmap>,
+    range: Range<usize>,
+}
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// What unwinding needs from one file: its unwind sections and its loadable segments.
+struct FileUnwindInfo {
+    map: Arc<Mmap>,
+    /// Section name → (address range as stated in the file, byte range in the file).
+    sections: Vec<(&'static [u8], Range<u64>, Range<usize>)>,
+    /// PT_LOAD segments as (file offset, address, file size).
+    loads: Vec<(u64, u64, u64)>,
+}
+
+const SECTIONS: [&[u8]; 5] = [
+    b".eh_frame",
+    b".eh_frame_hdr",
+    b".text",
+    b".got",
+    b".debug_frame",
+];
+
+impl FileUnwindInfo {
+    fn read(path: &str) -> Option<Self> {
+        let file = File::open(path).ok()?;
+        // SAFETY: a read-only private mapping of a library; every offset is bounds-checked.
+        let map = Arc::new(unsafe { Mmap::map(&file) }.ok()?);
+        let elf = object::File::parse(&**map).ok()?;
+        let sections = SECTIONS
+            .iter()
+            .filter_map(|name| {
+                let s = elf.section_by_name_bytes(name)?;
+                let (off, size) = s.file_range()?;
+                let (off, size) = (usize::try_from(off).ok()?, usize::try_from(size).ok()?);
+                Some((*name, s.address()..s.address() + s.size(), off..off + size))
+            })
+            .collect();
+        let loads = elf
+            .segments()
+            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
+            .collect();
+        Some(Self {
+            map,
+            sections,
+            loads,
+        })
+    }
+}
+
+/// The address a file's address 0 is loaded at, for its mapping of `file_offset` at `start`, from
+/// its PT_LOAD segments as (file offset, address, file size). The mapping starts at the page
+/// holding its segment's first byte, so a page may hold the end of one segment and the start of
+/// the next (lld packs them so): the later segment is the one mapped there.
+fn base_avma(loads: &[(u64, u64, u64)], start: u64, file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let &(p_offset, p_vaddr, _) = loads
+        .iter()
+        .filter(|(off, _, size)| (off & !(PAGE - 1)..off + size.max(&1)).contains(&file_offset))
+        .max_by_key(|(off, _, _)| *off)?;
+    Some(
+        start
+            .wrapping_sub(file_offset)
+            .wrapping_add(p_offset)
+            .wrapping_sub(p_vaddr),
+    )
+}
+
+/// One module's sections, as framehop asks for them.
+struct Sections(Arc<FileUnwindInfo>);
+
+impl ModuleSectionInfo<SectionBytes> for Sections {
+    fn base_svma(&self) -> u64 {
+        0 // ELF
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        let s = self.0.sections.iter().find(|(n, _, _)| *n == name)?;
+        Some(s.1.clone())
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        let s = self.0.sections.iter().find(|(n, _, _)| *n == name)?;
+        Some(SectionBytes {
+            map: self.0.map.clone(),
+            range: s.2.clone(),
+        })
+    }
+}
+
+/// A process's unwinder: its modules, added as its mappings are seen.
+#[derive(Default)]
+struct ProcUnwinder {
+    unwinder: UnwinderX86_64<SectionBytes>,
+    /// Start addresses of the mappings added.
+    added: HashSet<u64>,
+}
+
+/// Unwinders per process, and the unwind information of every file, read once.
+pub struct Unwinders {
+    files: HashMap<Arc<str>, Option<Arc<FileUnwindInfo>>>,
+    procs: FxHashMap<u32, ProcUnwinder>,
+    cache: CacheX86_64,
+}
+
+impl Default for Unwinders {
+    fn default() -> Self {
+        Self {
+            files: HashMap::new(),
+            procs: FxHashMap::default(),
+            cache: CacheX86_64::new(),
+        }
+    }
+}
+
+/// Registers and stack bytes of a deep record.
+pub struct RawStack<'a> {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub bytes: &'a [u8],
+}
+
+impl Unwinders {
+    /// Unwinds `stack` of process `tgid` (its mappings `maps`) into `out`: the ip, then return
+    /// addresses, at most `max` of them.
+    pub fn unwind(
+        &mut self,
+        tgid: u32,
+        maps: &ProcMaps,
+        stack: &RawStack<'_>,
+        max: usize,
+        out: &mut Vec<u64>,
+    ) {
+        let proc = self.procs.entry(tgid).or_default();
+        for (start, end, offset, path) in maps.mappings() {
+            if !proc.added.insert(start) {
+                continue;
+            }
+            let info = self
+                .files
+                .entry(path.clone())
+                .or_insert_with(|| FileUnwindInfo::read(path).map(Arc::new));
+            let Some(info) = info.clone() else {
+                continue;
+            };
+            let Some(base) = base_avma(&info.loads, start, offset) else {
+                continue;
+            };
+            let module = framehop::Module::new(path.to_string(), start..end, base, Sections(info));
+            proc.unwinder.add_module(module);
+        }
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            let off = usize::try_from(addr.checked_sub(stack.sp).ok_or(())?).map_err(|_| ())?;
+            let b = stack.bytes.get(off..off + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        };
+        let regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
+        let mut frames = proc
+            .unwinder
+            .iter_frames(stack.ip, regs, &mut self.cache, &mut read);
+        while out.len() < max {
+            match frames.next() {
+                Ok(Some(f)) => out.push(f.address()),
+                _ => break,
+            }
+        }
+    }
+
+    /// Drops a process's unwinder (exec: new code; exit).
+    pub fn forget(&mut self, tgid: u32) {
+        self.procs.remove(&tgid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_avma;
+
+    #[test]
+    fn load_bias_of_gnu_ld_and_lld_layouts() {
+        // GNU ld: every segment's address equals its file offset.
+        let gnu = [(0, 0, 0xf54d98), (0xf55000, 0xf55000, 0x10b42d0d)];
+        assert_eq!(
+            base_avma(&gnu, 0x7f00_00f5_5000, 0xf55000),
+            Some(0x7f00_0000_0000)
+        );
+        // lld: the text segment starts inside the page where the read-only one ends, one page
+        // higher in memory than in the file; the mapping of that page belongs to the text.
+        let lld = [(0, 0, 0x5ac0c), (0x5ac10, 0x5bc10, 0x58d20)];
+        // Loaded at 0x5555_5550_0000, the text page lies 0x5a000 + 0x1000 above it.
+        assert_eq!(
+            base_avma(&lld, 0x5555_555b_b000, 0x5a000),
+            Some(0x5555_5550_0000)
+        );
+        assert_eq!(
+            base_avma(&lld, 0x1000, 0x99_0000),
+            None,
+            "offset in no segment"
+        );
+    }
+}
