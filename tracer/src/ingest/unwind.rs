@@ -222,7 +222,7 @@ mod tests {
         let lld = [(0, 0, 0x5ac0c), (0x5ac10, 0x5bc10, 0x58d20)];
         // Loaded at 0x5555_5550_0000, the text page lies 0x5a000 + 0x1000 above it.
         assert_eq!(
-            base_avma(&lld, 0x5555_555b_b000, 0x5a000),
+            base_avma(&lld, 0x5555_5555_b000, 0x5a000),
             Some(0x5555_5550_0000)
         );
         assert_eq!(
