@@ -127,6 +127,40 @@ fn runtime_calls_are_accounted_per_kind_and_site() {
     assert_eq!(library(r, "libcuda.so.1")["roles"][0], "cuda-driver");
 }
 
+/// A program with the runtime linked in (as with cudart_static): the executable itself defines
+/// cudaMalloc (in its symbol table, not exported) and is probed at exec, before it runs.
+#[test]
+fn a_program_with_the_runtime_linked_in_is_probed_itself() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let cuda = fixture::fake_cuda();
+    let runtime = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fakecuda/cudart.c");
+    let bin = fixture::build_variant(
+        "gpu_static",
+        "gpu",
+        &[
+            runtime.to_str().unwrap(),
+            cuda.join("libcuda.so.1").to_str().unwrap(),
+            &format!("-Wl,-rpath,{}", cuda.display()),
+            "-ldl",
+        ],
+    );
+    let t = fixture::trace(&[], &[bin.to_str().unwrap(), "runtime"]).expect("leaktracer run");
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
+    assert_eq!(r.site("pinned", 0, "leak_pinned"), (4096 * 5 + 10_000, 2));
+    let exe = library(r, "/gpu_static");
+    assert_eq!(exe["roles"][0], "cuda-runtime");
+    assert_eq!(exe["timing"]["when"], "at_map", "probed at exec");
+    assert!(
+        !r.0["libraries"].to_string().contains("libcudart"),
+        "no runtime library is involved"
+    );
+}
+
 #[test]
 fn driver_and_virtual_memory_calls_are_accounted() {
     let conf = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True");

@@ -53,8 +53,13 @@ pub fn build(name: &str) -> PathBuf {
 
 /// As [`build`], with extra gcc arguments after the source (libraries to link).
 pub fn build_with(name: &str, extra: &[&str]) -> PathBuf {
+    build_variant(name, name, extra)
+}
+
+/// Builds `tests/fixtures/SOURCE.c` with extra gcc arguments into the binary `name`.
+pub fn build_variant(name: &str, source: &str, extra: &[&str]) -> PathBuf {
     let out = target_dir().join("fixtures").join(name);
-    let src = fixtures_src().join(format!("{name}.c"));
+    let src = fixtures_src().join(format!("{source}.c"));
     let mut args: Vec<String> = CFLAGS.iter().map(|s| s.to_string()).collect();
     args.extend(["-o".into(), path_str(&out), path_str(&src)]);
     args.extend(extra.iter().map(|s| s.to_string()));
