@@ -426,7 +426,8 @@ impl Probes {
                 path: path.to_path_buf(),
                 roles,
                 timing,
-                pid,
+                // Probed before the command ran: found in leaktracer's own maps, not a traced one.
+                pid: if timing == Timing::BeforeStart { 0 } else { pid },
             });
         }
         Ok(())
