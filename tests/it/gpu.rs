@@ -136,7 +136,8 @@ fn a_program_with_the_runtime_linked_in_is_probed_itself() {
     }
     let _x = fixture::exclusive();
     let cuda = fixture::fake_cuda();
-    let runtime = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fakecuda/cudart.c");
+    let runtime =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fakecuda/cudart.c");
     let bin = fixture::build_variant(
         "gpu_static",
         "gpu",

@@ -10,6 +10,7 @@ mod pages;
 mod run;
 mod torch;
 mod tree;
+mod verdicts;
 
 use std::path::Path;
 

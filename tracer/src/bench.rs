@@ -144,6 +144,8 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 top: 1,
                 json: true,
                 output: Some(PathBuf::from("/dev/null")),
+                sample: 1.0,
+                warmup: 0.0,
             };
             session::run(Target::Launch(argv), args)?;
         }

@@ -72,6 +72,13 @@ pub struct ReportArgs {
     /// Write reports to FILE instead of stdout (the traced command keeps stdout).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Sample every stack's outstanding bytes every S seconds, for verdicts (leak, spike, bounded
+    /// cache, steady).
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub sample: f64,
+    /// Ignore the first S seconds in verdicts (start-up, model loading, warm-up steps).
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub warmup: f64,
 }
 
 impl ReportArgs {
@@ -85,6 +92,18 @@ impl ReportArgs {
         }
         if self.top == 0 {
             return Err("--top must be at least 1".into());
+        }
+        if !(self.sample.is_finite() && self.sample >= 0.01) {
+            return Err(format!(
+                "--sample must be at least 0.01 seconds, got {}",
+                self.sample
+            ));
+        }
+        if !(self.warmup.is_finite() && self.warmup >= 0.0) {
+            return Err(format!(
+                "--warmup must be a non-negative number of seconds, got {}",
+                self.warmup
+            ));
         }
         Ok(())
     }
@@ -127,7 +146,15 @@ mod tests {
             top: 1,
             json: false,
             output: None,
+            sample: 1.0,
+            warmup: 0.0,
         };
         assert!(r.validate().unwrap_err().contains("--interval"));
+        let r = ReportArgs {
+            interval: 0.0,
+            sample: 0.0,
+            ..r
+        };
+        assert!(r.validate().unwrap_err().contains("--sample"));
     }
 }

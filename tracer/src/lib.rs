@@ -1,5 +1,6 @@
 //! leaktracer: an eBPF leak tracer. Data flows one way: probes → ingest → ledger → report.
 
+pub mod analysis;
 pub mod bench;
 pub mod cli;
 pub mod error;

@@ -11,6 +11,7 @@ use std::{
 use tokio::sync::{mpsc, watch};
 
 use crate::{
+    analysis::Analysis,
     cli::ReportArgs,
     error::Error,
     gpu::GpuView,
@@ -159,14 +160,27 @@ async fn trace(
     };
     let mut end = Box::pin(end_of(&root, root_pid, root_exit));
     let mut tick = ticker(args.interval);
-    let report = |ledger: &Ledger, sym: &mut Symbolizer, final_report| {
+    let mut sample_tick = ticker(args.sample);
+    let mut analysis = Analysis::default();
+    let sample = |analysis: &mut Analysis, ledger: &Ledger| {
+        analysis.sample(started.elapsed().as_secs_f64(), ledger, &ledger.groups());
+    };
+    let report = |ledger: &Ledger, analysis: &Analysis, sym: &mut Symbolizer, final_report| {
         let info = prober.info.borrow().clone();
-        make_report(ledger, sym, &args, &info, &gpus, started, final_report)
+        let cx = Sources {
+            probes: &info,
+            gpus: &gpus,
+            analysis,
+        };
+        make_report(ledger, sym, &args, &cx, started, final_report)
     };
     let exit_code = loop {
         tokio::select! {
             Some(batch) = rx.recv() => batch.into_iter().for_each(|i| ledger.apply(i)),
-            _ = tick.tick() => out.write(&report(&ledger, &mut sym, false), args.json)?,
+            _ = sample_tick.tick() => sample(&mut analysis, &ledger),
+            _ = tick.tick() => {
+                out.write(&report(&ledger, &analysis, &mut sym, false), args.json)?
+            }
             code = &mut end => break code,
         }
     };
@@ -181,7 +195,8 @@ async fn trace(
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
-    out.write(&report(&ledger, &mut sym, true), args.json)?;
+    sample(&mut analysis, &ledger);
+    out.write(&report(&ledger, &analysis, &mut sym, true), args.json)?;
     prober.finish().detach_in_background();
     Ok(exit_code)
 }
@@ -249,12 +264,18 @@ async fn exited(pid: u32) {
     }
 }
 
+/// What a report is built from besides the ledger.
+struct Sources<'a> {
+    probes: &'a ProbesInfo,
+    gpus: &'a GpuView,
+    analysis: &'a Analysis,
+}
+
 fn make_report(
     ledger: &Ledger,
     sym: &mut Symbolizer,
     args: &ReportArgs,
-    probes: &ProbesInfo,
-    gpus: &GpuView,
+    src: &Sources<'_>,
     started: Instant,
     final_report: bool,
 ) -> report::Report {
@@ -263,9 +284,11 @@ fn make_report(
         elapsed_s: started.elapsed().as_secs_f64(),
         now_ns: monotonic_ns(),
         top: args.top,
-        probes: &probes.attached,
-        libraries: &probes.libraries,
-        nvml: &gpus.sample(),
+        probes: &src.probes.attached,
+        libraries: &src.probes.libraries,
+        nvml: &src.gpus.sample(),
+        analysis: src.analysis,
+        warmup_s: args.warmup,
     };
     report::build(ledger, sym, &cx)
 }

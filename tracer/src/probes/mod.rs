@@ -427,7 +427,11 @@ impl Probes {
                 roles,
                 timing,
                 // Probed before the command ran: found in leaktracer's own maps, not a traced one.
-                pid: if timing == Timing::BeforeStart { 0 } else { pid },
+                pid: if timing == Timing::BeforeStart {
+                    0
+                } else {
+                    pid
+                },
             });
         }
         Ok(())

@@ -5,6 +5,7 @@ use serde::Serialize;
 use tracer_common::Counter;
 
 use crate::{
+    analysis::{Analysis, Evidence, Retention},
     ledger::{Group, Kind, Ledger, Mismatches, Process},
     probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
@@ -76,6 +77,8 @@ pub struct ProcReport {
     pub inherited: KindTotals,
     pub mismatches: Mismatches,
     pub device: DeviceSummary,
+    /// Heap-level vs page-level growth: allocator retention when pages grow and the heap does not.
+    pub retention: Option<Retention>,
     /// Allocator settings in its environment (PYTORCH_CUDA_ALLOC_CONF…), as [name, value].
     pub allocator_env: Vec<(String, String)>,
 }
@@ -92,6 +95,8 @@ pub struct StackReport {
     pub allocators: Vec<&'static str>,
     /// The capture hit the depth limit: outer frames are missing.
     pub truncated: bool,
+    /// Leak, spike, bounded cache or steady, with the evidence; null until enough samples.
+    pub verdict: Option<Evidence>,
     pub frames: Vec<SymFrame>,
 }
 
@@ -146,11 +151,21 @@ pub struct Context<'a> {
     pub probes: &'a [AttachedFn],
     pub libraries: &'a [Library],
     pub nvml: &'a crate::gpu::Sample,
+    pub analysis: &'a Analysis,
+    /// Seconds of warm-up left out of verdicts.
+    pub warmup_s: f64,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
     let groups = ledger.groups();
-    let mut processes: Vec<ProcReport> = ledger.procs.values().map(proc_report).collect();
+    let mut processes: Vec<ProcReport> = ledger
+        .procs
+        .values()
+        .map(|p| ProcReport {
+            retention: cx.analysis.retention(p.pid, cx.warmup_s),
+            ..proc_report(p)
+        })
+        .collect();
     for g in &groups {
         if let Some(p) = processes.iter_mut().find(|p| p.pid == g.pid) {
             let t = if g.inherited {
@@ -171,7 +186,12 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
     let stacks = groups
         .iter()
         .take(cx.top)
-        .map(|g| stack_report(ledger, sym, g, cx.now_ns))
+        .map(|g| StackReport {
+            verdict: cx
+                .analysis
+                .group(&(g.pid, g.stack, g.kind, g.inherited), cx.warmup_s),
+            ..stack_report(ledger, sym, g, cx.now_ns)
+        })
         .collect();
     let gpu = device::gpu(&processes, cx.nvml.clone());
     Report {
@@ -201,6 +221,7 @@ fn proc_report(p: &Process) -> ProcReport {
         inherited: KindTotals::default(),
         mismatches: p.mismatches,
         device: DeviceSummary::of(p),
+        retention: None,
         allocator_env: p.allocator_env.clone(),
     }
 }
@@ -219,6 +240,7 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
         oldest_age_s: now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9,
         allocators: g.funcs.iter().map(|f| f.name()).collect(),
         truncated,
+        verdict: None,
         frames,
     }
 }

@@ -3,7 +3,12 @@
 use std::fmt::Write as _;
 
 use super::{KindTotals, Report};
-use crate::{ledger::Kind, probes::Timing, symbolize::SymFrame};
+use crate::{
+    analysis::{Evidence, Verdict},
+    ledger::Kind,
+    probes::Timing,
+    symbolize::SymFrame,
+};
 
 /// Human-readable rendering.
 pub fn text(r: &Report) -> String {
@@ -54,6 +59,13 @@ pub fn text(r: &Report) -> String {
             kinds(&p.own),
             one_line(&p.command),
         );
+        if let Some(r) = p.retention.as_ref().filter(|r| r.retention) {
+            let _ = writeln!(
+                s,
+                "      allocator retention: page-level memory grew {} while heap bytes did not",
+                human(r.pages_growth_bytes.max(0) as u64)
+            );
+        }
         for (k, v) in &p.allocator_env {
             let _ = writeln!(s, "      {k}={}", one_line(v));
         }
@@ -64,18 +76,35 @@ pub fn text(r: &Report) -> String {
         let inh = if st.inherited { " (inherited)" } else { "" };
         let _ = writeln!(
             s,
-            "#{:<2} {} in {} blocks, {:?}{inh} via {}, pid {}, oldest {:.1}s",
+            "#{:<2} {} in {} blocks, {:?}{inh} via {}, pid {}, oldest {:.1}s{}",
             i + 1,
             human(st.bytes),
             st.blocks,
             st.kind,
             st.allocators.join("/"),
             st.pid,
-            st.oldest_age_s
+            st.oldest_age_s,
+            st.verdict.as_ref().map(verdict).unwrap_or_default()
         );
         frames(&mut s, &st.frames);
     }
     s
+}
+
+/// " — LEAK +1.0 MiB/s (confidence 0.90)".
+fn verdict(e: &Evidence) -> String {
+    let what = match e.verdict {
+        Verdict::Leak => "LEAK",
+        Verdict::Spike => "spike",
+        Verdict::BoundedCache => "bounded cache",
+        Verdict::Steady => "steady",
+    };
+    let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
+    format!(
+        " — {what} {sign}{}/s (confidence {:.2})",
+        human(e.slope_bytes_per_s.abs() as u64),
+        e.confidence
+    )
 }
 
 fn frames(s: &mut String, frames: &[SymFrame]) {

@@ -1,0 +1,90 @@
+//! Verdicts: per stack and per process, outstanding bytes sampled into bounded series, classified
+//! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
+//! at each sample tick; read by the report.
+
+pub mod series;
+pub mod verdict;
+
+use std::collections::HashMap;
+
+pub use verdict::{Evidence, Verdict, classify};
+
+use crate::{
+    ingest::StackId,
+    ledger::{Group, Kind, Ledger},
+};
+use series::Series;
+
+/// A stack group's identity across samples.
+pub type GroupKey = (u32, Option<StackId>, Kind, bool);
+
+/// Series per stack group and per process.
+#[derive(Default)]
+pub struct Analysis {
+    groups: HashMap<GroupKey, Series>,
+    /// Per process: heap-level bytes (heap and tensors) and page-level bytes (mmap and brk).
+    procs: HashMap<u32, (Series, Series)>,
+}
+
+/// A process's memory read for allocator retention: page-level memory growing while the heap
+/// bytes inside it do not.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Retention {
+    pub heap: Verdict,
+    pub pages: Verdict,
+    /// Pages grow while heap bytes do not: the allocator keeps memory nothing holds (fragmentation,
+    /// arenas), not a leak in the program.
+    pub retention: bool,
+    pub pages_growth_bytes: i64,
+}
+
+impl Analysis {
+    /// Takes one sample at `t_s` seconds of every outstanding group and every process. Groups seen
+    /// before and gone now get a 0 (a spike that came back is a spike).
+    pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[Group]) {
+        let mut seen: HashMap<GroupKey, u64> = HashMap::with_capacity(groups.len());
+        let mut per_proc: HashMap<u32, (u64, u64)> = HashMap::new();
+        for g in groups {
+            *seen
+                .entry((g.pid, g.stack, g.kind, g.inherited))
+                .or_default() += g.bytes;
+            let e = per_proc.entry(g.pid).or_default();
+            match g.kind {
+                Kind::Heap | Kind::Tensor => e.0 += g.bytes,
+                Kind::Mmap | Kind::Brk => e.1 += g.bytes,
+                _ => {}
+            }
+        }
+        for (key, s) in &mut self.groups {
+            if !seen.contains_key(key) && s.last() != Some(0) {
+                s.push(t_s, 0);
+            }
+        }
+        for (key, bytes) in seen {
+            self.groups.entry(key).or_default().push(t_s, bytes);
+        }
+        for pid in ledger.procs.keys() {
+            let (heap, pages) = per_proc.get(pid).copied().unwrap_or_default();
+            let (h, p) = self.procs.entry(*pid).or_default();
+            h.push(t_s, heap);
+            p.push(t_s, pages);
+        }
+    }
+
+    /// The verdict of a group, from `warmup_s` on.
+    pub fn group(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
+        classify(self.groups.get(key)?, warmup_s)
+    }
+
+    /// Allocator retention of a process, from `warmup_s` on.
+    pub fn retention(&self, pid: u32, warmup_s: f64) -> Option<Retention> {
+        let (h, p) = self.procs.get(&pid)?;
+        let (heap, pages) = (classify(h, warmup_s)?, classify(p, warmup_s)?);
+        Some(Retention {
+            retention: pages.verdict == Verdict::Leak && heap.verdict != Verdict::Leak,
+            heap: heap.verdict,
+            pages: pages.verdict,
+            pages_growth_bytes: pages.growth_bytes,
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! What a series of outstanding bytes means: a leak (the floor rises window after window, whatever
+//! the spikes above it), a spike (it rises and comes back), a bounded cache (it rises, then the
+//! floor holds), or steady. The evidence is part of the verdict: the floor and peak of each window,
+//! the floor's slope, the growth, and how sure the call is.
+
+use serde::Serialize;
+
+use super::series::{Point, Series};
+
+/// Windows the analysed span is cut into.
+pub const WINDOWS: usize = 4;
+/// Samples needed (after warm-up) before a verdict is given.
+pub const MIN_POINTS: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Leak,
+    Spike,
+    BoundedCache,
+    Steady,
+}
+
+/// One window's floor (least outstanding bytes) and peak.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Window {
+    pub t0_s: f64,
+    pub t1_s: f64,
+    pub floor: u64,
+    pub peak: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evidence {
+    pub verdict: Verdict,
+    /// 0–1: how consistently the windows support the verdict, scaled down for short series.
+    pub confidence: f64,
+    /// Floor of the last window minus floor of the first.
+    pub growth_bytes: i64,
+    /// Least-squares slope of the window floors over time.
+    pub slope_bytes_per_s: f64,
+    pub windows: Vec<Window>,
+}
+
+/// Classifies `series` from time `warmup_s` on; None while there are too few samples.
+pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
+    let pts: Vec<&Point> = series
+        .points()
+        .iter()
+        .filter(|p| p.t0 >= warmup_s)
+        .collect();
+    if pts.len() < MIN_POINTS {
+        return None;
+    }
+    let windows: Vec<Window> = (0..WINDOWS)
+        .map(|w| {
+            let part = &pts[w * pts.len() / WINDOWS..(w + 1) * pts.len() / WINDOWS];
+            Window {
+                t0_s: part[0].t0,
+                t1_s: part[part.len() - 1].t1,
+                floor: part.iter().map(|p| p.min).min().unwrap_or(0),
+                peak: part.iter().map(|p| p.max).max().unwrap_or(0),
+            }
+        })
+        .collect();
+    let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
+    let peak = windows.iter().map(|w| w.peak).max().unwrap_or(0);
+    let base = floors.iter().copied().min().unwrap_or(0);
+    // Changes smaller than this are noise: 1% of the floor, never under a page (not a share of
+    // the peak: a large spike must not hide a slow leak under it).
+    let tol = (base / 100).max(4096);
+    let rises = floors.windows(2).filter(|f| f[1] > f[0] + tol).count();
+    let falls = floors.windows(2).filter(|f| f[1] + tol < f[0]).count();
+    let growth = floors[WINDOWS - 1] as i64 - floors[0] as i64;
+    let pairs = (WINDOWS - 1) as f64;
+    let length = (pts.len() as f64 / (2 * MIN_POINTS) as f64).min(1.0);
+    let (verdict, support) = if rises == WINDOWS - 1 {
+        (Verdict::Leak, 1.0)
+    } else if growth > tol as i64 && rises >= 1 && falls == 0 {
+        let tail_flat = floors[WINDOWS - 1].abs_diff(floors[WINDOWS - 2]) <= tol;
+        if tail_flat {
+            (Verdict::BoundedCache, (pairs - rises as f64 + 1.0) / pairs)
+        } else {
+            (Verdict::Leak, rises as f64 / pairs)
+        }
+    } else if rises == 0 && falls == 0 && peak > floors.iter().copied().max().unwrap_or(0) + tol {
+        // The floor holds while something above it comes and goes.
+        (Verdict::Spike, 1.0)
+    } else {
+        (Verdict::Steady, 1.0 - (rises + falls) as f64 / pairs)
+    };
+    Some(Evidence {
+        verdict,
+        confidence: (support * length * 100.0).round() / 100.0,
+        growth_bytes: growth,
+        slope_bytes_per_s: slope(&windows),
+        windows,
+    })
+}
+
+/// Least-squares slope of the floors against the windows' mid times.
+fn slope(windows: &[Window]) -> f64 {
+    let xs: Vec<f64> = windows.iter().map(|w| (w.t0_s + w.t1_s) / 2.0).collect();
+    let ys: Vec<f64> = windows.iter().map(|w| w.floor as f64).collect();
+    let n = xs.len() as f64;
+    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+    let sxx: f64 = xs.iter().map(|x| (x - mx).powi(2)).sum();
+    if sxx == 0.0 {
+        return 0.0;
+    }
+    let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+    sxy / sxx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn series(f: impl Fn(u64) -> u64, n: u64) -> Series {
+        let mut s = Series::default();
+        for i in 0..n {
+            s.push(i as f64, f(i));
+        }
+        s
+    }
+
+    fn verdict(s: &Series) -> Verdict {
+        classify(s, 0.0).expect("enough samples").verdict
+    }
+
+    #[test]
+    fn a_steady_leak_is_a_leak_with_its_slope() {
+        let e = classify(&series(|i| 10 * MIB + i * MIB, 40), 0.0).unwrap();
+        assert_eq!(e.verdict, Verdict::Leak);
+        assert!(
+            (e.slope_bytes_per_s - MIB as f64).abs() < 1.0,
+            "{}",
+            e.slope_bytes_per_s
+        );
+        assert_eq!(e.confidence, 1.0);
+        assert_eq!(e.growth_bytes, 30 * MIB as i64);
+    }
+
+    #[test]
+    fn a_slow_leak_under_large_spikes_is_a_leak() {
+        // Every 5th sample a 500 MiB validation spike; underneath, 256 KiB more each sample.
+        let s = series(
+            |i| i * 256 * 1024 + if i % 5 == 0 { 500 * MIB } else { 0 },
+            60,
+        );
+        assert_eq!(verdict(&s), Verdict::Leak);
+    }
+
+    #[test]
+    fn spikes_alone_are_spikes() {
+        let s = series(|i| 50 * MIB + if i % 5 == 0 { 500 * MIB } else { 0 }, 41);
+        assert_eq!(verdict(&s), Verdict::Spike);
+    }
+
+    #[test]
+    fn a_cache_that_plateaus_is_bounded() {
+        let s = series(|i| 200 * MIB * i.min(15) / 15, 60);
+        assert_eq!(verdict(&s), Verdict::BoundedCache);
+    }
+
+    #[test]
+    fn a_sawtooth_is_not_a_leak() {
+        // Grows for 10 samples, released, again: the floor comes back every cycle.
+        let s = series(|i| (i % 10) * 10 * MIB, 60);
+        assert_ne!(verdict(&s), Verdict::Leak);
+        assert_ne!(verdict(&s), Verdict::BoundedCache);
+    }
+
+    #[test]
+    fn noise_around_a_steady_state_is_steady() {
+        let noise = |i: u64| (i * 7919 % 13) * 1000; // ±13 KB of jitter on 100 MiB
+        let s = series(|i| 100 * MIB + noise(i), 50);
+        assert_eq!(verdict(&s), Verdict::Steady);
+    }
+
+    #[test]
+    fn too_few_samples_give_no_verdict() {
+        assert!(classify(&series(|i| i * MIB, 5), 0.0).is_none());
+        assert!(
+            classify(&series(|i| i * MIB, 20), 15.0).is_none(),
+            "warm-up samples do not count"
+        );
+    }
+}
