@@ -2,6 +2,7 @@
 //! with known leaks and controls, exact bytes and frames read from the JSON report.
 
 mod attach;
+mod check;
 mod errors;
 mod gpu;
 mod heap;

@@ -42,6 +42,32 @@ pub enum Command {
         #[arg(long, value_name = "S")]
         duration: Option<f64>,
     },
+    /// The CI gate: run CMD under the tracer and fail (exit 1) when a stack leaks faster than the
+    /// budget. Exit 0 clean, 1 leak over budget, 2 leaktracer failed, 3 CMD failed (no leak over
+    /// budget). Reports (-o, --json) hold every stack with its verdict.
+    Check {
+        #[command(flatten)]
+        report: ReportArgs,
+        /// Leak rate allowed per stack: AMOUNT/PERIOD with B, KB, MB, GB, KiB, MiB, GiB and s, min,
+        /// h (e.g. 10MiB/min).
+        #[arg(long, value_name = "RATE", default_value = "1MiB/min")]
+        budget: String,
+        /// Kinds checked, comma-separated (heap, mmap, brk, tensor, device, managed, pinned,
+        /// torch_block); all by default.
+        #[arg(long, value_name = "KINDS", value_delimiter = ',')]
+        kinds: Vec<String>,
+        /// Also write the result as JUnit XML (one testcase per leaking stack) to FILE.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// The command and its arguments.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        command: Vec<String>,
+    },
     /// Measure ns per malloc+free pair: untraced, empty probes (the floor), leaktracer, and
     /// leaktracer with `free` probed at +0, in one run with ratios.
     Bench {

@@ -2,6 +2,7 @@
 
 pub mod analysis;
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod error;
 pub mod gpu;

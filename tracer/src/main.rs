@@ -33,6 +33,13 @@ fn main() {
             std::process::exit(0);
         }
         Command::Run { report, command } => (Target::Launch(command), report),
+        Command::Check {
+            report,
+            budget,
+            kinds,
+            junit,
+            command,
+        } => check(report, &budget, &kinds, junit.as_deref(), command),
         Command::Attach {
             report,
             pid,
@@ -51,7 +58,41 @@ fn main() {
     if let Err(msg) = report.validate() {
         usage(&msg);
     }
-    finish(session::run(target, report))
+    finish(session::run(target, report).map(|o| o.exit_code))
+}
+
+/// `leaktracer check`: every failure of leaktracer itself exits 2 here (see tracer::check).
+fn check(
+    mut report: tracer::cli::ReportArgs,
+    budget: &str,
+    kinds: &[String],
+    junit: Option<&std::path::Path>,
+    command: Vec<String>,
+) -> ! {
+    use tracer::check;
+    let fail = |msg: &str| -> ! {
+        eprintln!("leaktracer: {msg}");
+        std::process::exit(check::exit::TOOL)
+    };
+    let budget = check::parse_budget(budget).unwrap_or_else(|e| fail(&e));
+    let kinds = check::parse_kinds(kinds).unwrap_or_else(|e| fail(&e));
+    if let Err(msg) = report.validate() {
+        fail(&msg);
+    }
+    // Every stack gets a verdict; the full report goes to -o only.
+    report.top = usize::MAX;
+    if report.output.is_none() {
+        report.output = Some("/dev/null".into());
+    }
+    let outcome =
+        session::run(Target::Launch(command), report).unwrap_or_else(|e| fail(&e.to_string()));
+    let findings = check::findings(&outcome.last, budget, &kinds);
+    print!("{}", check::summary(&findings, budget, outcome.exit_code));
+    if let Some(path) = junit {
+        let xml = check::junit(&findings, budget, outcome.exit_code);
+        check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e));
+    }
+    std::process::exit(check::exit_code(&findings, outcome.exit_code))
 }
 
 fn finish(result: Result<i32, tracer::error::Error>) -> ! {

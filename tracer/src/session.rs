@@ -42,8 +42,15 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Runs a session to its end and returns the process exit code.
-pub fn run(target: Target, args: ReportArgs) -> Result<i32, Error> {
+/// How a session ended: the traced command's exit status (`run`; 0 for `attach`) and the final
+/// report.
+pub struct Outcome {
+    pub exit_code: i32,
+    pub last: report::Report,
+}
+
+/// Runs a session to its end.
+pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if let Target::Attach { pid, .. } = &target {
         check_pid(*pid)?;
     }
@@ -115,7 +122,7 @@ async fn trace(
     mut root: Root,
     command: String,
     args: ReportArgs,
-) -> Result<i32, Error> {
+) -> Result<Outcome, Error> {
     let channels = probes.take_channels()?;
     let (tx, mut rx) = mpsc::channel(256);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -196,9 +203,10 @@ async fn trace(
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
     sample(&mut analysis, &ledger);
-    out.write(&report(&ledger, &analysis, &mut sym, true), args.json)?;
+    let last = report(&ledger, &analysis, &mut sym, true);
+    out.write(&last, args.json)?;
     prober.finish().detach_in_background();
-    Ok(exit_code)
+    Ok(Outcome { exit_code, last })
 }
 
 fn ticker(interval: f64) -> tokio::time::Interval {

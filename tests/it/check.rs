@@ -1,0 +1,107 @@
+//! `leaktracer check`, the CI gate: exit codes on leaky and clean runs, budgets and kinds, JUnit XML,
+//! the command's own failure told apart, bad arguments.
+
+use std::process::{Command, Output};
+
+use tests::fixture;
+
+fn check(args: &[&str], argv: &[&str]) -> Output {
+    Command::new(fixture::leaktracer())
+        .arg("check")
+        .args(args)
+        .arg("--")
+        .args(argv)
+        .output()
+        .expect("leaktracer check")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn a_leak_over_budget_fails_the_check_with_junit() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("patterns");
+    let junit = fixture::target_dir().join("check-junit.xml");
+    let _ = std::fs::remove_file(&junit);
+    let o = check(
+        &[
+            "--sample",
+            "0.1",
+            "--budget",
+            "100KiB/s",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[bin.to_str().unwrap(), "40"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("1 stack(s) leak faster than 100.0 KiB/s"),
+        "{out}"
+    );
+    assert!(
+        out.contains("LEAK heap") && out.contains("activations (patterns.c:24)"),
+        "{out}"
+    );
+    let xml = std::fs::read_to_string(&junit).expect("junit written");
+    assert!(xml.contains("failures=\"1\""), "{xml}");
+    assert!(
+        xml.contains("name=\"heap activations (patterns.c:24)"),
+        "{xml}"
+    );
+    assert!(xml.contains("<failure message=\"leaks "), "{xml}");
+    // Under a generous budget, or checking only device memory, the same run passes.
+    let o = check(
+        &["--sample", "0.1", "--budget", "100MiB/s"],
+        &[bin.to_str().unwrap(), "40"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("leak (under budget) heap"),
+        "{}",
+        stdout(&o)
+    );
+    let o = check(
+        &[
+            "--sample",
+            "0.1",
+            "--budget",
+            "100KiB/s",
+            "--kinds",
+            "device,pinned",
+        ],
+        &[bin.to_str().unwrap(), "40"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
+fn the_commands_own_failure_is_told_apart() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let o = check(&[], &["false"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert!(stdout(&o).contains("the command itself failed with status 1"));
+}
+
+#[test]
+fn bad_budgets_and_kinds_are_tool_errors() {
+    for (args, msg) in [
+        (&["--budget", "10MiB"][..], "AMOUNT/PERIOD"),
+        (&["--budget", "1MiB/step"][..], "not implemented"),
+        (&["--kinds", "vram"][..], "unknown kind"),
+    ] {
+        let o = check(args, &["true"]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,311 @@
+//! `leaktracer check`: the CI gate. Runs the command under the tracer and fails when a stack leaks
+//! faster than the budget: a leak verdict (the floor rises window after window) with a floor slope
+//! over the budget, in the kinds asked for. Writes JUnit XML for CI systems on request.
+//!
+//! Exit codes: 0 clean, 1 a leak over budget, 2 leaktracer's own failure (bad arguments, no
+//! privileges, kernel support missing), 3 the command itself failed and nothing leaked over budget.
+
+use std::{fmt::Write as _, path::Path};
+
+use crate::{
+    analysis::Verdict,
+    ledger::Kind,
+    report::{Report, StackReport, human},
+};
+
+pub mod exit {
+    pub const CLEAN: i32 = 0;
+    pub const LEAK: i32 = 1;
+    pub const TOOL: i32 = 2;
+    pub const COMMAND_FAILED: i32 = 3;
+}
+
+/// A leak budget in bytes per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    pub bytes_per_s: f64,
+}
+
+/// Parses "10MiB/min", "512KiB/s", "1GB/h". Per-step budgets need step boundaries, which the
+/// tracer does not mark yet: they are refused with that reason.
+pub fn parse_budget(text: &str) -> Result<Budget, String> {
+    let (amount, per) = text
+        .split_once('/')
+        .ok_or_else(|| format!("budget {text:?}: expected AMOUNT/PERIOD, e.g. 10MiB/min"))?;
+    let seconds = match per.trim() {
+        "s" | "sec" => 1.0,
+        "min" => 60.0,
+        "h" => 3600.0,
+        "step" => {
+            return Err(format!(
+                "budget {text:?}: per-step budgets need step boundaries (--step-symbol), which are not implemented yet; use a time budget (/s, /min, /h)"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "budget {text:?}: unknown period {other:?} (s, min, h)"
+            ));
+        }
+    };
+    Ok(Budget {
+        bytes_per_s: parse_bytes(amount.trim()).ok_or_else(|| {
+            format!("budget {text:?}: bad amount {amount:?} (e.g. 512KiB, 10MiB, 1GB)")
+        })? / seconds,
+    })
+}
+
+fn parse_bytes(s: &str) -> Option<f64> {
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let unit_bytes = match unit.trim() {
+        "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let n: f64 = num.parse().ok()?;
+    (n.is_finite() && n >= 0.0).then_some(n * unit_bytes)
+}
+
+/// Parses "heap,device" into kinds.
+pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, String> {
+    if names.is_empty() {
+        return Ok(Kind::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            Kind::ALL
+                .into_iter()
+                .find(|k| k.name() == n.trim())
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                    format!("unknown kind {n:?} (one of {})", known.join(", "))
+                })
+        })
+        .collect()
+}
+
+/// A stack with a leak verdict in the kinds checked, and whether it is over budget.
+pub struct Finding<'a> {
+    pub stack: &'a StackReport,
+    pub slope: f64,
+    pub over: bool,
+}
+
+/// Every leaking stack of the checked kinds, the ones over budget first.
+pub fn findings<'a>(report: &'a Report, budget: Budget, kinds: &[Kind]) -> Vec<Finding<'a>> {
+    let mut out: Vec<Finding<'a>> = report
+        .stacks
+        .iter()
+        .filter(|s| kinds.contains(&s.kind))
+        .filter_map(|s| {
+            let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
+            Some(Finding {
+                stack: s,
+                slope: v.slope_bytes_per_s,
+                over: v.slope_bytes_per_s > budget.bytes_per_s,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.over.cmp(&a.over).then(b.slope.total_cmp(&a.slope)));
+    out
+}
+
+/// The check's exit code: a leak over budget wins over the command's own failure.
+pub fn exit_code(findings: &[Finding<'_>], command_status: i32) -> i32 {
+    if findings.iter().any(|f| f.over) {
+        exit::LEAK
+    } else if command_status != 0 {
+        exit::COMMAND_FAILED
+    } else {
+        exit::CLEAN
+    }
+}
+
+/// Where a stack comes from, in one line: its first frame with a function.
+fn site(s: &StackReport) -> String {
+    s.frames
+        .iter()
+        .find_map(|f| {
+            let func = f.function.as_deref()?;
+            Some(match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    format!(
+                        "{func} ({}:{line})",
+                        file.rsplit('/').next().unwrap_or(file)
+                    )
+                }
+                _ => func.to_string(),
+            })
+        })
+        .unwrap_or_else(|| "unknown stack".into())
+}
+
+/// The human summary printed after the run.
+pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
+    let mut s = String::new();
+    let over: Vec<&Finding<'_>> = findings.iter().filter(|f| f.over).collect();
+    let budget_text = format!("{}/s", human(budget.bytes_per_s as u64));
+    if over.is_empty() {
+        let _ = writeln!(
+            s,
+            "leaktracer check: no stack leaks faster than {budget_text}"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "leaktracer check: {} stack(s) leak faster than {budget_text}:",
+            over.len()
+        );
+    }
+    for f in findings {
+        let _ = writeln!(
+            s,
+            "  {} {} {}/s, {} outstanding in {} blocks, pid {}: {}",
+            if f.over {
+                "LEAK"
+            } else {
+                "leak (under budget)"
+            },
+            f.stack.kind.name(),
+            human(f.slope.max(0.0) as u64),
+            human(f.stack.bytes),
+            f.stack.blocks,
+            f.stack.pid,
+            site(f.stack)
+        );
+    }
+    if command_status != 0 {
+        let _ = writeln!(
+            s,
+            "leaktracer check: the command itself failed with status {command_status}"
+        );
+    }
+    s
+}
+
+/// JUnit XML: one testcase per leaking stack (failed when over budget), plus one for the command's
+/// own exit status.
+pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
+    let esc = |t: &str| quick_xml::escape::escape(t).into_owned();
+    let failures = findings.iter().filter(|f| f.over).count() + usize::from(command_status != 0);
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        x,
+        "<testsuite name=\"leaktracer check\" tests=\"{}\" failures=\"{failures}\">",
+        findings.len() + 1
+    );
+    for f in findings {
+        let name = format!(
+            "{} {} pid {}",
+            f.stack.kind.name(),
+            site(f.stack),
+            f.stack.pid
+        );
+        let _ = write!(
+            x,
+            "  <testcase classname=\"leaktracer.{}\" name=\"{}\"",
+            f.stack.kind.name(),
+            esc(&name)
+        );
+        if f.over {
+            let msg = format!(
+                "leaks {}/s, over the budget of {}/s",
+                human(f.slope.max(0.0) as u64),
+                human(budget.bytes_per_s as u64)
+            );
+            let frames: Vec<String> = f
+                .stack
+                .frames
+                .iter()
+                .map(|fr| fr.function.clone().unwrap_or_else(|| "??".into()))
+                .collect();
+            let _ = writeln!(
+                x,
+                ">\n    <failure message=\"{}\">{}</failure>\n  </testcase>",
+                esc(&msg),
+                esc(&frames.join("\n"))
+            );
+        } else {
+            let _ = writeln!(x, "/>");
+        }
+    }
+    let _ = write!(
+        x,
+        "  <testcase classname=\"leaktracer.command\" name=\"exit status\""
+    );
+    if command_status != 0 {
+        let _ = writeln!(
+            x,
+            ">\n    <failure message=\"the command failed with status {command_status}\"/>\n  </testcase>"
+        );
+    } else {
+        let _ = writeln!(x, "/>");
+    }
+    x.push_str("</testsuite>\n");
+    x
+}
+
+/// Writes the JUnit file.
+pub fn write_junit(path: &Path, xml: &str) -> Result<(), String> {
+    std::fs::write(path, xml).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_parse_to_bytes_per_second() {
+        assert_eq!(
+            parse_budget("60MiB/min").unwrap().bytes_per_s,
+            1024.0 * 1024.0
+        );
+        assert_eq!(
+            parse_budget("512KiB/s").unwrap().bytes_per_s,
+            512.0 * 1024.0
+        );
+        assert_eq!(parse_budget("3.6GB/h").unwrap().bytes_per_s, 1e6);
+        assert!(parse_budget("10MiB").unwrap_err().contains("AMOUNT/PERIOD"));
+        assert!(
+            parse_budget("10 parsecs/s")
+                .unwrap_err()
+                .contains("bad amount")
+        );
+        assert!(
+            parse_budget("1MiB/step")
+                .unwrap_err()
+                .contains("not implemented")
+        );
+        assert!(
+            parse_budget("1MiB/fortnight")
+                .unwrap_err()
+                .contains("unknown period")
+        );
+    }
+
+    #[test]
+    fn kinds_parse_by_report_name() {
+        assert_eq!(
+            parse_kinds(&["heap".into(), "device".into()]).unwrap(),
+            [Kind::Heap, Kind::Device]
+        );
+        assert_eq!(parse_kinds(&[]).unwrap().len(), Kind::ALL.len());
+        assert!(
+            parse_kinds(&["vram".into()])
+                .unwrap_err()
+                .contains("unknown kind")
+        );
+    }
+
+    #[test]
+    fn a_leak_over_budget_wins_over_the_commands_failure() {
+        assert_eq!(exit_code(&[], 0), exit::CLEAN);
+        assert_eq!(exit_code(&[], 7), exit::COMMAND_FAILED);
+    }
+}
