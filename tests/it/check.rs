@@ -45,16 +45,14 @@ fn a_leak_over_budget_fails_the_check_with_junit() {
         out.contains("1 stack(s) leak faster than 100.0 KiB/s"),
         "{out}"
     );
-    assert!(
-        out.contains("LEAK heap") && out.contains("activations (patterns.c:24)"),
-        "{out}"
+    let site = format!(
+        "activations (patterns.c:{})",
+        crate::line_of("patterns", "return touch(malloc(n), n)")
     );
+    assert!(out.contains("LEAK heap") && out.contains(&site), "{out}");
     let xml = std::fs::read_to_string(&junit).expect("junit written");
     assert!(xml.contains("failures=\"1\""), "{xml}");
-    assert!(
-        xml.contains("name=\"heap activations (patterns.c:24)"),
-        "{xml}"
-    );
+    assert!(xml.contains(&format!("name=\"heap {site}")), "{xml}");
     assert!(xml.contains("<failure message=\"leaks "), "{xml}");
     // Under a generous budget, or checking only device memory, the same run passes.
     let o = check(
@@ -82,6 +80,31 @@ fn a_leak_over_budget_fails_the_check_with_junit() {
 }
 
 #[test]
+fn per_step_budgets_use_the_step_function() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("patterns");
+    let argv = [bin.to_str().unwrap(), "5", "60"];
+    let o = check(
+        &["--step-symbol", "step_begin", "--budget", "32KiB/step"],
+        &argv,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("leak faster than 32.0 KiB/step"),
+        "{}",
+        stdout(&o)
+    );
+    let o = check(
+        &["--step-symbol", "step_begin", "--budget", "64KiB/step"],
+        &argv,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
 fn the_commands_own_failure_is_told_apart() {
     if !fixture::bpf_available() {
         return;
@@ -96,7 +119,7 @@ fn the_commands_own_failure_is_told_apart() {
 fn bad_budgets_and_kinds_are_tool_errors() {
     for (args, msg) in [
         (&["--budget", "10MiB"][..], "AMOUNT/PERIOD"),
-        (&["--budget", "1MiB/step"][..], "not implemented"),
+        (&["--budget", "1MiB/step"][..], "needs --step-symbol"),
         (&["--kinds", "vram"][..], "unknown kind"),
     ] {
         let o = check(args, &["true"]);

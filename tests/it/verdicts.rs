@@ -28,3 +28,30 @@ fn a_slow_leak_under_spikes_is_flagged_and_spikes_and_caches_are_not() {
     let cache = verdict("lru_put");
     assert_eq!(cache["verdict"], "bounded_cache", "{cache}");
 }
+
+/// With --step-symbol the series are sampled at each step boundary: the slow leak is a leak per
+/// step, its growth exact (36 retained 64 KiB activations between the first and last window).
+#[test]
+fn per_step_verdicts_sample_at_the_step_function() {
+    let Some(t) =
+        fixture::trace_fixture("patterns", &["--step-symbol", "step_begin"], &["5", "60"])
+    else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(r.0["verdicts_per"], "step");
+    assert_eq!(r.0["steps"], 60);
+    let leak = r
+        .stacks()
+        .iter()
+        .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some("activations"))
+        .expect("activations stack")["verdict"]
+        .clone();
+    assert_eq!(leak["verdict"], "leak", "{leak}");
+    assert_eq!(leak["growth_bytes"], 36 * 65536, "{leak}");
+    let per_step = leak["slope_bytes_per_s"].as_f64().unwrap();
+    assert!(
+        (40_000.0..65_536.0).contains(&per_step),
+        "4 of 5 steps keep 64 KiB: {per_step}"
+    );
+}

@@ -50,6 +50,8 @@ pub enum EventKind {
     DeviceMap = 13,
     /// cuMemUnmap(`old_addr`, `old_size`) succeeded.
     DeviceUnmap = 14,
+    /// The step function (`--step-symbol`) was entered: a training step begins.
+    Step = 15,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -81,6 +83,7 @@ impl EventKind {
             12 => AllocFailed,
             13 => DeviceMap,
             14 => DeviceUnmap,
+            15 => Step,
             _ => return None,
         })
     }

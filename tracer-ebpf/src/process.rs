@@ -86,3 +86,12 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     }
     0
 }
+
+/// Entry of the step function named by `--step-symbol`: a step boundary, for per-step verdicts.
+#[aya_ebpf::macros::uprobe]
+pub fn step_enter(_ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+    if let Some((id, _)) = traced_current() {
+        crate::shared::emit(&event(EventKind::Step, 0, id));
+    }
+    0
+}

@@ -146,6 +146,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 output: Some(PathBuf::from("/dev/null")),
                 sample: 1.0,
                 warmup: 0.0,
+                step_symbol: None,
             };
             session::run(Target::Launch(argv), args)?;
         }

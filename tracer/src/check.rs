@@ -20,14 +20,14 @@ pub mod exit {
     pub const COMMAND_FAILED: i32 = 3;
 }
 
-/// A leak budget in bytes per second.
+/// A leak budget in bytes per second, or per step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Budget {
     pub bytes_per_s: f64,
+    pub per_step: bool,
 }
 
-/// Parses "10MiB/min", "512KiB/s", "1GB/h". Per-step budgets need step boundaries, which the
-/// tracer does not mark yet: they are refused with that reason.
+/// Parses "10MiB/min", "512KiB/s", "1GB/h" or "1MiB/step" (which needs --step-symbol).
 pub fn parse_budget(text: &str) -> Result<Budget, String> {
     let (amount, per) = text
         .split_once('/')
@@ -36,14 +36,10 @@ pub fn parse_budget(text: &str) -> Result<Budget, String> {
         "s" | "sec" => 1.0,
         "min" => 60.0,
         "h" => 3600.0,
-        "step" => {
-            return Err(format!(
-                "budget {text:?}: per-step budgets need step boundaries (--step-symbol), which are not implemented yet; use a time budget (/s, /min, /h)"
-            ));
-        }
+        "step" => 1.0,
         other => {
             return Err(format!(
-                "budget {text:?}: unknown period {other:?} (s, min, h)"
+                "budget {text:?}: unknown period {other:?} (s, min, h, step)"
             ));
         }
     };
@@ -51,6 +47,7 @@ pub fn parse_budget(text: &str) -> Result<Budget, String> {
         bytes_per_s: parse_bytes(amount.trim()).ok_or_else(|| {
             format!("budget {text:?}: bad amount {amount:?} (e.g. 512KiB, 10MiB, 1GB)")
         })? / seconds,
+        per_step: per.trim() == "step",
     })
 }
 
@@ -150,7 +147,7 @@ fn site(s: &StackReport) -> String {
 pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
     let mut s = String::new();
     let over: Vec<&Finding<'_>> = findings.iter().filter(|f| f.over).collect();
-    let budget_text = format!("{}/s", human(budget.bytes_per_s as u64));
+    let budget_text = format!("{}/{}", human(budget.bytes_per_s as u64), unit(budget));
     if over.is_empty() {
         let _ = writeln!(
             s,
@@ -215,9 +212,10 @@ pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> S
         );
         if f.over {
             let msg = format!(
-                "leaks {}/s, over the budget of {}/s",
+                "leaks {}/{u}, over the budget of {}/{u}",
                 human(f.slope.max(0.0) as u64),
-                human(budget.bytes_per_s as u64)
+                human(budget.bytes_per_s as u64),
+                u = unit(budget)
             );
             let frames: Vec<String> = f
                 .stack
@@ -251,6 +249,10 @@ pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> S
     x
 }
 
+fn unit(b: Budget) -> &'static str {
+    if b.per_step { "step" } else { "s" }
+}
+
 /// Writes the JUnit file.
 pub fn write_junit(path: &Path, xml: &str) -> Result<(), String> {
     std::fs::write(path, xml).map_err(|e| format!("writing {}: {e}", path.display()))
@@ -277,11 +279,9 @@ mod tests {
                 .unwrap_err()
                 .contains("bad amount")
         );
-        assert!(
-            parse_budget("1MiB/step")
-                .unwrap_err()
-                .contains("not implemented")
-        );
+        let step = parse_budget("1MiB/step").unwrap();
+        assert!(step.per_step && step.bytes_per_s == 1024.0 * 1024.0);
+        assert!(!parse_budget("1MiB/s").unwrap().per_step);
         assert!(
             parse_budget("1MiB/fortnight")
                 .unwrap_err()

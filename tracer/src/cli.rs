@@ -102,9 +102,14 @@ pub struct ReportArgs {
     /// cache, steady).
     #[arg(long, value_name = "S", default_value_t = 1.0)]
     pub sample: f64,
-    /// Ignore the first S seconds in verdicts (start-up, model loading, warm-up steps).
+    /// Ignore the first S seconds in verdicts (start-up, model loading, warm-up steps); with
+    /// --step-symbol, the first S steps.
     #[arg(long, value_name = "S", default_value_t = 0.0)]
     pub warmup: f64,
+    /// A function called once per training step (C name, or C++/Rust `path::name`): sample at its
+    /// entries instead of every --sample seconds, so verdicts and slopes are per step.
+    #[arg(long, value_name = "NAME")]
+    pub step_symbol: Option<String>,
 }
 
 impl ReportArgs {
@@ -174,6 +179,7 @@ mod tests {
             output: None,
             sample: 1.0,
             warmup: 0.0,
+            step_symbol: None,
         };
         assert!(r.validate().unwrap_err().contains("--interval"));
         let r = ReportArgs {

@@ -79,6 +79,13 @@ fn check(
     if let Err(msg) = report.validate() {
         fail(&msg);
     }
+    if budget.per_step != report.step_symbol.is_some() {
+        fail(if budget.per_step {
+            "a per-step budget needs --step-symbol (the function that marks each step)"
+        } else {
+            "with --step-symbol, slopes are per step: give the budget per step (e.g. 1MiB/step)"
+        });
+    }
     // Every stack gets a verdict; the full report goes to -o only.
     report.top = usize::MAX;
     if report.output.is_none() {

@@ -55,6 +55,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
         check_pid(*pid)?;
     }
     let mut probes = Probes::load(Mode::Full)?;
+    if let Some(step) = &args.step_symbol {
+        probes.set_step_symbol(step);
+    }
     let (root, command) = match &target {
         Target::Launch(argv) => {
             let child = launch::spawn_held(argv)?;
@@ -167,10 +170,27 @@ async fn trace(
     };
     let mut end = Box::pin(end_of(&root, root_pid, root_exit));
     let mut tick = ticker(args.interval);
-    let mut sample_tick = ticker(args.sample);
+    // Per step (at each step boundary) or per time (every --sample seconds).
+    let per_step = args.step_symbol.is_some();
+    let mut sample_tick = ticker(if per_step { 0.0 } else { args.sample });
     let mut analysis = Analysis::default();
     let sample = |analysis: &mut Analysis, ledger: &Ledger| {
-        analysis.sample(started.elapsed().as_secs_f64(), ledger, &ledger.groups());
+        let x = if per_step {
+            ledger.steps as f64
+        } else {
+            started.elapsed().as_secs_f64()
+        };
+        analysis.sample(x, ledger, &ledger.groups());
+    };
+    // Applies a batch in order, sampling at each step boundary in it.
+    let apply = |analysis: &mut Analysis, ledger: &mut Ledger, batch: ingest::Batch| {
+        for input in batch {
+            let step = matches!(&input, ingest::Input::Event(e) if e.kind == tracer_common::EventKind::Step);
+            ledger.apply(input);
+            if step && per_step {
+                sample(analysis, ledger);
+            }
+        }
     };
     let report = |ledger: &Ledger, analysis: &Analysis, sym: &mut Symbolizer, final_report| {
         let info = prober.info.borrow().clone();
@@ -183,7 +203,7 @@ async fn trace(
     };
     let exit_code = loop {
         tokio::select! {
-            Some(batch) = rx.recv() => batch.into_iter().for_each(|i| ledger.apply(i)),
+            Some(batch) = rx.recv() => apply(&mut analysis, &mut ledger, batch),
             _ = sample_tick.tick() => sample(&mut analysis, &ledger),
             _ = tick.tick() => {
                 out.write(&report(&ledger, &analysis, &mut sym, false), args.json)?
@@ -197,12 +217,20 @@ async fn trace(
     }
     let _ = stop_tx.send(true);
     while let Some(batch) = rx.recv().await {
-        batch.into_iter().for_each(|i| ledger.apply(i));
+        apply(&mut analysis, &mut ledger, batch);
+    }
+    if per_step && ledger.steps == 0 {
+        tracing::warn!(
+            symbol = args.step_symbol.as_deref().unwrap_or_default(),
+            "the step symbol was never called (or not found in the traced code): no per-step verdicts"
+        );
     }
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
-    sample(&mut analysis, &ledger);
+    if !per_step {
+        sample(&mut analysis, &ledger);
+    }
     let last = report(&ledger, &analysis, &mut sym, true);
     out.write(&last, args.json)?;
     prober.finish().detach_in_background();
@@ -297,6 +325,7 @@ fn make_report(
         nvml: &src.gpus.sample(),
         analysis: src.analysis,
         warmup_s: args.warmup,
+        per_step: args.step_symbol.is_some(),
     };
     report::build(ledger, sym, &cx)
 }

@@ -9,8 +9,8 @@ use super::series::{Point, Series};
 
 /// Windows the analysed span is cut into.
 pub const WINDOWS: usize = 4;
-/// Samples needed (after warm-up) before a verdict is given.
-pub const MIN_POINTS: usize = 8;
+/// Samples needed (after warm-up) before a verdict is given: one per window.
+pub const MIN_POINTS: usize = WINDOWS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,7 +73,7 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     let falls = floors.windows(2).filter(|f| f[1] + tol < f[0]).count();
     let growth = floors[WINDOWS - 1] as i64 - floors[0] as i64;
     let pairs = (WINDOWS - 1) as f64;
-    let length = (pts.len() as f64 / (2 * MIN_POINTS) as f64).min(1.0);
+    let length = (pts.len() as f64 / (4 * MIN_POINTS) as f64).min(1.0);
     let (verdict, support) = if rises == WINDOWS - 1 {
         (Verdict::Leak, 1.0)
     } else if growth > tol as i64 && rises >= 1 && falls == 0 {
@@ -182,9 +182,14 @@ mod tests {
 
     #[test]
     fn too_few_samples_give_no_verdict() {
-        assert!(classify(&series(|i| i * MIB, 5), 0.0).is_none());
+        assert!(classify(&series(|i| i * MIB, 3), 0.0).is_none());
+        assert_eq!(
+            classify(&series(|i| i * MIB, 4), 0.0).unwrap().verdict,
+            Verdict::Leak,
+            "one sample per window is enough for a steady leak"
+        );
         assert!(
-            classify(&series(|i| i * MIB, 20), 15.0).is_none(),
+            classify(&series(|i| i * MIB, 20), 17.0).is_none(),
             "warm-up samples do not count"
         );
     }

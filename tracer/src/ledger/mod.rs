@@ -116,6 +116,8 @@ pub struct Ledger {
     pub kernel: KernelCounters,
     pub ingest: IngestLosses,
     pub events: u64,
+    /// Step boundaries seen (entries of the `--step-symbol` function).
+    pub steps: u64,
 }
 
 const CLONE_VM: u64 = 0x100;
@@ -153,6 +155,10 @@ impl Ledger {
 
     fn apply_event(&mut self, ev: Decoded) {
         self.events += 1;
+        if ev.kind == EventKind::Step {
+            self.steps += 1;
+            return;
+        }
         if ev.kind == EventKind::Fork {
             return self.fork(&ev);
         }
@@ -193,7 +199,7 @@ impl Ledger {
             EventKind::Brk => p.brk(ev.addr, origin),
             EventKind::Exec => p.exec(ev.command, ev.env),
             EventKind::Exit => p.exited_ns = Some(ev.ts_ns),
-            EventKind::Fork => {}
+            EventKind::Fork | EventKind::Step => {}
         }
     }
 

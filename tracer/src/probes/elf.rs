@@ -47,7 +47,11 @@ impl ElfFile {
             .map(|(_, last)| format!("{}{last}", last.len()));
         let matches = |sym: &str| match &cxx {
             None => sym == name,
-            Some(piece) => sym.starts_with("_Z") && sym.contains(piece) && demangled(sym) == name,
+            Some(piece) => {
+                (sym.starts_with("_Z") || sym.starts_with("_R"))
+                    && sym.contains(piece)
+                    && demangled(sym) == name
+            }
         };
         let sym = file.dynamic_symbols().chain(file.symbols()).find(|s| {
             s.is_definition() && s.kind() == object::SymbolKind::Text && s.name().is_ok_and(matches)
@@ -74,8 +78,15 @@ impl ElfFile {
     }
 }
 
-/// A C++ symbol's qualified function name without its parameters ("c10::alloc_cpu").
+/// A C++ or Rust symbol's qualified function name without its parameters or hash
+/// ("c10::alloc_cpu", "harness::train_step").
 fn demangled(sym: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(sym) {
+        let rust = format!("{d:#}");
+        if !rust.contains('(') {
+            return rust;
+        }
+    }
     let Ok(s) = cpp_demangle::Symbol::new(sym) else {
         return String::new();
     };
@@ -98,5 +109,9 @@ mod tests {
     fn demangles_to_the_qualified_name() {
         assert_eq!(super::demangled("_ZN3c109alloc_cpuEm"), "c10::alloc_cpu");
         assert_eq!(super::demangled("malloc"), "");
+        assert_eq!(
+            super::demangled("_ZN7harness10train_step17h0123456789abcdefE"),
+            "harness::train_step"
+        );
     }
 }

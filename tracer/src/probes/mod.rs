@@ -247,6 +247,8 @@ pub struct Probes {
     libraries: Vec<Library>,
     /// Every file looked at, probed or not.
     checked: std::collections::HashSet<PathBuf>,
+    /// The function whose entries mark training steps (`--step-symbol`).
+    step_symbol: Option<String>,
 }
 
 impl Probes {
@@ -379,6 +381,7 @@ impl Probes {
             attached: Vec::new(),
             libraries: Vec::new(),
             checked: Default::default(),
+            step_symbol: None,
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -419,6 +422,18 @@ impl Probes {
                 self.attach_set(path, &elf, set)?;
                 roles.push(set.role);
             }
+        }
+        if let Some(step) = self.step_symbol.clone()
+            && let Some(f) = elf.function(&step)
+        {
+            self.attach_points(path, "step_enter", std::iter::once((&*f.symbol, 0, None)))?;
+            self.attached.push(AttachedFn {
+                function: step,
+                library: path.to_path_buf(),
+                offset: 0,
+                reason: "step boundary (--step-symbol)",
+            });
+            roles.push("step");
         }
         if !roles.is_empty() {
             tracing::info!(library = %path.display(), ?roles, ?timing, "probed");
@@ -508,6 +523,12 @@ impl Probes {
             crate::ingest::maps::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
         maps.paths()
             .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
+    }
+
+    /// Marks training steps at each entry of `symbol` (a C name, or a C++/Rust `path::name`), in
+    /// whichever traced file defines it.
+    pub fn set_step_symbol(&mut self, symbol: &str) {
+        self.step_symbol = Some(symbol.to_string());
     }
 
     /// Whether a libc's malloc family is probed.

@@ -140,6 +140,10 @@ pub struct Report {
     /// Libraries probed, and when (a library probed late may have made calls not seen).
     pub libraries: Vec<Library>,
     pub events: u64,
+    /// What verdict slopes are per: "second", or "step" with --step-symbol.
+    pub verdicts_per: &'static str,
+    /// Step boundaries seen (entries of the step function).
+    pub steps: u64,
 }
 
 /// What the report needs besides the ledger.
@@ -152,8 +156,10 @@ pub struct Context<'a> {
     pub libraries: &'a [Library],
     pub nvml: &'a crate::gpu::Sample,
     pub analysis: &'a Analysis,
-    /// Seconds of warm-up left out of verdicts.
+    /// Seconds (or steps) of warm-up left out of verdicts.
     pub warmup_s: f64,
+    /// Verdicts are sampled per step (`--step-symbol`), not per second.
+    pub per_step: bool,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
@@ -207,6 +213,8 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         probes: cx.probes.to_vec(),
         libraries: cx.libraries.to_vec(),
         events: ledger.events,
+        verdicts_per: if cx.per_step { "step" } else { "second" },
+        steps: ledger.steps,
     }
 }
 

@@ -84,15 +84,18 @@ pub fn text(r: &Report) -> String {
             st.allocators.join("/"),
             st.pid,
             st.oldest_age_s,
-            st.verdict.as_ref().map(verdict).unwrap_or_default()
+            st.verdict
+                .as_ref()
+                .map(|e| verdict(e, r.verdicts_per))
+                .unwrap_or_default()
         );
         frames(&mut s, &st.frames);
     }
     s
 }
 
-/// " — LEAK +1.0 MiB/s (confidence 0.90)".
-fn verdict(e: &Evidence) -> String {
+/// " — LEAK +1.0 MiB/s (confidence 0.90)" (or /step).
+fn verdict(e: &Evidence, per: &str) -> String {
     let what = match e.verdict {
         Verdict::Leak => "LEAK",
         Verdict::Spike => "spike",
@@ -100,8 +103,9 @@ fn verdict(e: &Evidence) -> String {
         Verdict::Steady => "steady",
     };
     let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
+    let unit = if per == "step" { "step" } else { "s" };
     format!(
-        " — {what} {sign}{}/s (confidence {:.2})",
+        " — {what} {sign}{}/{unit} (confidence {:.2})",
         human(e.slope_bytes_per_s.abs() as u64),
         e.confidence
     )
