@@ -77,6 +77,10 @@ pub enum Command {
         /// Measurements per configuration (the median is reported).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Measure the verdict analysis instead (no probes): steps until a leak is flagged,
+        /// memory per stack series, report latency with 100k stacks.
+        #[arg(long)]
+        verdicts: bool,
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]

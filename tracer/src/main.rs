@@ -18,7 +18,8 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let (target, report) = match cli.command {
-        Command::Bench { pairs, rounds } => {
+        Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
+        Command::Bench { pairs, rounds, .. } => {
             if pairs == 0 || rounds == 0 {
                 usage("--pairs and --rounds must be at least 1");
             }

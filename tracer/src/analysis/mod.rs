@@ -2,6 +2,7 @@
 //! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
 //! at each sample tick; read by the report.
 
+pub mod bench;
 pub mod series;
 pub mod verdict;
 
@@ -40,7 +41,7 @@ pub struct Retention {
 
 impl Analysis {
     /// Takes one sample at `t_s` seconds of every outstanding group and every process. Groups seen
-    /// before and gone now get a 0 (a spike that came back is a spike).
+    /// before and gone now get a 0 at every sample (a spike that came back is a spike).
     pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[Group]) {
         let mut seen: HashMap<GroupKey, u64> = HashMap::with_capacity(groups.len());
         let mut per_proc: HashMap<u32, (u64, u64)> = HashMap::new();
@@ -56,7 +57,7 @@ impl Analysis {
             }
         }
         for (key, s) in &mut self.groups {
-            if !seen.contains_key(key) && s.last() != Some(0) {
+            if !seen.contains_key(key) {
                 s.push(t_s, 0);
             }
         }

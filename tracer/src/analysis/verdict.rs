@@ -52,23 +52,32 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     if pts.len() < MIN_POINTS {
         return None;
     }
-    let windows: Vec<Window> = (0..WINDOWS)
-        .map(|w| {
-            let part = &pts[w * pts.len() / WINDOWS..(w + 1) * pts.len() / WINDOWS];
-            Window {
-                t0_s: part[0].t0,
-                t1_s: part[part.len() - 1].t1,
-                floor: part.iter().map(|p| p.min).min().unwrap_or(0),
-                peak: part.iter().map(|p| p.max).max().unwrap_or(0),
-            }
-        })
-        .collect();
+    // Windows of equal duration (not of equal sample count: old samples are merged, and windows
+    // by count would make the recent ones short).
+    let (start, end) = (pts[0].t0, pts[pts.len() - 1].t0);
+    let span = (end - start).max(f64::MIN_POSITIVE);
+    let index = |p: &Point| (((p.t0 - start) / span * WINDOWS as f64) as usize).min(WINDOWS - 1);
+    let mut windows: Vec<Option<Window>> = vec![None; WINDOWS];
+    for p in &pts {
+        let w = windows[index(p)].get_or_insert(Window {
+            t0_s: p.t0,
+            t1_s: p.t1,
+            floor: p.min,
+            peak: p.max,
+        });
+        w.t1_s = p.t1;
+        w.floor = w.floor.min(p.min);
+        w.peak = w.peak.max(p.max);
+    }
+    // A window without a sample (a gap in sampling) leaves nothing to compare.
+    let windows: Vec<Window> = windows.into_iter().collect::<Option<_>>()?;
     let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
     let peak = windows.iter().map(|w| w.peak).max().unwrap_or(0);
     let base = floors.iter().copied().min().unwrap_or(0);
-    // Changes smaller than this are noise: 1% of the floor, never under a page (not a share of
-    // the peak: a large spike must not hide a slow leak under it).
-    let tol = (base / 100).max(4096);
+    // Changes smaller than this are noise: 0.1% of the floor, never under a page (not a share of
+    // the peak: a large spike must not hide a slow leak under it). Floors are window minima, so
+    // jitter above the floor does not move them.
+    let tol = (base / 1000).max(4096);
     let rises = floors.windows(2).filter(|f| f[1] > f[0] + tol).count();
     let falls = floors.windows(2).filter(|f| f[1] + tol < f[0]).count();
     let growth = floors[WINDOWS - 1] as i64 - floors[0] as i64;
