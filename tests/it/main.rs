@@ -3,6 +3,7 @@
 
 mod attach;
 mod check;
+mod diff;
 mod errors;
 mod gpu;
 mod heap;

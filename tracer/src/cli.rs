@@ -68,6 +68,20 @@ pub enum Command {
         )]
         command: Vec<String>,
     },
+    /// Compare two snapshots (reports written with --json -o FILE; FILE:N picks the Nth report,
+    /// negative from the end, the last by default): per-stack change, new and vanished stacks.
+    Diff {
+        /// The earlier report.
+        old: String,
+        /// The later report.
+        new: String,
+        /// Changes listed.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        top: usize,
+        /// Every change as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure ns per malloc+free pair: untraced, empty probes (the floor), leaktracer, and
     /// leaktracer with `free` probed at +0, in one run with ratios.
     Bench {

@@ -18,6 +18,12 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let (target, report) = match cli.command {
+        Command::Diff {
+            old,
+            new,
+            top,
+            json,
+        } => diff(&old, &new, top, json),
         Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
         Command::Bench { pairs, rounds, .. } => {
             if pairs == 0 || rounds == 0 {
@@ -60,6 +66,25 @@ fn main() {
         usage(&msg);
     }
     finish(session::run(target, report).map(|o| o.exit_code))
+}
+
+/// `leaktracer diff`: a report file that cannot be read is a bad argument (exit 2).
+fn diff(old: &str, new: &str, top: usize, json: bool) -> ! {
+    use tracer::report::diff;
+    let (old, new) = match (diff::load(old), diff::load(new)) {
+        (Ok(o), Ok(n)) => (o, n),
+        (Err(e), _) | (_, Err(e)) => usage(&e),
+    };
+    let deltas = diff::diff(&old, &new);
+    if json {
+        match serde_json::to_string(&deltas) {
+            Ok(s) => println!("{s}"),
+            Err(e) => usage(&e.to_string()),
+        }
+    } else {
+        print!("{}", diff::text(&deltas, top));
+    }
+    std::process::exit(0)
 }
 
 /// `leaktracer check`: every failure of leaktracer itself exits 2 here (see tracer::check).

@@ -12,6 +12,7 @@ use crate::{
 };
 
 mod device;
+pub mod diff;
 mod text;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
