@@ -271,7 +271,6 @@ fn a_runtime_loaded_with_dlopen_after_start_is_probed_before_its_first_call() {
 )]
 fn a_library_probed_late_is_reported_as_late() {
     use std::{
-        io::{BufRead, BufReader},
         os::unix::process::CommandExt,
         process::{Command, Stdio},
     };
@@ -302,33 +301,12 @@ fn a_library_probed_late_is_reported_as_late() {
     assert!(libc::WIFSTOPPED(status));
     // SAFETY: resuming our own tracee.
     unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
-    let mut line = String::new();
-    BufReader::new(target.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    let out = fixture::target_dir().join("late.json");
-    let mut tracer = Command::new(fixture::leaktracer())
-        .args(["-v", "attach", &pid.to_string(), "--json", "-o"])
-        .arg(&out)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut log = String::new();
-    // Kept open to the end: a closed pipe would fail the tracer's own logging.
-    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
-    for l in lines.by_ref() {
-        let l = l.unwrap();
-        log.push_str(&l);
-        log.push('\n');
-        if l.contains("tracing") {
-            break;
-        }
-    }
+    fixture::wait_ready(&mut target);
+    let tracer = fixture::attach(pid as u32, "late");
     assert!(
-        log.contains("cannot hold"),
-        "the target was held after all: {log}"
+        tracer.log.contains("cannot hold"),
+        "the target was held after all: {}",
+        tracer.log
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGUSR1) };
@@ -348,10 +326,8 @@ fn a_library_probed_late_is_reported_as_late() {
         // SAFETY: resuming our own tracee with the signal it stopped for.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, sig) };
     }
-    log.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
-    assert_eq!(tracer.wait().unwrap().code(), Some(0), "{log}");
-    let text = std::fs::read_to_string(&out).unwrap();
-    let r = Report::parse(text.lines().last().unwrap()).unwrap();
+    let (code, log, r) = tracer.finish();
+    assert_eq!(code, Some(0), "{log}");
     let lib = library(&r, "libcudart.so.13");
     assert_eq!(lib["timing"]["when"], "late", "{lib}");
     assert!(lib["timing"]["late_ms"].as_f64().unwrap() >= 0.0);

@@ -1,8 +1,9 @@
 //! Building the C fixtures and running leaktracer on them.
 
 use std::{
+    io::{BufRead, BufReader, Lines},
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, ChildStderr, Command, Output, Stdio},
     sync::{Mutex, MutexGuard, OnceLock},
 };
 
@@ -248,4 +249,74 @@ pub fn trace_fixture(name: &str, extra: &[&str], args: &[&str]) -> Option<Traced
     let mut argv = vec![bin.to_str().expect("utf-8 path")];
     argv.extend_from_slice(args);
     Some(trace(extra, &argv).expect("leaktracer run"))
+}
+
+/// Waits for a fixture's "ready" line on its piped stdout.
+pub fn wait_ready(target: &mut Child) {
+    let mut line = String::new();
+    BufReader::new(target.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("fixture output");
+    assert_eq!(line.trim(), "ready");
+}
+
+/// `leaktracer -v attach PID --json --top 100 -o FILE`, running, its probes attached.
+pub struct Attached {
+    tracer: Child,
+    /// Its log so far.
+    pub log: String,
+    /// Kept open to the end: a closed pipe would fail the tracer's own logging.
+    lines: Lines<BufReader<ChildStderr>>,
+    out: PathBuf,
+}
+
+/// Attaches leaktracer to `pid` and waits until the pid is traced; reports go to NAME.json.
+pub fn attach(pid: u32, name: &str) -> Attached {
+    let out = target_dir().join(format!("{name}.json"));
+    let mut tracer = Command::new(leaktracer())
+        .args([
+            "-v",
+            "attach",
+            &pid.to_string(),
+            "--json",
+            "--top",
+            "100",
+            "-o",
+        ])
+        .arg(&out)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("leaktracer attach");
+    let mut lines = BufReader::new(tracer.stderr.take().expect("piped stderr")).lines();
+    let mut log = String::new();
+    for l in lines.by_ref().map_while(Result::ok) {
+        log.push_str(&l);
+        log.push('\n');
+        if l.contains("tracing") {
+            break;
+        }
+    }
+    assert!(log.contains("tracing"), "tracer never attached: {log}");
+    Attached {
+        tracer,
+        log,
+        lines,
+        out,
+    }
+}
+
+impl Attached {
+    /// Waits for the tracer to end; its exit code, whole log and last report.
+    pub fn finish(mut self) -> (Option<i32>, String, Report) {
+        self.log
+            .extend(self.lines.map_while(Result::ok).map(|l| l + "\n"));
+        let code = self.tracer.wait().expect("leaktracer attach").code();
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let last = text
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("no report: {}", self.log));
+        (code, self.log, Report::parse(last).expect("report"))
+    }
 }
