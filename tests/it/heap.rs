@@ -77,3 +77,27 @@ fn eight_threads_allocating_at_once_are_exact() {
     assert_eq!(r.losses()["ringbuf_full"], 0);
     assert_eq!(r.losses()["pending_full"], 0);
 }
+
+/// `--collapsed FILE`: flamegraph input, kind first, frames outermost first, exact bytes.
+#[test]
+fn collapsed_stacks_carry_the_exact_bytes() {
+    let file = fixture::target_dir().join("heap.collapsed");
+    let _ = std::fs::remove_file(&file);
+    let Some(t) = fixture::trace_fixture("heap", &["--collapsed", file.to_str().unwrap()], &[])
+    else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let text = std::fs::read_to_string(&file).expect("collapsed stacks written");
+    let line = |suffix: &str| {
+        text.lines()
+            .find(|l| l.starts_with("heap;") && l.ends_with(suffix))
+            .unwrap_or_else(|| panic!("no heap line ending {suffix:?} in:\n{text}"))
+    };
+    line(";main;leak_malloc 10000");
+    line(";main;leak_calloc 455");
+    assert!(text.lines().all(|l| {
+        l.rsplit_once(' ')
+            .is_some_and(|(_, n)| n.parse::<u64>().is_ok())
+    }));
+}

@@ -147,6 +147,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 sample: 1.0,
                 warmup: 0.0,
                 step_symbol: None,
+                collapsed: None,
             };
             session::run(Target::Launch(argv), args)?;
         }

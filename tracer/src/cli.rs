@@ -128,6 +128,10 @@ pub struct ReportArgs {
     /// entries instead of every --sample seconds, so verdicts and slopes are per step.
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
+    /// At the end, also write the final report's stacks as collapsed stacks (flamegraph input:
+    /// kind;outermost;…;innermost BYTES) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub collapsed: Option<PathBuf>,
 }
 
 impl ReportArgs {
@@ -198,6 +202,7 @@ mod tests {
             sample: 1.0,
             warmup: 0.0,
             step_symbol: None,
+            collapsed: None,
         };
         assert!(r.validate().unwrap_err().contains("--interval"));
         let r = ReportArgs {

@@ -233,6 +233,10 @@ async fn trace(
     }
     let last = report(&ledger, &analysis, &mut sym, true);
     out.write(&last, args.json)?;
+    if let Some(path) = &args.collapsed {
+        std::fs::write(path, report::collapsed::collapsed(&last))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
     prober.finish().detach_in_background();
     Ok(Outcome { exit_code, last })
 }

@@ -11,6 +11,7 @@ use crate::{
     symbolize::{SymFrame, Symbolizer},
 };
 
+pub mod collapsed;
 mod device;
 pub mod diff;
 mod text;
