@@ -13,16 +13,31 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
         return;
     };
     let _x = fixture::exclusive();
-    // libtorch's start-up makes a million allocator calls in seconds: a previous session still
-    // detaching holds the kernel's uprobe locks, which stalls this one long enough to fill the
-    // ring. Exact counts need a clean start.
-    fixture::wait_for_detached_probes();
+    // libtorch's start-up makes a million allocator calls in seconds; a consumer stalled for a
+    // second on this 2-core machine (a previous session's probes still being unregistered, other
+    // work) fills the ring, and the report counts what was lost. Exact counts need a run without
+    // loss: up to three runs, the first clean one is checked.
     let steps = 4;
-    let t = fixture::trace(
-        &[],
-        &[harness.to_str().unwrap(), "retain", &steps.to_string()],
-    )
-    .expect("leaktracer run");
+    let mut runs = Vec::new();
+    let t = loop {
+        fixture::wait_for_detached_probes();
+        let t = fixture::trace(
+            &[],
+            &[harness.to_str().unwrap(), "retain", &steps.to_string()],
+        )
+        .expect("leaktracer run");
+        let lost = t.last().losses()["ringbuf_full"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        if lost == 0 {
+            break t;
+        }
+        runs.push(lost);
+        assert!(
+            runs.len() < 3,
+            "every run lost events to a full ring: {runs:?}"
+        );
+    };
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
     let activation = 256 * 256 * 4; // one f32 activation of harness::SIDE²
@@ -73,7 +88,6 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
         .expect("libc10 probed");
     assert_eq!(libc10["roles"][0], "torch-cpu");
     assert_eq!(libc10["timing"]["when"], "at_map");
-    assert_eq!(r.losses()["ringbuf_full"], 0);
 }
 
 /// The real libc10_cuda.so and libcudart.so.13 from the torch wheels (no GPU needed to load them):
