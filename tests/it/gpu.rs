@@ -4,7 +4,7 @@
 
 use tests::{
     fixture::{self, Traced},
-    report::{Report, frame_fn},
+    report::frame_fn,
 };
 
 use crate::line_of;
@@ -37,15 +37,6 @@ fn trace_gpu_env(scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
         String::from_utf8_lossy(&t.output.stderr)
     );
     Some(t)
-}
-
-fn library<'a>(r: &'a Report, name: &str) -> &'a serde_json::Value {
-    r.0["libraries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["path"].as_str().unwrap().ends_with(name))
-        .unwrap_or_else(|| panic!("{name} not probed: {}", r.0["libraries"]))
 }
 
 #[test]
@@ -119,12 +110,12 @@ fn runtime_calls_are_accounted_per_kind_and_site() {
     assert_eq!(r.losses()["unmatched_device_frees"], 0);
     for lib in ["libcudart.so.13", "libcuda.so.1"] {
         assert_eq!(
-            library(r, lib)["timing"]["when"],
+            r.library(lib)["timing"]["when"],
             "at_map",
             "{lib} probed before it ran"
         );
     }
-    assert_eq!(library(r, "libcuda.so.1")["roles"][0], "cuda-driver");
+    assert_eq!(r.library("libcuda.so.1")["roles"][0], "cuda-driver");
 }
 
 /// A program with the runtime linked in (as with cudart_static): the executable itself defines
@@ -153,7 +144,7 @@ fn a_program_with_the_runtime_linked_in_is_probed_itself() {
     let r = t.last();
     assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
     assert_eq!(r.site("pinned", 0, "leak_pinned"), (4096 * 5 + 10_000, 2));
-    let exe = library(r, "/gpu_static");
+    let exe = r.library("/gpu_static");
     assert_eq!(exe["roles"][0], "cuda-runtime");
     assert_eq!(exe["timing"]["when"], "at_map", "probed at exec");
     assert!(
@@ -255,7 +246,7 @@ fn a_runtime_loaded_with_dlopen_after_start_is_probed_before_its_first_call() {
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
     assert_eq!(r.site("device", 0, "leak_after_dlopen"), (2 * 123_456, 2));
-    let lib = library(r, "libcudart.so.13");
+    let lib = r.library("libcudart.so.13");
     assert_eq!(lib["timing"]["when"], "at_map");
     assert_eq!(lib["pid"], r.root_pid());
     assert_eq!(r.losses()["stop_failed"], 0);
@@ -328,7 +319,7 @@ fn a_library_probed_late_is_reported_as_late() {
     }
     let (code, log, r) = tracer.finish();
     assert_eq!(code, Some(0), "{log}");
-    let lib = library(&r, "libcudart.so.13");
+    let lib = r.library("libcudart.so.13");
     assert_eq!(lib["timing"]["when"], "late", "{lib}");
     assert!(lib["timing"]["late_ms"].as_f64().unwrap() >= 0.0);
     assert_eq!(
@@ -336,6 +327,6 @@ fn a_library_probed_late_is_reported_as_late() {
         (2 * 123_456, 2),
         "probed in the half second between loading and allocating"
     );
-    let libc_lib = library(&r, "libc.so.6");
+    let libc_lib = r.library("libc.so.6");
     assert_eq!(libc_lib["timing"]["when"], "already_loaded");
 }

@@ -80,12 +80,7 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
             .any(|s| s["kind"] == "heap" && s["bytes"] == activation),
         "alloc_cpu's posix_memalign was recorded as heap too"
     );
-    let libc10 = r.0["libraries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["path"].as_str().unwrap().ends_with("libc10.so"))
-        .expect("libc10 probed");
+    let libc10 = r.library("libc10.so");
     assert_eq!(libc10["roles"][0], "torch-cpu");
     assert_eq!(libc10["timing"]["when"], "at_map");
 }
@@ -113,12 +108,8 @@ fn the_real_cuda_libraries_of_pytorch_are_probed_when_loaded() {
         lib.display()
     );
     let r = t.last();
-    let libraries = r.0["libraries"].as_array().unwrap();
     let role_of = |name: &str| {
-        let l = libraries
-            .iter()
-            .find(|l| l["path"].as_str().unwrap().ends_with(name))
-            .unwrap_or_else(|| panic!("{name} not probed: {libraries:?}"));
+        let l = r.library(name);
         assert_eq!(l["timing"]["when"], "at_map", "{name}");
         l["roles"][0].as_str().unwrap().to_string()
     };

@@ -75,6 +75,16 @@ impl Report {
         })
     }
 
+    /// The probed library whose path ends with `name`.
+    pub fn library(&self, name: &str) -> &Value {
+        self.0["libraries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["path"].as_str().is_some_and(|p| p.ends_with(name)))
+            .unwrap_or_else(|| panic!("{name} not probed: {}", self.0["libraries"]))
+    }
+
     pub fn losses(&self) -> &Value {
         &self.0["losses"]
     }
