@@ -15,7 +15,7 @@ pub struct GpuView {
 }
 
 /// One GPU's memory as NVML reports it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct GpuDevice {
     pub index: u32,
     pub name: String,
@@ -24,7 +24,7 @@ pub struct GpuDevice {
 }
 
 /// One NVML reading.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Sample {
     pub available: bool,
     /// Why NVML could not be used, when it could not.

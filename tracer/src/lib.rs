@@ -13,4 +13,5 @@ pub mod ledger;
 pub mod probes;
 pub mod report;
 pub mod session;
+pub mod store;
 pub mod symbolize;

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::ingest::Frame;
 
 /// A symbolized frame, as reports and the JSON schema show it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct SymFrame {
     /// Virtual address in the process where the stack was first seen (hex).
     pub address: String,

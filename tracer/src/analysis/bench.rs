@@ -42,7 +42,7 @@ fn steps_to_flag(leak: u64, warmup: u64, limit: u64) -> Option<u64> {
 }
 
 /// A ledger with `n` outstanding stacks of 3 frames, one block each, sampled `samples` times.
-fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
+pub(crate) fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "bench".into(), Vec::new(), 0);
     let mut analysis = Analysis::default();
@@ -82,9 +82,8 @@ fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
     (ledger, analysis)
 }
 
-/// Milliseconds to build a report of `top` stacks from `n` stacks.
-fn report_ms(n: u32, top: usize) -> f64 {
-    let (ledger, analysis) = ledger_with(n, 8);
+/// The report of `top` stacks (final, at time 0) of a ledger and its analysis.
+pub(crate) fn report_of(ledger: &Ledger, analysis: &Analysis, top: usize) -> report::Report {
     let mut sym = Symbolizer::default();
     let nvml = crate::gpu::Sample::default();
     let cx = report::Context {
@@ -95,12 +94,18 @@ fn report_ms(n: u32, top: usize) -> f64 {
         probes: &[],
         libraries: &[],
         nvml: &nvml,
-        analysis: &analysis,
+        analysis,
         warmup_s: 0.0,
         per_step: false,
     };
+    report::build(ledger, &mut sym, &cx)
+}
+
+/// Milliseconds to build a report of `top` stacks from `n` stacks.
+fn report_ms(n: u32, top: usize) -> f64 {
+    let (ledger, analysis) = ledger_with(n, 8);
     let t = Instant::now();
-    let r = report::build(&ledger, &mut sym, &cx);
+    let r = report_of(&ledger, &analysis, top);
     let ms = t.elapsed().as_secs_f64() * 1e3;
     assert_eq!(r.stacks.len(), top.min(n as usize));
     ms

@@ -29,7 +29,7 @@ pub struct Analysis {
 
 /// A process's memory read for allocator retention: page-level memory growing while the heap
 /// bytes inside it do not.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Retention {
     pub heap: Verdict,
     pub pages: Verdict,

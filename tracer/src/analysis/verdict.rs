@@ -12,7 +12,7 @@ pub const WINDOWS: usize = 4;
 /// Samples needed (after warm-up) before a verdict is given: one per window.
 pub const MIN_POINTS: usize = WINDOWS;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Leak,
@@ -21,8 +21,20 @@ pub enum Verdict {
     Steady,
 }
 
+impl Verdict {
+    /// The name in JSON, history and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Leak => "leak",
+            Self::Spike => "spike",
+            Self::BoundedCache => "bounded_cache",
+            Self::Steady => "steady",
+        }
+    }
+}
+
 /// One window's floor (least outstanding bytes) and peak.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Window {
     pub t0_s: f64,
     pub t1_s: f64,
@@ -30,7 +42,7 @@ pub struct Window {
     pub peak: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Evidence {
     pub verdict: Verdict,
     /// 0–1: how consistently the windows support the verdict, scaled down for short series.

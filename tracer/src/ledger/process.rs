@@ -22,7 +22,7 @@ pub struct Block {
 }
 
 /// Things that did not match what the process had, counted rather than guessed.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct Mismatches {
     /// free/realloc of an address with no outstanding block (allocated before tracing began).
     pub unmatched_frees: u64,

@@ -31,16 +31,16 @@ pub enum Mode {
 }
 
 /// One function as probed: where, and why there.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct AttachedFn {
     pub function: String,
     pub library: PathBuf,
     pub offset: u64,
-    pub reason: &'static str,
+    pub reason: std::borrow::Cow<'static, str>,
 }
 
 /// When a library's probes went in, relative to the traced code that could call it.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "when")]
 pub enum Timing {
     /// Before the traced command started.
@@ -55,11 +55,11 @@ pub enum Timing {
 }
 
 /// A library leaktracer probes, with what it is and when its probes went in.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Library {
     pub path: PathBuf,
     /// "libc", "cuda-runtime", "cuda-driver", "torch-cpu".
-    pub roles: Vec<&'static str>,
+    pub roles: Vec<std::borrow::Cow<'static, str>>,
     pub timing: Timing,
     /// The process whose mapping of it was first seen (0: before any).
     pub pid: u32,
@@ -420,7 +420,7 @@ impl Probes {
             let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
             if named && elf.function(set.marker).is_some() {
                 self.attach_set(path, &elf, set)?;
-                roles.push(set.role);
+                roles.push(set.role.into());
             }
         }
         if let Some(step) = self.step_symbol.clone()
@@ -431,9 +431,9 @@ impl Probes {
                 function: step,
                 library: path.to_path_buf(),
                 offset: 0,
-                reason: "step boundary (--step-symbol)",
+                reason: "step boundary (--step-symbol)".into(),
             });
-            roles.push("step");
+            roles.push("step".into());
         }
         if !roles.is_empty() {
             tracing::info!(library = %path.display(), ?roles, ?timing, "probed");
@@ -501,7 +501,7 @@ impl Probes {
                 function: f.name.into(),
                 library: library.to_path_buf(),
                 offset: place.offset,
-                reason: place.reason,
+                reason: place.reason.into(),
             });
         }
         // One attach call per program: a multi-attach program (the shared return programs, the
@@ -533,7 +533,9 @@ impl Probes {
 
     /// Whether a libc's malloc family is probed.
     pub fn has_heap(&self) -> bool {
-        self.libraries.iter().any(|l| l.roles.contains(&HEAP.role))
+        self.libraries
+            .iter()
+            .any(|l| l.roles.iter().any(|r| r == HEAP.role))
     }
 
     /// Attaches `prog` at (symbol, offset, cookie) points of `library`, in one attach call.

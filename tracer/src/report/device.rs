@@ -1,7 +1,9 @@
 //! The CUDA side of a report: failed allocation calls with their stacks and error names, and each
 //! process's device-memory bookkeeping.
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 use tracer_common::AllocFn;
 
 use super::ProcReport;
@@ -12,14 +14,14 @@ use crate::{
 };
 
 /// Device memory traced through CUDA calls beside what the driver reports (NVML).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct GpuReport {
     pub nvml: Sample,
     /// Traced processes with device memory, traced or seen by NVML.
     pub processes: Vec<GpuProcess>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct GpuProcess {
     pub pid: u32,
     /// Device memory outstanding from traced CUDA calls (device kind: blocks and physical handles).
@@ -58,10 +60,10 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
 }
 
 /// One (process, stack, function, error) of failed device allocations.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct DeviceFailure {
     pub pid: u32,
-    pub function: &'static str,
+    pub function: Cow<'static, str>,
     pub code: u32,
     /// The error's name (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY…).
     pub error: String,
@@ -72,7 +74,7 @@ pub struct DeviceFailure {
 }
 
 /// A process's device memory beyond its blocks.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct DeviceSummary {
     /// Device address space mapped onto physical handles (cuMemMap) right now.
     pub mapped_bytes: u64,
@@ -108,7 +110,7 @@ fn failure(ledger: &Ledger, sym: &mut Symbolizer, pid: u32, f: &Failure) -> Devi
         .unwrap_or_default();
     DeviceFailure {
         pid,
-        function: f.func.name(),
+        function: f.func.name().into(),
         code: f.code,
         error: error_name(f.func, f.code),
         calls: f.calls,

@@ -1,7 +1,9 @@
 //! Reports: the ledger's aggregates with symbolized stacks, as text or as JSON (schema
 //! `leaktracer.report/1`, documented in README.md; tests and later tools read it).
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 use tracer_common::Counter;
 
 use crate::{
@@ -21,14 +23,14 @@ pub use text::{human, text};
 
 pub const SCHEMA: &str = "leaktracer.report/1";
 
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Amount {
     pub bytes: u64,
     pub blocks: u64,
 }
 
 /// Bytes and blocks per kind.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KindTotals {
     pub heap: Amount,
     pub mmap: Amount,
@@ -66,7 +68,7 @@ impl KindTotals {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ProcReport {
     pub pid: u32,
     pub ppid: Option<u32>,
@@ -85,7 +87,7 @@ pub struct ProcReport {
     pub allocator_env: Vec<(String, String)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StackReport {
     pub pid: u32,
     pub kind: Kind,
@@ -94,7 +96,7 @@ pub struct StackReport {
     pub blocks: u64,
     pub oldest_age_s: f64,
     /// Allocator functions behind these blocks (malloc, calloc, mmap…).
-    pub allocators: Vec<&'static str>,
+    pub allocators: Vec<Cow<'static, str>>,
     /// The capture hit the depth limit: outer frames are missing.
     pub truncated: bool,
     /// Leak, spike, bounded cache or steady, with the evidence; null until enough samples.
@@ -103,7 +105,7 @@ pub struct StackReport {
 }
 
 /// Everything lost or mismatched, kernel and user side. Shown in every report.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Losses {
     pub ringbuf_full: u64,
     pub pending_full: u64,
@@ -123,9 +125,9 @@ pub struct Losses {
     pub nested_calls: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
-    pub schema: &'static str,
+    pub schema: Cow<'static, str>,
     #[serde(rename = "final")]
     pub final_report: bool,
     pub elapsed_s: f64,
@@ -143,7 +145,7 @@ pub struct Report {
     pub libraries: Vec<Library>,
     pub events: u64,
     /// What verdict slopes are per: "second", or "step" with --step-symbol.
-    pub verdicts_per: &'static str,
+    pub verdicts_per: Cow<'static, str>,
     /// Step boundaries seen (entries of the step function).
     pub steps: u64,
 }
@@ -203,7 +205,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         .collect();
     let gpu = device::gpu(&processes, cx.nvml.clone());
     Report {
-        schema: SCHEMA,
+        schema: SCHEMA.into(),
         final_report: cx.final_report,
         elapsed_s: cx.elapsed_s,
         totals,
@@ -215,7 +217,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         probes: cx.probes.to_vec(),
         libraries: cx.libraries.to_vec(),
         events: ledger.events,
-        verdicts_per: if cx.per_step { "step" } else { "second" },
+        verdicts_per: if cx.per_step { "step" } else { "second" }.into(),
         steps: ledger.steps,
     }
 }
@@ -248,7 +250,7 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
         bytes: g.bytes,
         blocks: g.blocks,
         oldest_age_s: now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9,
-        allocators: g.funcs.iter().map(|f| f.name()).collect(),
+        allocators: g.funcs.iter().map(|f| f.name().into()).collect(),
         truncated,
         verdict: None,
         frames,

@@ -86,7 +86,7 @@ pub fn text(r: &Report) -> String {
             st.oldest_age_s,
             st.verdict
                 .as_ref()
-                .map(|e| verdict(e, r.verdicts_per))
+                .map(|e| verdict(e, &r.verdicts_per))
                 .unwrap_or_default()
         );
         frames(&mut s, &st.frames);

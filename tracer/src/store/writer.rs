@@ -1,0 +1,99 @@
+//! The session's history writer: a thread owning the connection, so a slow disk never stalls the
+//! ledger's loop. It takes reports as messages and commits each as one snapshot.
+
+use std::{
+    path::Path,
+    sync::mpsc,
+    thread::{self, JoinHandle},
+};
+
+use super::{NewRun, Reason, Retention, Store};
+use crate::report::Report;
+
+/// Snapshots between retention checks during a long run.
+const ENFORCE_EVERY: u64 = 32;
+
+enum Msg {
+    Snapshot(Box<Report>, Reason),
+    End(Option<i32>),
+}
+
+/// What the writer did, for the session's last words.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub snapshots: u64,
+    /// Snapshots that could not be stored (each was logged).
+    pub failed: u64,
+}
+
+pub struct Writer {
+    pub run: i64,
+    pub path: std::path::PathBuf,
+    tx: mpsc::Sender<Msg>,
+    thread: JoinHandle<Written>,
+}
+
+impl Writer {
+    /// Opens the history, applies retention and starts the run; errors here are the user's to see
+    /// (a path that cannot be written, a file that is not a history).
+    pub fn start(path: &Path, run: &NewRun, limits: Retention) -> Result<Self, String> {
+        let mut store = Store::open(path)?;
+        let (runs, _) = store.enforce(limits, None)?;
+        if runs > 0 {
+            tracing::info!(runs, "history: removed runs past retention");
+        }
+        let id = store.begin_run(run)?;
+        let (tx, rx) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name("history".into())
+            .spawn(move || write_loop(store, id, limits, rx))
+            .map_err(|e| format!("history thread: {e}"))?;
+        Ok(Self {
+            run: id,
+            path: path.to_owned(),
+            tx,
+            thread,
+        })
+    }
+
+    /// Queues a snapshot.
+    pub fn snapshot(&self, report: Report, reason: Reason) {
+        let _ = self.tx.send(Msg::Snapshot(Box::new(report), reason));
+    }
+
+    /// Ends the run and waits until everything queued is committed.
+    pub fn finish(self, exit_code: Option<i32>) -> Written {
+        let _ = self.tx.send(Msg::End(exit_code));
+        drop(self.tx);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+fn write_loop(mut store: Store, run: i64, limits: Retention, rx: mpsc::Receiver<Msg>) -> Written {
+    let mut done = Written::default();
+    for msg in rx {
+        match msg {
+            Msg::Snapshot(report, reason) => match store.add_snapshot(run, reason, &report) {
+                Ok(seq) => {
+                    done.snapshots += 1;
+                    tracing::debug!(run, seq, reason = reason.name(), "snapshot stored");
+                    if done.snapshots % ENFORCE_EVERY == 0
+                        && let Err(e) = store.enforce(limits, Some(run))
+                    {
+                        tracing::warn!("{e}");
+                    }
+                }
+                Err(e) => {
+                    done.failed += 1;
+                    tracing::warn!("{e}");
+                }
+            },
+            Msg::End(code) => {
+                if let Err(e) = store.end_run(run, code) {
+                    tracing::warn!("{e}");
+                }
+            }
+        }
+    }
+    done
+}
