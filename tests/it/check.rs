@@ -1,12 +1,12 @@
 //! `leaktracer check`, the CI gate: exit codes on leaky and clean runs, budgets and kinds, JUnit XML,
 //! the command's own failure told apart, bad arguments.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use tests::fixture;
 
 fn check(args: &[&str], argv: &[&str]) -> Output {
-    Command::new(fixture::leaktracer())
+    fixture::leaktracer_cmd()
         .arg("check")
         .args(args)
         .arg("--")
@@ -100,6 +100,21 @@ fn per_step_budgets_use_the_step_function() {
     let o = check(
         &["--step-symbol", "step_begin", "--budget", "64KiB/step"],
         &argv,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+/// The brk heap of the fragmentation fixture grows ~800 KiB/s: retention, which no budget fails.
+#[test]
+fn allocator_retention_passes_a_tight_budget() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("fragment");
+    let o = check(
+        &["--sample", "0.1", "--budget", "10KiB/s"],
+        &[bin.to_str().unwrap(), "20", "60"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }

@@ -1,8 +1,6 @@
 //! `leaktracer diff` between the reports of two runs of the same program: stacks matched across
 //! pids, exact byte and block changes; unreadable input is a clear error.
 
-use std::process::Command;
-
 use tests::fixture;
 
 #[test]
@@ -16,7 +14,7 @@ fn two_runs_diff_by_stack() {
     let (a, b) = (dir.join("short.json"), dir.join("long.json"));
     std::fs::write(&a, short.last().0.to_string()).unwrap();
     std::fs::write(&b, long.last().0.to_string()).unwrap();
-    let out = Command::new(fixture::leaktracer())
+    let out = fixture::leaktracer_cmd()
         .args(["diff", "--json"])
         .arg(&a)
         .arg(&b)
@@ -57,7 +55,7 @@ fn two_runs_diff_by_stack() {
 
 #[test]
 fn unreadable_reports_are_bad_arguments() {
-    let out = Command::new(fixture::leaktracer())
+    let out = fixture::leaktracer_cmd()
         .args(["diff", "/nonexistent/a.json", "/nonexistent/b.json"])
         .output()
         .unwrap();

@@ -5,7 +5,7 @@ use std::process::Command;
 use tests::fixture;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let out = Command::new(fixture::leaktracer())
+    let out = fixture::leaktracer_cmd()
         .args(args)
         .envs(env.iter().copied())
         .output()

@@ -1,8 +1,6 @@
 //! `run`: the command's exit status comes back, periodic reports come before the final one, and
 //! `free` is probed past its single-stepped first instruction.
 
-use std::process::Command;
-
 use tests::fixture;
 
 #[test]
@@ -12,7 +10,7 @@ fn exit_status_and_signals_are_propagated() {
     }
     let _x = fixture::exclusive();
     let run = |script: &str| {
-        Command::new(fixture::leaktracer())
+        fixture::leaktracer_cmd()
             .args(["run", "-o", "/dev/null", "--", "sh", "-c", script])
             .status()
             .unwrap()

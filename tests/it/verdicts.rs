@@ -55,3 +55,46 @@ fn per_step_verdicts_sample_at_the_step_function() {
         "4 of 5 steps keep 64 KiB: {per_step}"
     );
 }
+
+/// glibc fragmentation: the brk heap grows a block per step while heap-level bytes stay flat. The
+/// process is read as allocator retention, its brk stack as retention (not a leak), and the only
+/// heap growth is the exact 16-byte record per step.
+#[test]
+fn fragmentation_is_allocator_retention_not_a_leak() {
+    let Some(t) = fixture::trace_fixture("fragment", &["--sample", "0.1"], &["20", "60"]) else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    let p = r.process(r.root_pid());
+    let ret = &p["retention"];
+    assert_eq!(ret["retention"], true, "{ret}");
+    assert_eq!(ret["pages"], "leak", "{ret}");
+    assert_ne!(ret["heap"], "leak", "{ret}");
+    assert!(
+        ret["pages_growth_bytes"].as_i64().unwrap() >= 16 * 16384,
+        "{ret}"
+    );
+    let at_step = |kind: &str, line: &str| {
+        r.stacks()
+            .iter()
+            .find(|s| {
+                s["kind"] == kind
+                    && frame_fn(s, 0) == Some("train_step")
+                    && s["frames"][0]["line"] == crate::line_of("fragment", line)
+            })
+            .unwrap_or_else(|| panic!("no {kind} stack at {line}"))
+    };
+    let brk = at_step("brk", "batch[k] = malloc(BLOCK)");
+    assert_eq!(brk["verdict"]["verdict"], "retention", "{brk}");
+    let records = at_step("heap", "records[step] = malloc(16)");
+    assert_eq!(
+        (records["bytes"].as_u64(), records["blocks"].as_u64()),
+        (Some(960), Some(60))
+    );
+    assert_ne!(records["verdict"]["verdict"], "leak", "{records}");
+    assert!(
+        r.stacks().iter().all(|s| s["verdict"]["verdict"] != "leak"),
+        "nothing is a leak"
+    );
+}

@@ -48,6 +48,19 @@ pub fn leaktracer() -> PathBuf {
 }
 
 /// Builds `tests/fixtures/NAME.c` once per test run; returns the binary's path.
+/// A `leaktracer` command whose runs go to the tests' own history file (target/test-history.db),
+/// not the user's.
+pub fn leaktracer_cmd() -> Command {
+    let mut c = Command::new(leaktracer());
+    c.env("LEAKTRACER_DB", test_history());
+    c
+}
+
+/// The history file the tests' runs are stored in.
+pub fn test_history() -> PathBuf {
+    target_dir().join("test-history.db")
+}
+
 pub fn build(name: &str) -> PathBuf {
     build_with(name, &[])
 }
@@ -215,7 +228,7 @@ pub fn trace_with_env(
         Path::new(argv[0]).file_name().unwrap().to_string_lossy(),
         std::process::id()
     ));
-    let output = Command::new(leaktracer())
+    let output = leaktracer_cmd()
         .args(["run", "--json", "--top", "1000", "-o"])
         .arg(&file)
         .args(extra)
@@ -273,7 +286,7 @@ pub struct Attached {
 /// Attaches leaktracer to `pid` and waits until the pid is traced; reports go to NAME.json.
 pub fn attach(pid: u32, name: &str) -> Attached {
     let out = target_dir().join(format!("{name}.json"));
-    let mut tracer = Command::new(leaktracer())
+    let mut tracer = leaktracer_cmd()
         .args([
             "-v",
             "attach",

@@ -147,7 +147,9 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 sample: 1.0,
                 warmup: 0.0,
                 step_symbol: None,
-                collapsed: None,
+                exports: Default::default(),
+                history: crate::cli::HistoryArgs::none(),
+                check: false,
             };
             session::run(Target::Launch(argv), args)?;
         }

@@ -124,25 +124,6 @@ pub fn exit_code(findings: &[Finding<'_>], command_status: i32) -> i32 {
     }
 }
 
-/// Where a stack comes from, in one line: its first frame with a function.
-fn site(s: &StackReport) -> String {
-    s.frames
-        .iter()
-        .find_map(|f| {
-            let func = f.function.as_deref()?;
-            Some(match (&f.file, f.line) {
-                (Some(file), Some(line)) => {
-                    format!(
-                        "{func} ({}:{line})",
-                        file.rsplit('/').next().unwrap_or(file)
-                    )
-                }
-                _ => func.to_string(),
-            })
-        })
-        .unwrap_or_else(|| "unknown stack".into())
-}
-
 /// The human summary printed after the run.
 pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
     let mut s = String::new();
@@ -174,7 +155,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
             human(f.stack.bytes),
             f.stack.blocks,
             f.stack.pid,
-            site(f.stack)
+            f.stack.site()
         );
     }
     if command_status != 0 {
@@ -201,7 +182,7 @@ pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> S
         let name = format!(
             "{} {} pid {}",
             f.stack.kind.name(),
-            site(f.stack),
+            f.stack.site(),
             f.stack.pid
         );
         let _ = write!(

@@ -68,9 +68,13 @@ pub enum Command {
         )]
         command: Vec<String>,
     },
-    /// Compare two snapshots (reports written with --json -o FILE; FILE:N picks the Nth report,
-    /// negative from the end, the last by default): per-stack change, new and vanished stacks.
+    /// Compare two snapshots: per-stack change, new and vanished stacks. Each is a report file
+    /// written with --json -o FILE (FILE:N picks the Nth report, negative from the end, the last
+    /// by default) or a stored snapshot, run:ID or run:ID:N.
     Diff {
+        /// History file for run:ID snapshots (default as for `run`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
         /// The earlier report.
         old: String,
         /// The later report.
@@ -81,6 +85,30 @@ pub enum Command {
         /// Every change as JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Show a stored run: its last snapshot (or --snapshot N) as text or JSON, or export it;
+    /// --list shows the runs stored.
+    Report {
+        /// History file (default as for `run`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
+        /// List the stored runs.
+        #[arg(long, conflicts_with_all = ["run", "snapshot"])]
+        list: bool,
+        /// The run (default: the newest).
+        #[arg(long, value_name = "ID")]
+        run: Option<i64>,
+        /// The snapshot's number in the run (negative: from the end; default: the last).
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        snapshot: Option<i64>,
+        /// Stacks listed in text.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        top: usize,
+        /// JSON (schema leaktracer.report/1) instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        exports: Exports,
     },
     /// Measure ns per malloc+free pair: untraced, empty probes (the floor), leaktracer, and
     /// leaktracer with `free` probed at +0, in one run with ratios.
@@ -128,10 +156,83 @@ pub struct ReportArgs {
     /// entries instead of every --sample seconds, so verdicts and slopes are per step.
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
-    /// At the end, also write the final report's stacks as collapsed stacks (flamegraph input:
-    /// kind;outermost;…;innermost BYTES) to FILE.
+    #[command(flatten)]
+    pub exports: Exports,
+    #[command(flatten)]
+    pub history: HistoryArgs,
+    /// Set by `check` (stored runs say which command made them).
+    #[arg(skip)]
+    pub check: bool,
+}
+
+/// Files the final report (or a stored snapshot) is also written to.
+#[derive(Debug, Args, Clone, Default)]
+pub struct Exports {
+    /// Collapsed stacks (flamegraph, inferno, speedscope input: kind;outermost;…;innermost BYTES).
     #[arg(long, value_name = "FILE")]
     pub collapsed: Option<PathBuf>,
+    /// pprof profile (gzipped protobuf: go tool pprof, Pyroscope, Parca) with inuse_space and
+    /// inuse_objects per stack, labelled with pid, kind and verdict.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Prometheus text exposition (what /metrics serves): totals per process and kind, top stacks
+    /// with verdicts and slopes, losses.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus: Option<PathBuf>,
+}
+
+/// Where runs are stored and for how long.
+#[derive(Debug, Args, Clone)]
+pub struct HistoryArgs {
+    /// History file (SQLite). Default: $LEAKTRACER_DB, else
+    /// $XDG_DATA_HOME/leaktracer/history.db, else ~/.local/share/leaktracer/history.db.
+    #[arg(long, value_name = "PATH")]
+    pub store: Option<PathBuf>,
+    /// Store nothing.
+    #[arg(long, conflicts_with = "store")]
+    pub no_store: bool,
+    /// Store a snapshot every S seconds (0: only at exit and on SIGUSR1 to leaktracer).
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub snapshot: f64,
+    /// Remove stored runs older than D days.
+    #[arg(long, value_name = "D", default_value_t = 30.0)]
+    pub keep_days: f64,
+    /// Keep the history under N MiB: oldest runs go first.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub keep_mib: u64,
+}
+
+impl HistoryArgs {
+    /// No history (benchmarks, tests).
+    pub fn none() -> Self {
+        Self {
+            store: None,
+            no_store: true,
+            snapshot: 0.0,
+            keep_days: 30.0,
+            keep_mib: 1024,
+        }
+    }
+
+    /// The history file in use, if any.
+    pub fn path(&self) -> Option<PathBuf> {
+        if self.no_store {
+            None
+        } else {
+            Some(
+                self.store
+                    .clone()
+                    .unwrap_or_else(crate::store::default_path),
+            )
+        }
+    }
+
+    pub fn retention(&self) -> crate::store::Retention {
+        crate::store::Retention {
+            max_age_days: self.keep_days,
+            max_bytes: self.keep_mib.saturating_mul(1 << 20),
+        }
+    }
 }
 
 impl ReportArgs {
@@ -151,6 +252,16 @@ impl ReportArgs {
                 "--sample must be at least 0.01 seconds, got {}",
                 self.sample
             ));
+        }
+        let h = &self.history;
+        if !(h.snapshot.is_finite() && h.snapshot >= 0.0) {
+            return Err(format!(
+                "--snapshot must be a non-negative number of seconds, got {}",
+                h.snapshot
+            ));
+        }
+        if !(h.keep_days.is_finite() && h.keep_days > 0.0) || h.keep_mib == 0 {
+            return Err("--keep-days and --keep-mib must be positive".into());
         }
         if !(self.warmup.is_finite() && self.warmup >= 0.0) {
             return Err(format!(
@@ -202,7 +313,9 @@ mod tests {
             sample: 1.0,
             warmup: 0.0,
             step_symbol: None,
-            collapsed: None,
+            exports: Exports::default(),
+            history: HistoryArgs::none(),
+            check: false,
         };
         assert!(r.validate().unwrap_err().contains("--interval"));
         let r = ReportArgs {

@@ -12,6 +12,8 @@ pub mod exit {
     pub const PERMISSION: i32 = 4;
     /// The kernel lacks something needed: BTF, uprobes, tracepoints, tracefs.
     pub const KERNEL: i32 = 5;
+    /// The history file (--store) cannot be opened or is not a leaktracer history.
+    pub const STORE: i32 = 6;
     /// The command to run was not found or is not executable (shell convention).
     pub const NOT_FOUND: i32 = 127;
 }
@@ -31,6 +33,8 @@ pub enum Error {
     Permission(String),
     #[error("kernel support missing: {0}")]
     Kernel(String),
+    #[error("{0}")]
+    Store(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -42,6 +46,7 @@ impl Error {
             Error::CommandNotFound(_) => exit::NOT_FOUND,
             Error::Permission(_) => exit::PERMISSION,
             Error::Kernel(_) => exit::KERNEL,
+            Error::Store(_) => exit::STORE,
             Error::Other(_) => exit::FAILURE,
         }
     }

@@ -76,7 +76,12 @@ pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
         // SAFETY: see above; the child never returns from this block.
         unsafe {
             let mut b = 0u8;
-            libc::read(gate_r.as_raw_fd(), (&raw mut b).cast(), 1);
+            // EOF: leaktracer failed before releasing it; never run the command untraced. (Our
+            // copy of the write end must go first, or EOF never comes.)
+            libc::close(gate_w.as_raw_fd());
+            if libc::read(gate_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
+                libc::_exit(127);
+            }
             libc::execv(c_program.as_ptr(), c_argv.as_ptr());
             let errno = *libc::__errno_location();
             libc::write(err_w.as_raw_fd(), (&raw const errno).cast(), 4);

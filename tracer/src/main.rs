@@ -19,11 +19,21 @@ fn main() {
     init_logging(cli.verbose);
     let (target, report) = match cli.command {
         Command::Diff {
+            store,
             old,
             new,
             top,
             json,
-        } => diff(&old, &new, top, json),
+        } => diff(store, &old, &new, top, json),
+        Command::Report {
+            store,
+            list,
+            run,
+            snapshot,
+            top,
+            json,
+            exports,
+        } => stored(store, list, run, snapshot, top, json, &exports),
         Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
         Command::Bench { pairs, rounds, .. } => {
             if pairs == 0 || rounds == 0 {
@@ -68,10 +78,67 @@ fn main() {
     finish(session::run(target, report).map(|o| o.exit_code))
 }
 
-/// `leaktracer diff`: a report file that cannot be read is a bad argument (exit 2).
-fn diff(old: &str, new: &str, top: usize, json: bool) -> ! {
+/// `leaktracer report`: a stored run, or the list of runs. A history that cannot be read exits 6,
+/// a run or snapshot not in it 2.
+fn stored(
+    store: Option<std::path::PathBuf>,
+    list: bool,
+    run: Option<i64>,
+    snapshot: Option<i64>,
+    top: usize,
+    json: bool,
+    exports: &tracer::cli::Exports,
+) -> ! {
+    use tracer::{report, store::Store};
+    let path = store.unwrap_or_else(tracer::store::default_path);
+    let fail = |code: i32, msg: &str| -> ! {
+        eprintln!("leaktracer: {msg}");
+        std::process::exit(code)
+    };
+    let db = Store::open_read(&path).unwrap_or_else(|e| fail(exit::STORE, &e));
+    if list {
+        let runs = db.runs().unwrap_or_else(|e| fail(exit::STORE, &e));
+        if json {
+            println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+        } else {
+            print!("{}", tracer::store::runs_text(&runs));
+        }
+        std::process::exit(0);
+    }
+    let run = match run {
+        Some(r) => r,
+        None => db.last_run().unwrap_or_else(|e| fail(exit::USAGE, &e)),
+    };
+    let snap = db
+        .snapshot(run, snapshot.unwrap_or(-1))
+        .unwrap_or_else(|e| fail(exit::USAGE, &e));
+    let r = snap.report;
+    if json {
+        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+    } else {
+        println!(
+            "run {run}, snapshot {} ({}, {})",
+            snap.seq,
+            snap.reason,
+            tracer::store::when(snap.taken_unix)
+        );
+        let mut shown = r.clone();
+        shown.stacks.truncate(top.max(1));
+        print!("{}", report::text(&shown));
+    }
+    let stamp = (snap.taken_unix * 1e9) as i64;
+    if let Err(e) = report::export::write(&r, exports, stamp) {
+        fail(exit::FAILURE, &e);
+    }
+    std::process::exit(0)
+}
+
+/// `leaktracer diff`: a report file or stored snapshot that cannot be read is a bad argument
+/// (exit 2).
+fn diff(store: Option<std::path::PathBuf>, old: &str, new: &str, top: usize, json: bool) -> ! {
     use tracer::report::diff;
-    let (old, new) = match (diff::load(old), diff::load(new)) {
+    let store = store.unwrap_or_else(tracer::store::default_path);
+    let (old, new) = match (diff::load(old, &store), diff::load(new, &store)) {
         (Ok(o), Ok(n)) => (o, n),
         (Err(e), _) | (_, Err(e)) => usage(&e),
     };

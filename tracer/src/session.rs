@@ -22,8 +22,12 @@ use crate::{
     probes::prober::{Prober, ProbesInfo},
     probes::{Mode, Probes, Timing},
     report,
+    store::{self, Reason},
     symbolize::Symbolizer,
 };
+
+/// Stacks kept in each stored snapshot (at least --top).
+const STORED_STACKS: usize = 200;
 
 /// What to trace.
 pub enum Target {
@@ -58,6 +62,8 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if let Some(step) = &args.step_symbol {
         probes.set_step_symbol(step);
     }
+    // Before the command is started: a history that cannot be opened stops the session here.
+    let history = open_history(&args, &target)?;
     let (root, command) = match &target {
         Target::Launch(argv) => {
             let child = launch::spawn_held(argv)?;
@@ -93,7 +99,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
-    runtime.block_on(trace(probes, root, command, args))
+    runtime.block_on(trace(probes, root, command, history, args))
 }
 
 /// The traced root process.
@@ -124,9 +130,14 @@ async fn trace(
     mut probes: Probes,
     mut root: Root,
     command: String,
+    history: Option<store::Writer>,
     args: ReportArgs,
 ) -> Result<Outcome, Error> {
     let channels = probes.take_channels()?;
+    // SIGUSR1 stores a snapshot now; handled before anything is traced, so it never kills us.
+    let mut on_demand =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            .map_err(|e| anyhow::anyhow!("SIGUSR1 handler: {e}"))?;
     let (tx, mut rx) = mpsc::channel(256);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hold_tx, hold_rx) = mpsc::channel(64);
@@ -157,10 +168,14 @@ async fn trace(
         prober.requests.clone(),
         stop_rx,
     ));
+    if let Some(w) = &history {
+        w.set_root_pid(root_pid);
+    }
     if let Some(child) = held_child {
         child.release()?;
     }
     tracing::info!(pid = root_pid, "tracing");
+    let stored_top = args.top.max(STORED_STACKS);
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
     let gpus = GpuView::open();
@@ -192,22 +207,36 @@ async fn trace(
             }
         }
     };
-    let report = |ledger: &Ledger, analysis: &Analysis, sym: &mut Symbolizer, final_report| {
-        let info = prober.info.borrow().clone();
-        let cx = Sources {
-            probes: &info,
-            gpus: &gpus,
-            analysis,
+    let report =
+        |ledger: &Ledger, analysis: &Analysis, sym: &mut Symbolizer, top: usize, final_report| {
+            let info = prober.info.borrow().clone();
+            let cx = Sources {
+                probes: &info,
+                gpus: &gpus,
+                analysis,
+            };
+            make_report(ledger, sym, &args, &cx, started, top, final_report)
         };
-        make_report(ledger, sym, &args, &cx, started, final_report)
-    };
+    let mut snapshot_tick = ticker(if history.is_some() {
+        args.history.snapshot
+    } else {
+        0.0
+    });
+    let store =
+        |ledger: &Ledger, analysis: &Analysis, sym: &mut Symbolizer, reason: Reason| match &history
+        {
+            Some(w) => w.snapshot(report(ledger, analysis, sym, stored_top, false), reason),
+            None => tracing::warn!("snapshot asked for, but no history is kept (--no-store)"),
+        };
     let exit_code = loop {
         tokio::select! {
             Some(batch) = rx.recv() => apply(&mut analysis, &mut ledger, batch),
             _ = sample_tick.tick() => sample(&mut analysis, &ledger),
             _ = tick.tick() => {
-                out.write(&report(&ledger, &analysis, &mut sym, false), args.json)?
+                out.write(&report(&ledger, &analysis, &mut sym, args.top, false), args.json)?
             }
+            _ = snapshot_tick.tick() => store(&ledger, &analysis, &mut sym, Reason::Periodic),
+            Some(()) = on_demand.recv() => store(&ledger, &analysis, &mut sym, Reason::OnDemand),
             code = &mut end => break code,
         }
     };
@@ -231,14 +260,57 @@ async fn trace(
     if !per_step {
         sample(&mut analysis, &ledger);
     }
-    let last = report(&ledger, &analysis, &mut sym, true);
-    out.write(&last, args.json)?;
-    if let Some(path) = &args.collapsed {
-        std::fs::write(path, report::collapsed::collapsed(&last))
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    let mut last = report(&ledger, &analysis, &mut sym, stored_top, true);
+    if let Some(w) = history {
+        w.snapshot(last.clone(), Reason::Exit);
+        let exit = matches!(root, Root::Held(_)).then_some(exit_code);
+        let (path, run) = (w.path.clone(), w.run);
+        let done = w.finish(exit);
+        if done.failed > 0 {
+            tracing::warn!(failed = done.failed, "snapshots could not be stored");
+        }
+        eprintln!(
+            "leaktracer: run {run} stored in {} ({} snapshots): leaktracer report --run {run}",
+            path.display(),
+            done.snapshots
+        );
     }
+    report::export::write(&last, &args.exports, store::now_unix_ns())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    last.stacks.truncate(args.top);
+    out.write(&last, args.json)?;
     prober.finish().detach_in_background();
     Ok(Outcome { exit_code, last })
+}
+
+/// Starts the run in the history, unless --no-store. A history named with --store that cannot be
+/// used is an error; the default one is skipped with a warning (tracing matters more).
+fn open_history(args: &ReportArgs, target: &Target) -> Result<Option<store::Writer>, Error> {
+    let Some(path) = args.history.path() else {
+        return Ok(None);
+    };
+    let (mode, command, root_pid) = match target {
+        Target::Launch(argv) if args.check => ("check", argv.join(" "), 0),
+        Target::Launch(argv) => ("run", argv.join(" "), 0),
+        Target::Attach { pid, .. } => (
+            "attach",
+            ingest::read_command(*pid as u32).unwrap_or_default(),
+            *pid as u32,
+        ),
+    };
+    let run = store::NewRun {
+        mode,
+        command,
+        root_pid,
+    };
+    match store::Writer::start(&path, &run, args.history.retention()) {
+        Ok(w) => Ok(Some(w)),
+        Err(e) if args.history.store.is_some() => Err(Error::Store(e)),
+        Err(e) => {
+            tracing::warn!("{e}: this run is not stored (--store PATH picks another file)");
+            Ok(None)
+        }
+    }
 }
 
 fn ticker(interval: f64) -> tokio::time::Interval {
@@ -317,13 +389,14 @@ fn make_report(
     args: &ReportArgs,
     src: &Sources<'_>,
     started: Instant,
+    top: usize,
     final_report: bool,
 ) -> report::Report {
     let cx = report::Context {
         final_report,
         elapsed_s: started.elapsed().as_secs_f64(),
         now_ns: monotonic_ns(),
-        top: args.top,
+        top,
         probes: &src.probes.attached,
         libraries: &src.probes.libraries,
         nvml: &src.gpus.sample(),

@@ -23,12 +23,13 @@ pub type GroupKey = (u32, Option<StackId>, Kind, bool);
 #[derive(Default)]
 pub struct Analysis {
     groups: HashMap<GroupKey, Series>,
-    /// Per process: heap-level bytes (heap and tensors) and page-level bytes (mmap and brk).
+    /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
+    /// heap (brk).
     procs: HashMap<u32, (Series, Series)>,
 }
 
-/// A process's memory read for allocator retention: page-level memory growing while the heap
-/// bytes inside it do not.
+/// A process's memory read for allocator retention: the allocator's heap (brk) growing while the
+/// heap bytes inside it do not.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Retention {
     pub heap: Verdict,
@@ -52,7 +53,9 @@ impl Analysis {
             let e = per_proc.entry(g.pid).or_default();
             match g.kind {
                 Kind::Heap | Kind::Tensor => e.0 += g.bytes,
-                Kind::Mmap | Kind::Brk => e.1 += g.bytes,
+                // The allocator's own heap: mmap regions are mostly the program's (or freed
+                // with the block they hold), so they do not tell retention.
+                Kind::Brk => e.1 += g.bytes,
                 _ => {}
             }
         }

@@ -19,6 +19,10 @@ pub enum Verdict {
     Spike,
     BoundedCache,
     Steady,
+    /// Not from the series alone: a page-level stack (the allocator's brk heap) rising in a
+    /// process whose heap-level bytes do not, so memory the allocator keeps (fragmentation), not
+    /// memory the program holds. Set by the report from the process's `Retention`.
+    Retention,
 }
 
 impl Verdict {
@@ -29,6 +33,7 @@ impl Verdict {
             Self::Spike => "spike",
             Self::BoundedCache => "bounded_cache",
             Self::Steady => "steady",
+            Self::Retention => "retention",
         }
     }
 }

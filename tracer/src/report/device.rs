@@ -14,14 +14,14 @@ use crate::{
 };
 
 /// Device memory traced through CUDA calls beside what the driver reports (NVML).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GpuReport {
     pub nvml: Sample,
     /// Traced processes with device memory, traced or seen by NVML.
     pub processes: Vec<GpuProcess>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GpuProcess {
     pub pid: u32,
     /// Device memory outstanding from traced CUDA calls (device kind: blocks and physical handles).
@@ -60,7 +60,7 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
 }
 
 /// One (process, stack, function, error) of failed device allocations.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DeviceFailure {
     pub pid: u32,
     pub function: Cow<'static, str>,

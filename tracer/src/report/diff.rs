@@ -24,8 +24,27 @@ pub struct StackDelta {
     pub change: &'static str,
 }
 
-/// Reads report number `index` (0-based; negative counts from the end) of a JSON-lines file.
-pub fn load(spec: &str) -> Result<Value, String> {
+/// Reads a snapshot: `run:ID[:N]` from the history at `store` (N: the snapshot's number,
+/// negative from the end, the last by default), else `FILE[:N]`, report N (0-based, negative
+/// from the end) of a JSON-lines file.
+pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, String> {
+    if let Some(rest) = spec.strip_prefix("run:") {
+        let (run, seq) = match rest.split_once(':') {
+            Some((r, n)) => (r, n.parse::<i64>().map_err(|_| bad_run(spec))?),
+            None => (rest, -1),
+        };
+        let run = run.parse::<i64>().map_err(|_| bad_run(spec))?;
+        let snap = crate::store::Store::open_read(store)?.snapshot(run, seq)?;
+        return serde_json::to_value(&snap.report).map_err(|e| e.to_string());
+    }
+    load_file(spec)
+}
+
+fn bad_run(spec: &str) -> String {
+    format!("{spec}: a stored snapshot is run:ID or run:ID:N")
+}
+
+fn load_file(spec: &str) -> Result<Value, String> {
     let (path, index) = match spec.rsplit_once(':') {
         Some((p, i)) if i.parse::<i64>().is_ok() => (p, i.parse::<i64>().unwrap_or(-1)),
         _ => (spec, -1),

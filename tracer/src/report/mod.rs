@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use tracer_common::Counter;
 
 use crate::{
-    analysis::{Analysis, Evidence, Retention},
+    analysis::{Analysis, Evidence, Retention, Verdict},
     ledger::{Group, Kind, Ledger, Mismatches, Process},
     probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
@@ -16,6 +16,9 @@ use crate::{
 pub mod collapsed;
 mod device;
 pub mod diff;
+pub mod export;
+pub mod pprof;
+pub mod prometheus;
 mod text;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
@@ -68,7 +71,7 @@ impl KindTotals {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcReport {
     pub pid: u32,
     pub ppid: Option<u32>,
@@ -87,7 +90,7 @@ pub struct ProcReport {
     pub allocator_env: Vec<(String, String)>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StackReport {
     pub pid: u32,
     pub kind: Kind,
@@ -105,7 +108,7 @@ pub struct StackReport {
 }
 
 /// Everything lost or mismatched, kernel and user side. Shown in every report.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Losses {
     pub ringbuf_full: u64,
     pub pending_full: u64,
@@ -125,7 +128,7 @@ pub struct Losses {
     pub nested_calls: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub schema: Cow<'static, str>,
     #[serde(rename = "final")]
@@ -193,14 +196,28 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             totals.add(k, a.bytes, a.blocks);
         }
     }
+    let retaining: Vec<u32> = processes
+        .iter()
+        .filter(|p| p.retention.as_ref().is_some_and(|r| r.retention))
+        .map(|p| p.pid)
+        .collect();
     let stacks = groups
         .iter()
         .take(cx.top)
-        .map(|g| StackReport {
-            verdict: cx
+        .map(|g| {
+            let mut verdict = cx
                 .analysis
-                .group(&(g.pid, g.stack, g.kind, g.inherited), cx.warmup_s),
-            ..stack_report(ledger, sym, g, cx.now_ns)
+                .group(&(g.pid, g.stack, g.kind, g.inherited), cx.warmup_s);
+            // The brk heap of a process whose heap bytes stay flat grows by retention.
+            if let Some(v) = verdict.as_mut().filter(|v| {
+                v.verdict == Verdict::Leak && g.kind == Kind::Brk && retaining.contains(&g.pid)
+            }) {
+                v.verdict = Verdict::Retention;
+            }
+            StackReport {
+                verdict,
+                ..stack_report(ledger, sym, g, cx.now_ns)
+            }
         })
         .collect();
     let gpu = device::gpu(&processes, cx.nvml.clone());
@@ -219,6 +236,28 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         events: ledger.events,
         verdicts_per: if cx.per_step { "step" } else { "second" }.into(),
         steps: ledger.steps,
+    }
+}
+
+impl StackReport {
+    /// Where the stack comes from, in one line: its first frame with a function, with file and
+    /// line when known.
+    pub fn site(&self) -> String {
+        self.frames
+            .iter()
+            .find_map(|f| {
+                let func = f.function.as_deref()?;
+                Some(match (&f.file, f.line) {
+                    (Some(file), Some(line)) => {
+                        format!(
+                            "{func} ({}:{line})",
+                            file.rsplit('/').next().unwrap_or(file)
+                        )
+                    }
+                    _ => func.to_string(),
+                })
+            })
+            .unwrap_or_else(|| "unknown stack".into())
     }
 }
 

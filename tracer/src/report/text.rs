@@ -62,7 +62,7 @@ pub fn text(r: &Report) -> String {
         if let Some(r) = p.retention.as_ref().filter(|r| r.retention) {
             let _ = writeln!(
                 s,
-                "      allocator retention: page-level memory grew {} while heap bytes did not",
+                "      allocator retention: its brk heap grew {} while heap bytes did not (fragmentation, not a leak)",
                 human(r.pages_growth_bytes.max(0) as u64)
             );
         }
@@ -101,6 +101,7 @@ fn verdict(e: &Evidence, per: &str) -> String {
         Verdict::Spike => "spike",
         Verdict::BoundedCache => "bounded cache",
         Verdict::Steady => "steady",
+        Verdict::Retention => "allocator retention (not a leak)",
     };
     let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let unit = if per == "step" { "step" } else { "s" };

@@ -18,7 +18,7 @@ mod read;
 mod write;
 mod writer;
 
-pub use read::RunRow;
+pub use read::{RunRow, runs_text, when};
 pub use writer::Writer;
 
 /// Bumped when the tables change; an older file is refused with a clear message, not misread.
@@ -146,6 +146,12 @@ pub fn default_path() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("/var/lib"));
     base.join("leaktracer/history.db")
+}
+
+pub fn now_unix_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
 }
 
 pub fn now_unix() -> f64 {

@@ -161,3 +161,51 @@ impl Store {
         rows.collect()
     }
 }
+
+/// A Unix time as UTC "YYYY-MM-DD HH:MM:SS".
+pub fn when(unix: f64) -> String {
+    let secs = unix as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// `report --list` as text: one line per run.
+pub fn runs_text(runs: &[RunRow]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::from(
+        "  run  started                  mode    snapshots  status           command\n",
+    );
+    for r in runs {
+        let status = match (r.ended_unix, r.exit_code) {
+            (Some(e), Some(c)) => format!("exit {c} after {:.0}s", e - r.started_unix),
+            (Some(e), None) => format!("ended after {:.0}s", e - r.started_unix),
+            (None, _) => "not ended".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "{:>5}  {}  {:<7} {:>9}  {:<15}  {}",
+            r.id,
+            when(r.started_unix),
+            r.mode,
+            r.snapshots,
+            status,
+            r.command
+        );
+    }
+    s
+}

@@ -190,3 +190,10 @@ fn the_writer_thread_commits_everything_before_finish_returns() {
     assert_eq!(runs[0].exit_code, Some(0));
     assert_eq!(store.snapshot(run, -1).unwrap().reason, "exit");
 }
+
+#[test]
+fn times_print_as_utc_dates() {
+    assert_eq!(when(0.0), "1970-01-01 00:00:00 UTC");
+    assert_eq!(when(1_700_000_000.5), "2023-11-14 22:13:20 UTC");
+    assert_eq!(when(951_782_400.0), "2000-02-29 00:00:00 UTC");
+}

@@ -105,6 +105,16 @@ impl Store {
         Ok(seq)
     }
 
+    pub fn set_root_pid(&mut self, run: i64, pid: u32) -> Result<(), String> {
+        self.conn
+            .execute(
+                "UPDATE runs SET root_pid = ?1 WHERE id = ?2",
+                params![pid, run],
+            )
+            .map(|_| ())
+            .map_err(|e| format!("history: run {run}: {e}"))
+    }
+
     /// Marks `run` ended with the traced command's exit status (None for attach).
     pub fn end_run(&mut self, run: i64, exit_code: Option<i32>) -> Result<(), String> {
         self.conn

@@ -14,6 +14,7 @@ use crate::report::Report;
 const ENFORCE_EVERY: u64 = 32;
 
 enum Msg {
+    RootPid(u32),
     Snapshot(Box<Report>, Reason),
     End(Option<i32>),
 }
@@ -56,6 +57,11 @@ impl Writer {
         })
     }
 
+    /// Records the root pid of a launched command (known once it is started).
+    pub fn set_root_pid(&self, pid: u32) {
+        let _ = self.tx.send(Msg::RootPid(pid));
+    }
+
     /// Queues a snapshot.
     pub fn snapshot(&self, report: Report, reason: Reason) {
         let _ = self.tx.send(Msg::Snapshot(Box::new(report), reason));
@@ -88,6 +94,11 @@ fn write_loop(mut store: Store, run: i64, limits: Retention, rx: mpsc::Receiver<
                     tracing::warn!("{e}");
                 }
             },
+            Msg::RootPid(pid) => {
+                if let Err(e) = store.set_root_pid(run, pid) {
+                    tracing::warn!("{e}");
+                }
+            }
             Msg::End(code) => {
                 if let Err(e) = store.end_run(run, code) {
                     tracing::warn!("{e}");
