@@ -32,15 +32,23 @@ if ! [ -x "$HOME/.cargo/bin/bpf-linker" ] || ! [ -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-# 3. apt packages: gcc for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info.
+# 3. apt packages: gcc for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
+#    the export checkers: protoc with pprof's profile.proto (golang-github-google-pprof-dev) and
+#    promtool (prometheus). Services are not started (policy-rc.d), only the tools are wanted.
 need=()
-for p in gcc valgrind libc6-dbg; do
+for p in gcc valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  own_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+  [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
 fi
 
 # 4. libtorch for the tch harness: the torch wheel's libraries (CPU-usable, no GPU needed) and the
