@@ -1,51 +1,121 @@
-//! Training-loop leaks on libtorch, run under leaktracer as fixtures with known answers.
+//! Training-loop leaks from real investigations (../shared/seeds), reproduced on libtorch (tch) in
+//! a leaky and a fixed variant, deterministic, as fixtures for leaktracer's regression tests:
 //!
-//!   harness retain STEPS   each step keeps one activation tensor alive (the "list of losses that
-//!                          holds the graph" leak): STEPS × 256 KiB of tensors outstanding.
+//!   harness SCENARIO --variant leaky|fixed --device cpu|cuda --steps N [--size D]
+//!
+//! Every scenario calls `harness_step` once per step (leaktracer's `--step-symbol`) and allocates
+//! each kind of memory in its own named function, so a test can assert the frame of a leak. `D` is
+//! the side of the square f32 tensors the scenarios are built from (D² × 4 bytes each).
 
-use anyhow::{Context as _, bail};
-use tch::{Device, Kind, Tensor};
+mod scenarios;
+mod step;
 
-/// Side of the square activations: 256 × 256 f32 = 256 KiB each.
-pub const SIDE: i64 = 256;
+use clap::{Parser, ValueEnum};
+use tch::Device;
 
-/// One step of a toy training loop: a forward matmul and a scalar loss. The activation is pushed
-/// into `history` (the leak); everything else is dropped at the end of the step.
-#[inline(never)]
-fn train_step(w: &Tensor, history: &mut Vec<Tensor>) -> f64 {
-    let x = Tensor::ones([SIDE, SIDE], (Kind::Float, Device::Cpu));
-    let y = x.matmul(w);
-    let loss = y.mean(Kind::Float).double_value(&[]);
-    retain_activation(history, y);
-    loss
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// The "list that holds the activation" leak: one 256 × 256 activation kept per step.
+    Retain,
+    /// S0 (seed 000) generation rounds: per-batch embeddings kept across rounds.
+    S0,
+    /// S1 (seed 001) train_a2v: cached embeddings without detach, a progress-bar dict of tensors,
+    /// zero_grad keeping gradients.
+    S1,
+    /// S2 (seed 002) vision training: outputs kept with their graph, validation spikes, forked
+    /// DataLoader-style workers each holding a copy of the dataset.
+    S2,
+    /// S3 (seed 003) through a wrapper that execs the trainer: compile workers, large validation
+    /// spikes over a slow floor leak.
+    S3,
+    /// S4 (seed 004) refdet trainer: validation results per epoch, logging history, a triplet batch
+    /// spike, an LRU frame cache.
+    S4,
 }
 
-#[inline(never)]
-fn retain_activation(history: &mut Vec<Tensor>, y: Tensor) {
-    history.push(y);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Variant {
+    Leaky,
+    Fixed,
 }
 
-fn retain(steps: usize) -> f64 {
-    let w = Tensor::ones([SIDE, SIDE], (Kind::Float, Device::Cpu));
-    let mut history = Vec::new();
-    let mut total = 0.0;
-    for _ in 0..steps {
-        total += train_step(&w, &mut history);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "harness",
+    about = "Training-loop leaks on libtorch, leaky and fixed"
+)]
+pub struct Args {
+    pub scenario: Scenario,
+    #[arg(long, value_enum, default_value = "leaky")]
+    pub variant: Variant,
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Training steps (one `harness_step` call each).
+    #[arg(long, default_value_t = 24)]
+    pub steps: u64,
+    /// Side of the square f32 tensors (D² × 4 bytes each).
+    #[arg(long, default_value_t = 256)]
+    pub size: i64,
+    /// Internal (S3): the process the wrapper execs.
+    #[arg(long, hide = true)]
+    pub trainer: bool,
+}
+
+/// What a scenario runs with.
+pub struct Config {
+    pub variant: Variant,
+    pub device: Device,
+    pub steps: u64,
+    pub size: i64,
+}
+
+impl Config {
+    pub fn leaky(&self) -> bool {
+        self.variant == Variant::Leaky
     }
-    // Leak on purpose: the history outlives the loop, as in the seeds.
-    std::mem::forget(history);
-    total
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    let args = Args::parse();
+    if args.steps == 0 || args.size < 8 {
+        eprintln!("harness: --steps must be at least 1 and --size at least 8");
+        std::process::exit(2);
+    }
     tch::set_num_threads(1);
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["retain", steps] => {
-            let steps: usize = steps.parse().context("STEPS must be a number")?;
-            println!("{}", retain(steps));
+    let device = match args.device {
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Cuda if tch::Cuda::is_available() => Device::Cuda(0),
+        DeviceArg::Cuda => {
+            eprintln!("harness: --device cuda: no CUDA device is available to libtorch");
+            std::process::exit(2);
         }
-        _ => bail!("usage: harness retain STEPS"),
+    };
+    let cfg = Config {
+        variant: args.variant,
+        device,
+        steps: args.steps,
+        size: args.size,
+    };
+    let result = match args.scenario {
+        Scenario::Retain => scenarios::retain::run(&cfg),
+        Scenario::S0 => scenarios::s0::run(&cfg),
+        Scenario::S1 => scenarios::s1::run(&cfg),
+        Scenario::S2 => scenarios::s2::run(&cfg),
+        Scenario::S3 if args.trainer => scenarios::s3::trainer(&cfg),
+        Scenario::S3 => scenarios::s3::wrapper(),
+        Scenario::S4 => scenarios::s4::run(&cfg),
+    };
+    match result {
+        Ok(summary) => println!("{summary}"),
+        Err(e) => {
+            eprintln!("harness: {e:#}");
+            std::process::exit(1);
+        }
     }
-    Ok(())
 }

@@ -1,0 +1,98 @@
+//! The scenarios, one module per seed, and what they share: square tensors, the step loop, and
+//! forked worker processes.
+
+pub mod retain;
+pub mod s0;
+pub mod s1;
+pub mod s2;
+pub mod s3;
+pub mod s4;
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use anyhow::bail;
+use tch::{Kind, Tensor};
+
+use crate::{Config, step::harness_step};
+
+/// A `D × D` f32 tensor filled with `value` on the scenario's device.
+pub fn square(cfg: &Config, value: f64) -> Tensor {
+    Tensor::full([cfg.size, cfg.size], value, (Kind::Float, cfg.device))
+}
+
+/// Runs `step` for every step, marking each with `harness_step` first.
+pub fn steps(cfg: &Config, mut step: impl FnMut(u64) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    for i in 0..cfg.steps {
+        harness_step(i);
+        step(i)?;
+    }
+    Ok(())
+}
+
+/// Forked worker processes (DataLoader or compile workers): each runs `body` once and then waits
+/// until the parent lets go (drop), so their memory stays for the parent's whole run.
+pub struct Workers {
+    pids: Vec<libc::pid_t>,
+    release: Option<OwnedFd>,
+}
+
+impl Workers {
+    /// Forks `n` workers. Call before libtorch starts threads: the children use only Rust's
+    /// allocator and plain syscalls.
+    pub fn fork(n: usize, body: fn(usize)) -> anyhow::Result<Self> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            bail!("pipe2: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: both were just created and are owned here.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut pids = Vec::new();
+        for i in 0..n {
+            // SAFETY: the child runs `body`, reads the pipe and _exits; it never returns here.
+            let pid = unsafe { libc::fork() };
+            if pid < 0 {
+                bail!("fork: {}", std::io::Error::last_os_error());
+            }
+            if pid == 0 {
+                // SAFETY: closing our copy of the write end, then a blocking read until EOF.
+                unsafe {
+                    libc::close(w.as_raw_fd());
+                    body(i);
+                    let mut b = 0u8;
+                    while libc::read(r.as_raw_fd(), (&raw mut b).cast(), 1) > 0 {}
+                    libc::_exit(0);
+                }
+            }
+            pids.push(pid);
+        }
+        drop(r);
+        Ok(Self {
+            pids,
+            release: Some(w),
+        })
+    }
+
+    pub fn pids(&self) -> &[libc::pid_t] {
+        &self.pids
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        for &pid in &self.pids {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+    }
+}
+
+/// A worker's dataset copy: `bytes` touched, held until the worker exits.
+#[inline(never)]
+pub fn hold_dataset_copy(bytes: usize) {
+    let copy = vec![1u8; bytes];
+    std::hint::black_box(&copy);
+    std::mem::forget(copy);
+}
