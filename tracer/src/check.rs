@@ -68,10 +68,15 @@ fn parse_bytes(s: &str) -> Option<f64> {
     (n.is_finite() && n >= 0.0).then_some(n * unit_bytes)
 }
 
-/// Parses "heap,device" into kinds.
+/// Parses "heap,device" into kinds. By default every kind allocated by a call (heap, tensor and
+/// the CUDA kinds), not the page-level ones: mmap and brk made inside malloc are the same memory
+/// as its blocks, and would report each heap leak a second time.
 pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, String> {
     if names.is_empty() {
-        return Ok(Kind::ALL.to_vec());
+        return Ok(Kind::ALL
+            .into_iter()
+            .filter(|k| !matches!(k, Kind::Mmap | Kind::Brk))
+            .collect());
     }
     names
         .iter()
@@ -144,7 +149,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
     for f in findings {
         let _ = writeln!(
             s,
-            "  {} {} {}/s, {} outstanding in {} blocks, pid {}: {}",
+            "  {} {} {}/{}, {}, pid {}: {}",
             if f.over {
                 "LEAK"
             } else {
@@ -152,8 +157,16 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
             },
             f.stack.kind.name(),
             human(f.slope.max(0.0) as u64),
-            human(f.stack.bytes),
-            f.stack.blocks,
+            unit(budget),
+            if f.stack.released {
+                "released at the end".to_string()
+            } else {
+                format!(
+                    "{} outstanding in {} blocks",
+                    human(f.stack.bytes),
+                    f.stack.blocks
+                )
+            },
             f.stack.pid,
             f.stack.site()
         );
@@ -276,7 +289,9 @@ mod tests {
             parse_kinds(&["heap".into(), "device".into()]).unwrap(),
             [Kind::Heap, Kind::Device]
         );
-        assert_eq!(parse_kinds(&[]).unwrap().len(), Kind::ALL.len());
+        let default = parse_kinds(&[]).unwrap();
+        assert_eq!(default.len(), Kind::ALL.len() - 2);
+        assert!(!default.contains(&Kind::Brk) && !default.contains(&Kind::Mmap));
         assert!(
             parse_kinds(&["vram".into()])
                 .unwrap_err()

@@ -53,7 +53,8 @@ pub enum Command {
         #[arg(long, value_name = "RATE", default_value = "1MiB/min")]
         budget: String,
         /// Kinds checked, comma-separated (heap, mmap, brk, tensor, device, managed, pinned,
-        /// torch_block); all by default.
+        /// torch_block). Default: all but the page-level mmap and brk (memory malloc maps is the
+        /// same as its blocks); name them to check direct mappings too.
         #[arg(long, value_name = "KINDS", value_delimiter = ',')]
         kinds: Vec<String>,
         /// Also write the result as JUnit XML (one testcase per leaking stack) to FILE.

@@ -80,6 +80,26 @@ impl Analysis {
         classify(self.groups.get(key)?, warmup_s)
     }
 
+    /// Groups that leaked while sampled but hold nothing now (the leaking container was released
+    /// at teardown): a CI gate must still see them. `outstanding` are the groups that hold memory.
+    pub fn released_leaks(
+        &self,
+        outstanding: &std::collections::HashSet<GroupKey>,
+        warmup_s: f64,
+    ) -> Vec<(GroupKey, Evidence)> {
+        let mut out: Vec<(GroupKey, Evidence)> = self
+            .groups
+            .iter()
+            .filter(|(k, _)| !outstanding.contains(k))
+            .filter_map(|(k, s)| {
+                let e = classify(s, warmup_s)?;
+                (e.verdict == Verdict::Leak).then_some((*k, e))
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.growth_bytes.cmp(&a.1.growth_bytes));
+        out
+    }
+
     /// Allocator retention of a process, from `warmup_s` on.
     pub fn retention(&self, pid: u32, warmup_s: f64) -> Option<Retention> {
         let (h, p) = self.procs.get(&pid)?;

@@ -104,6 +104,10 @@ pub struct StackReport {
     pub truncated: bool,
     /// Leak, spike, bounded cache or steady, with the evidence; null until enough samples.
     pub verdict: Option<Evidence>,
+    /// Final report: this stack leaked while it was sampled and holds nothing now (what leaked
+    /// was released at teardown). Listed after the outstanding stacks, whatever --top says.
+    #[serde(default)]
+    pub released: bool,
     pub frames: Vec<SymFrame>,
 }
 
@@ -220,6 +224,32 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             }
         })
         .collect();
+    let mut stacks: Vec<StackReport> = stacks;
+    if cx.final_report {
+        let outstanding = groups
+            .iter()
+            .map(|g| (g.pid, g.stack, g.kind, g.inherited))
+            .collect();
+        for ((pid, stack, kind, inherited), evidence) in
+            cx.analysis.released_leaks(&outstanding, cx.warmup_s)
+        {
+            let g = Group {
+                pid,
+                stack,
+                kind,
+                inherited,
+                bytes: 0,
+                blocks: 0,
+                oldest_ns: cx.now_ns,
+                funcs: Vec::new(),
+            };
+            stacks.push(StackReport {
+                verdict: Some(evidence),
+                released: true,
+                ..stack_report(ledger, sym, &g, cx.now_ns)
+            });
+        }
+    }
     let gpu = device::gpu(&processes, cx.nvml.clone());
     Report {
         schema: SCHEMA.into(),
@@ -240,11 +270,38 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
 }
 
 impl StackReport {
-    /// Where the stack comes from, in one line: its first frame with a function, with file and
-    /// line when known.
+    /// Where the stack comes from, in one line: its first frame with a function in the program's
+    /// own code (not in a shared library named lib*.so*, as libc, libstdc++, libtorch, libcudart;
+    /// not from a header, a dependency's sources or the toolchain's), else its first frame with a
+    /// function; with file and line when known.
     pub fn site(&self) -> String {
-        self.frames
+        const THIRD_PARTY: [&str; 7] = [
+            "/.cargo/registry/",
+            "/.cargo/git/",
+            "/rustc/",
+            "/include/",
+            "/usr/",
+            "site-packages/",
+            "dist-packages/",
+        ];
+        let in_library = |f: &&SymFrame| {
+            let lib = f.module.as_deref().is_some_and(|m| {
+                let name = m.rsplit('/').next().unwrap_or(m);
+                name.starts_with("lib") && name.contains(".so")
+            });
+            let third_party = f.file.as_deref().is_some_and(|file| {
+                THIRD_PARTY.iter().any(|d| file.contains(d))
+                    || file.ends_with(".h")
+                    || file.ends_with(".hpp")
+            });
+            lib || third_party
+        };
+        let own = self
+            .frames
             .iter()
+            .find(|f| f.function.is_some() && !in_library(f));
+        own.into_iter()
+            .chain(self.frames.iter())
             .find_map(|f| {
                 let func = f.function.as_deref()?;
                 Some(match (&f.file, f.line) {
@@ -292,6 +349,7 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
         allocators: g.funcs.iter().map(|f| f.name().into()).collect(),
         truncated,
         verdict: None,
+        released: false,
         frames,
     }
 }
@@ -317,4 +375,79 @@ fn losses(ledger: &Ledger) -> Losses {
         l.unmatched_device_frees += p.device.unmatched_frees;
     }
     l
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tracer_common::{AllocFn, EventKind};
+
+    use crate::{
+        analysis::{Analysis, Verdict, bench::report_of},
+        ingest::{Decoded, Frame, Input, StackId},
+        ledger::Ledger,
+    };
+
+    fn event(kind: EventKind, func: AllocFn, addr: u64, size: u64, old: u64) -> Input {
+        Input::Event(Decoded {
+            kind,
+            func: Some(func),
+            tgid: 1,
+            ts_ns: 1,
+            addr,
+            size,
+            old_addr: old,
+            old_size: 0,
+            aux: 0,
+            stack: Some(StackId(7)),
+            command: None,
+            env: None,
+        })
+    }
+
+    /// A stack that leaked 4 KiB per sample and was freed at the end is still in the final
+    /// report, as released, with its leak verdict.
+    #[test]
+    fn a_leak_released_at_teardown_is_still_reported() {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "t".into(), Vec::new(), 0);
+        let frames: Arc<[Frame]> = [Frame {
+            module: None,
+            offset: 0x10,
+            addr: 0x10,
+        }]
+        .into();
+        ledger.apply(Input::Stack {
+            id: StackId(7),
+            frames,
+            truncated: false,
+        });
+        let mut analysis = Analysis::default();
+        for i in 0..12u64 {
+            ledger.apply(event(
+                EventKind::Alloc,
+                AllocFn::Malloc,
+                0x1000 * (i + 1),
+                4096,
+                0,
+            ));
+            analysis.sample(i as f64, &ledger, &ledger.groups());
+        }
+        for i in 0..12u64 {
+            ledger.apply(event(
+                EventKind::Free,
+                AllocFn::Free,
+                0,
+                0,
+                0x1000 * (i + 1),
+            ));
+        }
+        let r = report_of(&ledger, &analysis, 10);
+        assert_eq!(r.stacks.len(), 1);
+        let s = &r.stacks[0];
+        assert!(s.released);
+        assert_eq!((s.bytes, s.blocks), (0, 0));
+        assert_eq!(s.verdict.as_ref().unwrap().verdict, Verdict::Leak);
+    }
 }

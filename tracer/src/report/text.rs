@@ -73,6 +73,21 @@ pub fn text(r: &Report) -> String {
     failures(&mut s, r);
     let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
     for (i, st) in r.stacks.iter().enumerate() {
+        if st.released {
+            let _ = writeln!(
+                s,
+                "#{:<2} released at the end, {:?}, pid {}: it leaked while the run was sampled{}",
+                i + 1,
+                st.kind,
+                st.pid,
+                st.verdict
+                    .as_ref()
+                    .map(|e| verdict(e, &r.verdicts_per))
+                    .unwrap_or_default()
+            );
+            frames(&mut s, &st.frames);
+            continue;
+        }
         let inh = if st.inherited { " (inherited)" } else { "" };
         let _ = writeln!(
             s,
