@@ -38,8 +38,11 @@ pub struct HoldRequest {
     pub done: std_mpsc::Sender<bool>,
 }
 
-/// Longest a process is held if ingest does not answer.
-const MAX_HOLD: Duration = Duration::from_secs(5);
+/// Longest a process is held if ingest does not answer. Ingest answers once it has applied every
+/// event before the stop: after a start-up burst (libtorch makes a million allocator calls in
+/// seconds) that backlog takes seconds to work through, so the limit is generous; it is only a
+/// guard against a stalled consumer leaving the job stopped.
+const MAX_HOLD: Duration = Duration::from_secs(30);
 
 /// The running hold thread.
 pub struct Hold {

@@ -195,7 +195,7 @@ async fn trace(
         } else {
             started.elapsed().as_secs_f64()
         };
-        analysis.sample(x, ledger, &ledger.groups());
+        analysis.sample(x, ledger, &ledger.group_bytes());
     };
     // Applies a batch in order, sampling at each step boundary in it.
     let apply = |analysis: &mut Analysis, ledger: &mut Ledger, batch: ingest::Batch| {

@@ -77,7 +77,7 @@ pub(crate) fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
                 env: None,
             }));
         }
-        analysis.sample(f64::from(round), &ledger, &ledger.groups());
+        analysis.sample(f64::from(round), &ledger, &ledger.group_bytes());
     }
     (ledger, analysis)
 }

@@ -6,13 +6,13 @@ pub mod bench;
 pub mod series;
 pub mod verdict;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 pub use verdict::{Evidence, Verdict, classify};
 
 use crate::{
     ingest::StackId,
-    ledger::{Group, Kind, Ledger},
+    ledger::{Kind, Ledger},
 };
 use series::Series;
 
@@ -22,10 +22,19 @@ pub type GroupKey = (u32, Option<StackId>, Kind, bool);
 /// Series per stack group and per process.
 #[derive(Default)]
 pub struct Analysis {
-    groups: HashMap<GroupKey, Series>,
+    groups: FxHashMap<GroupKey, Tracked>,
     /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
     /// heap (brk).
-    procs: HashMap<u32, (Series, Series)>,
+    procs: FxHashMap<u32, (Series, Series)>,
+    /// Samples taken so far.
+    round: u64,
+}
+
+/// A group's series and the sample it was last given a value in.
+#[derive(Default)]
+struct Tracked {
+    series: Series,
+    round: u64,
 }
 
 /// A process's memory read for allocator retention: the allocator's heap (brk) growing while the
@@ -41,31 +50,31 @@ pub struct Retention {
 }
 
 impl Analysis {
-    /// Takes one sample at `t_s` seconds of every outstanding group and every process. Groups seen
-    /// before and gone now get a 0 at every sample (a spike that came back is a spike).
-    pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[Group]) {
-        let mut seen: HashMap<GroupKey, u64> = HashMap::with_capacity(groups.len());
-        let mut per_proc: HashMap<u32, (u64, u64)> = HashMap::new();
-        for g in groups {
-            *seen
-                .entry((g.pid, g.stack, g.kind, g.inherited))
-                .or_default() += g.bytes;
-            let e = per_proc.entry(g.pid).or_default();
-            match g.kind {
-                Kind::Heap | Kind::Tensor => e.0 += g.bytes,
+    /// Takes one sample at `t_s` seconds of every outstanding group (`groups`: the ledger's
+    /// `group_bytes`, one entry per group) and every process. Groups seen before and gone now get
+    /// a 0 at every sample (a spike that came back is a spike).
+    pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[(GroupKey, u64)]) {
+        self.round += 1;
+        let round = self.round;
+        let mut per_proc: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        for &(key, bytes) in groups {
+            let t = self.groups.entry(key).or_default();
+            t.series.push(t_s, bytes);
+            t.round = round;
+            let e = per_proc.entry(key.0).or_default();
+            match key.2 {
+                Kind::Heap | Kind::Tensor => e.0 += bytes,
                 // The allocator's own heap: mmap regions are mostly the program's (or freed
                 // with the block they hold), so they do not tell retention.
-                Kind::Brk => e.1 += g.bytes,
+                Kind::Brk => e.1 += bytes,
                 _ => {}
             }
         }
-        for (key, s) in &mut self.groups {
-            if !seen.contains_key(key) {
-                s.push(t_s, 0);
+        for t in self.groups.values_mut() {
+            if t.round != round {
+                t.series.push(t_s, 0);
+                t.round = round;
             }
-        }
-        for (key, bytes) in seen {
-            self.groups.entry(key).or_default().push(t_s, bytes);
         }
         for pid in ledger.procs.keys() {
             let (heap, pages) = per_proc.get(pid).copied().unwrap_or_default();
@@ -77,7 +86,7 @@ impl Analysis {
 
     /// The verdict of a group, from `warmup_s` on.
     pub fn group(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
-        classify(self.groups.get(key)?, warmup_s)
+        classify(&self.groups.get(key)?.series, warmup_s)
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
@@ -91,8 +100,8 @@ impl Analysis {
             .groups
             .iter()
             .filter(|(k, _)| !outstanding.contains(k))
-            .filter_map(|(k, s)| {
-                let e = classify(s, warmup_s)?;
+            .filter_map(|(k, t)| {
+                let e = classify(&t.series, warmup_s)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
             .collect();

@@ -317,7 +317,7 @@ impl Decoder {
             .get(ev.tgid)
             .is_none_or(|m| m.resolve(ip).is_none())
         {
-            self.maps.refresh(ev.tgid);
+            self.maps.refresh_on_miss(ev.tgid);
         }
         self.scratch.clear();
         if let Some(maps) = self.maps.get(ev.tgid) {

@@ -7,7 +7,7 @@ mod regions;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 use tracer_common::{AllocFn, EventKind};
@@ -224,17 +224,23 @@ impl Ledger {
     }
 
     /// Outstanding memory grouped by (process, stack, kind, inherited), largest first.
-    pub fn groups(&self) -> Vec<Group> {
-        let mut acc: HashMap<(u32, Option<StackId>, Kind, bool), Group> = HashMap::new();
+    /// Outstanding bytes per group, unsorted: what sampling needs, without the rest of a Group.
+    pub fn group_bytes(&self) -> Vec<((u32, Option<StackId>, Kind, bool), u64)> {
+        let mut acc: rustc_hash::FxHashMap<(u32, Option<StackId>, Kind, bool), u64> =
+            rustc_hash::FxHashMap::default();
         for p in self.procs.values() {
-            let blocks = p.heap.values().chain(p.device.blocks.values());
-            let blocks = blocks
-                .chain(p.device.handles.values())
-                .chain(p.device.torch_blocks.values());
-            let blocks = blocks.map(|b| (Kind::of(b.origin.func), b.size, &b.origin));
-            let mmaps = p.mmaps.live().map(|(n, o)| (Kind::Mmap, n, o));
-            let brk = p.brk.segments.live().map(|(n, o)| (Kind::Brk, n, o));
-            for (kind, bytes, o) in blocks.chain(mmaps).chain(brk) {
+            p.for_each_live(|kind, bytes, o| {
+                *acc.entry((p.pid, o.stack, kind, o.inherited)).or_default() += bytes;
+            });
+        }
+        acc.into_iter().collect()
+    }
+
+    pub fn groups(&self) -> Vec<Group> {
+        let mut acc: rustc_hash::FxHashMap<(u32, Option<StackId>, Kind, bool), Group> =
+            rustc_hash::FxHashMap::default();
+        for p in self.procs.values() {
+            p.for_each_live(|kind, bytes, o| {
                 let g = acc
                     .entry((p.pid, o.stack, kind, o.inherited))
                     .or_insert_with(|| Group {
@@ -255,7 +261,7 @@ impl Ledger {
                 {
                     g.funcs.push(f);
                 }
-            }
+            });
         }
         let mut groups: Vec<Group> = acc.into_values().collect();
         groups.sort_by(|a, b| {

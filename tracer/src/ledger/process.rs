@@ -6,7 +6,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tracer_common::AllocFn;
 
-use super::{Origin, device::Device, regions::Regions};
+use super::{Kind, Origin, device::Device, regions::Regions};
 
 const PAGE: u64 = 4096;
 
@@ -60,6 +60,24 @@ pub struct Process {
 }
 
 impl Process {
+    /// Calls `f` with the kind, bytes and origin of every outstanding block, mapping and brk
+    /// segment.
+    pub fn for_each_live(&self, mut f: impl FnMut(Kind, u64, &Origin)) {
+        let blocks = self.heap.values().chain(self.device.blocks.values());
+        let blocks = blocks
+            .chain(self.device.handles.values())
+            .chain(self.device.torch_blocks.values());
+        for b in blocks {
+            f(Kind::of(b.origin.func), b.size, &b.origin);
+        }
+        for (n, o) in self.mmaps.live() {
+            f(Kind::Mmap, n, o);
+        }
+        for (n, o) in self.brk.segments.live() {
+            f(Kind::Brk, n, o);
+        }
+    }
+
     pub fn new(pid: u32, ppid: Option<u32>, command: String, started_ns: u64) -> Self {
         Self {
             pid,

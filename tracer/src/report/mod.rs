@@ -432,7 +432,7 @@ mod tests {
                 4096,
                 0,
             ));
-            analysis.sample(i as f64, &ledger, &ledger.groups());
+            analysis.sample(i as f64, &ledger, &ledger.group_bytes());
         }
         for i in 0..12u64 {
             ledger.apply(event(
