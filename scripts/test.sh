@@ -11,6 +11,11 @@ set +e
 cargo test -p tracer-common -p tracer -p tests --lib --tests 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+table=$(cat target/debug/test-scratch/scenarios/*.txt 2>/dev/null || true)
+if [ -n "$table" ]; then
+  echo "seeded scenarios under leaktracer check (budget 32 KiB/step):"
+  echo "$table"
+fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -12,6 +12,7 @@ mod history;
 mod oracle;
 mod pages;
 mod run;
+mod scenarios;
 mod torch;
 mod tree;
 mod verdicts;

@@ -23,7 +23,12 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
         fixture::wait_for_detached_probes();
         let t = fixture::trace(
             &[],
-            &[harness.to_str().unwrap(), "retain", &steps.to_string()],
+            &[
+                harness.to_str().unwrap(),
+                "retain",
+                "--steps",
+                &steps.to_string(),
+            ],
         )
         .expect("leaktracer run");
         let lost = t.last().losses()["ringbuf_full"]
@@ -64,8 +69,8 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
     let frames = tensors[0]["frames"].as_array().unwrap();
     let step = frames
         .iter()
-        .find(|f| f["function"] == "harness::train_step")
-        .unwrap_or_else(|| panic!("no harness::train_step frame: {frames:?}"));
+        .find(|f| f["function"] == "harness::scenarios::retain::train_step")
+        .unwrap_or_else(|| panic!("no harness::scenarios::retain::train_step frame: {frames:?}"));
     assert_eq!(step["line"], harness_line("let y = x.matmul(w);"));
     assert!(
         frames.iter().any(|f| f["function"]
@@ -151,7 +156,8 @@ fn the_real_cuda_libraries_of_pytorch_are_probed_when_loaded() {
 
 /// The 1-based line of the harness source containing `needle`.
 fn harness_line(needle: &str) -> u64 {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/src/main.rs");
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/src/scenarios/retain.rs");
     let text = std::fs::read_to_string(&src).expect("harness source");
     let i = text
         .lines()

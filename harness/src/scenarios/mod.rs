@@ -20,6 +20,12 @@ pub fn square(cfg: &Config, value: f64) -> Tensor {
     Tensor::full([cfg.size, cfg.size], value, (Kind::Float, cfg.device))
 }
 
+/// Keeps a scenario's state until the process exits, as a trainer that stops (or is killed by
+/// the OOM killer) holding it: the final report shows what was held, with each stack's verdict.
+pub fn hold_until_exit<T>(state: T) {
+    std::mem::forget(state);
+}
+
 /// Runs `step` for every step, marking each with `harness_step` first.
 pub fn steps(cfg: &Config, mut step: impl FnMut(u64) -> anyhow::Result<()>) -> anyhow::Result<()> {
     for i in 0..cfg.steps {

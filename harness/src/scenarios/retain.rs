@@ -3,7 +3,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{square, steps};
+use super::{hold_until_exit, square, steps};
 use crate::Config;
 
 /// One step of a toy training loop: a forward matmul and a scalar loss. The activation is pushed
@@ -32,7 +32,6 @@ pub fn run(cfg: &Config) -> anyhow::Result<String> {
         total += train_step(cfg, &w, &mut history);
         Ok(())
     })?;
-    // Leaked on purpose: the history outlives the loop, as in the seeds.
-    std::mem::forget(history);
+    hold_until_exit(history);
     Ok(format!("{total}"))
 }

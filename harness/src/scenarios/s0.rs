@@ -5,7 +5,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{square, steps};
+use super::{hold_until_exit, square, steps};
 use crate::Config;
 
 /// Batches per generation round.
@@ -49,5 +49,7 @@ pub fn run(cfg: &Config) -> anyhow::Result<String> {
         }
         Ok(())
     })?;
-    Ok(format!("s0: {} outputs kept, saved {saved:.3}", kept.len()))
+    let summary = format!("s0: {} outputs kept, saved {saved:.3}", kept.len());
+    hold_until_exit((adapter, kept, round));
+    Ok(summary)
 }

@@ -7,7 +7,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{square, steps};
+use super::{hold_until_exit, square, steps};
 use crate::Config;
 
 /// The next cached embedding from the cached one.
@@ -62,9 +62,11 @@ pub fn run(cfg: &Config) -> anyhow::Result<String> {
         loss = backward_step(cfg, &mut head, &square(cfg, 0.1));
         Ok(())
     })?;
-    Ok(format!(
+    let summary = format!(
         "s1: postfix {} tensors / {} numbers, last loss {loss:.6}",
         postfix.len(),
         shown.len()
-    ))
+    );
+    hold_until_exit((encoder, head, target, cached, postfix));
+    Ok(summary)
 }

@@ -7,13 +7,14 @@
 
 use tch::{Kind, Tensor};
 
-use super::{Workers, hold_dataset_copy, square, steps};
+use super::{Workers, hold_dataset_copy, hold_until_exit, square, steps};
 use crate::Config;
 
 pub const WORKERS: usize = 2;
 /// Each worker's copy of the dataset.
 pub const DATASET_BYTES: usize = 4 << 20;
-/// Validation starts every VALIDATE_EVERY steps and lasts two steps.
+/// Validation runs in the third and fourth step of every VALIDATE_EVERY; its predictions are
+/// released in the next step.
 pub const VALIDATE_EVERY: u64 = 4;
 
 fn dataloader_worker(_index: usize) {
@@ -49,17 +50,19 @@ pub fn run(cfg: &Config) -> anyhow::Result<String> {
     steps(cfg, |step| {
         forward_keep(cfg, &w, &mut outputs, &mut scores);
         match step % VALIDATE_EVERY {
-            1 | 2 => validate(cfg, &w, &mut preds),
-            3 => preds.clear(),
+            2 | 3 => validate(cfg, &w, &mut preds),
+            0 => preds.clear(),
             _ => {}
         }
         Ok(())
     })?;
     let pids = workers.pids().to_vec();
     drop(workers);
-    Ok(format!(
+    let summary = format!(
         "s2: {} outputs kept, {} scores, workers {pids:?}",
         outputs.len(),
         scores.len()
-    ))
+    );
+    hold_until_exit((w, outputs, preds));
+    Ok(summary)
 }

@@ -8,12 +8,13 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::Context as _;
 use tch::{Kind, Tensor};
 
-use super::{Workers, hold_dataset_copy, square, steps};
+use super::{Workers, hold_dataset_copy, hold_until_exit, square, steps};
 use crate::Config;
 
 pub const COMPILE_WORKERS: usize = 2;
 pub const WORKER_BYTES: usize = 2 << 20;
-/// A validation spike every SPIKE_EVERY steps, of SPIKE_SQUARES square tensors, held one step.
+/// A validation spike in the fourth of every SPIKE_EVERY steps, of SPIKE_SQUARES square tensors,
+/// held one step.
 pub const SPIKE_EVERY: u64 = 5;
 pub const SPIKE_SQUARES: i64 = 32;
 
@@ -65,12 +66,11 @@ pub fn trainer(cfg: &Config) -> anyhow::Result<String> {
     let mut total = 0.0;
     steps(cfg, |step| {
         total += accumulate_metrics(cfg, &w, &mut kept);
-        spike = (step % SPIKE_EVERY == SPIKE_EVERY - 1).then(|| validation_spike(cfg));
+        spike = (step % SPIKE_EVERY == 3).then(|| validation_spike(cfg));
         Ok(())
     })?;
     drop(workers);
-    Ok(format!(
-        "s3 trainer: {} metrics kept, {total:.3}",
-        kept.len()
-    ))
+    let summary = format!("s3 trainer: {} metrics kept, {total:.3}", kept.len());
+    hold_until_exit((w, kept, spike));
+    Ok(summary)
 }

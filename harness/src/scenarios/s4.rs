@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use tch::{Kind, Tensor};
 
-use super::{square, steps};
+use super::{hold_until_exit, square, steps};
 use crate::Config;
 
 pub const STEPS_PER_EPOCH: u64 = 3;
@@ -67,10 +67,12 @@ pub fn run(cfg: &Config) -> anyhow::Result<String> {
         }
         Ok(())
     })?;
-    Ok(format!(
+    let summary = format!(
         "s4: {} results, {} log entries, {} cached frames",
         results.len() + maps.len(),
         history.len() + numbers.len(),
         cache.len()
-    ))
+    );
+    hold_until_exit((w, results, history, cache, triplet));
+    Ok(summary)
 }
