@@ -15,6 +15,10 @@ fn trace_gpu(scenario: &str) -> Option<Traced> {
 }
 
 fn trace_gpu_env(scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
+    trace_gpu_with(&[], scenario, env)
+}
+
+fn trace_gpu_with(extra: &[&str], scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
     if !fixture::bpf_available() {
         return None;
     }
@@ -28,7 +32,7 @@ fn trace_gpu_env(scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
             &format!("-Wl,-rpath,{}", cuda.display()),
         ],
     );
-    let t = fixture::trace_with_env(&[], &[bin.to_str().unwrap(), scenario], env)
+    let t = fixture::trace_with_env(extra, &[bin.to_str().unwrap(), scenario], env)
         .expect("leaktracer run");
     assert_eq!(
         t.output.status.code(),
@@ -37,6 +41,26 @@ fn trace_gpu_env(scenario: &str, env: &[(&str, &str)]) -> Option<Traced> {
         String::from_utf8_lossy(&t.output.stderr)
     );
     Some(t)
+}
+
+/// --no-heap: the same device bytes per site, and not one heap probe or heap byte.
+#[test]
+fn no_heap_traces_device_memory_and_pages_only() {
+    let Some(t) = trace_gpu_with(&["--no-heap"], "runtime", &[]) else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
+    assert_eq!(r.0["totals"]["heap"]["bytes"], 0);
+    assert_eq!(r.0["totals"]["heap"]["blocks"], 0);
+    let probed: Vec<&str> = r.0["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["function"].as_str())
+        .collect();
+    assert!(probed.contains(&"cudaMalloc"), "{probed:?}");
+    assert!(!probed.contains(&"malloc") && !probed.contains(&"free"), "{probed:?}");
 }
 
 #[test]

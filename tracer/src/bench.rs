@@ -147,6 +147,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 sample: 1.0,
                 warmup: 0.0,
                 step_symbol: None,
+                no_heap: false,
                 exports: Default::default(),
                 history: crate::cli::HistoryArgs::none(),
                 check: false,

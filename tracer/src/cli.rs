@@ -157,6 +157,11 @@ pub struct ReportArgs {
     /// entries instead of every --sample seconds, so verdicts and slopes are per step.
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
+    /// Trace device memory (CUDA) and pages (mmap, brk) only: no malloc-family or PyTorch CPU
+    /// tensor probes. Much cheaper for allocation-heavy programs; heap-level kinds, their verdicts
+    /// and allocator retention are then absent.
+    #[arg(long)]
+    pub no_heap: bool,
     #[command(flatten)]
     pub exports: Exports,
     #[command(flatten)]
@@ -314,6 +319,7 @@ mod tests {
             sample: 1.0,
             warmup: 0.0,
             step_symbol: None,
+            no_heap: false,
             exports: Exports::default(),
             history: HistoryArgs::none(),
             check: false,

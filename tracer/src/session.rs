@@ -62,6 +62,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if let Some(step) = &args.step_symbol {
         probes.set_step_symbol(step);
     }
+    if args.no_heap {
+        probes.skip_heap();
+    }
     // Before the command is started: a history that cannot be opened stops the session here.
     let history = open_history(&args, &target)?;
     let (root, command) = match &target {
@@ -89,7 +92,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
         Target::Launch(_) => probes.attach_code_of(std::process::id(), Timing::BeforeStart)?,
         Target::Attach { pid, .. } => {
             probes.attach_code_of(*pid as u32, Timing::AlreadyLoaded)?;
-            if !probes.has_heap() {
+            if !probes.has_heap() && !probes.heap_skipped() {
                 return Err(Error::NoLibc(*pid));
             }
         }

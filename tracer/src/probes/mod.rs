@@ -249,6 +249,8 @@ pub struct Probes {
     checked: std::collections::HashSet<PathBuf>,
     /// The function whose entries mark training steps (`--step-symbol`).
     step_symbol: Option<String>,
+    /// `--no-heap`: the malloc family and PyTorch's CPU allocator are not probed.
+    no_heap: bool,
 }
 
 impl Probes {
@@ -382,6 +384,7 @@ impl Probes {
             libraries: Vec::new(),
             checked: Default::default(),
             step_symbol: None,
+            no_heap: false,
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -417,6 +420,9 @@ impl Probes {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let mut roles = Vec::new();
         for set in PROBE_SETS {
+            if self.no_heap && (set.role == HEAP.role || set.role == TORCH_CPU.role) {
+                continue;
+            }
             let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
             if named && elf.function(set.marker).is_some() {
                 self.attach_set(path, &elf, set)?;
@@ -529,6 +535,17 @@ impl Probes {
     /// whichever traced file defines it.
     pub fn set_step_symbol(&mut self, symbol: &str) {
         self.step_symbol = Some(symbol.to_string());
+    }
+
+    /// Leaves the heap-level probes out (the malloc family, c10::alloc_cpu): only device memory
+    /// and pages are traced, at a fraction of the cost.
+    pub fn skip_heap(&mut self) {
+        self.no_heap = true;
+    }
+
+    /// Whether heap probes are left out (`--no-heap`).
+    pub fn heap_skipped(&self) -> bool {
+        self.no_heap
     }
 
     /// Whether a libc's malloc family is probed.
