@@ -7,6 +7,7 @@
 //! each kind of memory in its own named function, so a test can assert the frame of a leak. `D` is
 //! the side of the square f32 tensors the scenarios are built from (D² × 4 bytes each).
 
+mod bench;
 mod scenarios;
 mod step;
 
@@ -31,6 +32,8 @@ pub enum Scenario {
     /// S4 (seed 004) refdet trainer: validation results per epoch, logging history, a triplet batch
     /// spike, an LRU frame cache.
     S4,
+    /// leaktracer's overhead on every scenario (needs --leaktracer).
+    Bench,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -62,6 +65,12 @@ pub struct Args {
     /// Side of the square f32 tensors (D² × 4 bytes each).
     #[arg(long, default_value_t = 256)]
     pub size: i64,
+    /// bench: the leaktracer binary to measure (a release build).
+    #[arg(long, value_name = "PATH")]
+    pub leaktracer: Option<std::path::PathBuf>,
+    /// bench: runs per configuration (the median is shown).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Internal (S3): the process the wrapper execs.
     #[arg(long, hide = true)]
     pub trainer: bool,
@@ -110,8 +119,16 @@ fn main() {
         Scenario::S3 if args.trainer => scenarios::s3::trainer(&cfg),
         Scenario::S3 => scenarios::s3::wrapper(),
         Scenario::S4 => scenarios::s4::run(&cfg),
+        Scenario::Bench => match &args.leaktracer {
+            Some(l) => bench::run(l, cfg.steps, args.rounds.max(1)),
+            None => {
+                eprintln!("harness: bench needs --leaktracer PATH");
+                std::process::exit(2);
+            }
+        },
     };
     match result {
+        Ok(summary) if summary.is_empty() => {}
         Ok(summary) => println!("{summary}"),
         Err(e) => {
             eprintln!("harness: {e:#}");

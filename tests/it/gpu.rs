@@ -60,7 +60,10 @@ fn no_heap_traces_device_memory_and_pages_only() {
         .filter_map(|p| p["function"].as_str())
         .collect();
     assert!(probed.contains(&"cudaMalloc"), "{probed:?}");
-    assert!(!probed.contains(&"malloc") && !probed.contains(&"free"), "{probed:?}");
+    assert!(
+        !probed.contains(&"malloc") && !probed.contains(&"free"),
+        "{probed:?}"
+    );
 }
 
 #[test]
