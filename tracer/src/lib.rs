@@ -1,6 +1,7 @@
 //! leaktracer: an eBPF leak tracer. Data flows one way: probes → ingest → ledger → report.
 
 pub mod analysis;
+pub mod api;
 pub mod bench;
 pub mod check;
 pub mod cli;

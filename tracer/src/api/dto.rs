@@ -1,0 +1,251 @@
+//! What the API answers: its own types, built from reports, so the wire format does not move when
+//! the ledger or the report change. Strings from traced programs pass through as JSON strings:
+//! the page renders them as text.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::{
+    ledger::Kind,
+    report::{Report, StackReport, prometheus::stack_id},
+};
+
+/// Bytes per kind, only kinds that hold something.
+pub type Bytes = BTreeMap<&'static str, u64>;
+
+fn bytes_of(t: &crate::report::KindTotals) -> Bytes {
+    Kind::ALL
+        .into_iter()
+        .map(|k| (k.name(), t.get(k).bytes))
+        .filter(|(_, b)| *b > 0)
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct Health {
+    /// A report has been published (false only in the first moments of a session).
+    pub live: bool,
+    pub elapsed_s: f64,
+    pub events: u64,
+    pub steps: u64,
+    /// Every loss counter by reason; `dropped` sums the ones that lose events.
+    pub losses: BTreeMap<String, u64>,
+    pub dropped: u64,
+    pub libraries: Vec<LibraryDto>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LibraryDto {
+    pub path: String,
+    pub roles: Vec<String>,
+    pub when: String,
+}
+
+impl Health {
+    pub fn of(r: Option<&Report>) -> Self {
+        let Some(r) = r else {
+            return Self {
+                live: false,
+                elapsed_s: 0.0,
+                events: 0,
+                steps: 0,
+                losses: BTreeMap::new(),
+                dropped: 0,
+                libraries: Vec::new(),
+            };
+        };
+        let losses: BTreeMap<String, u64> = match serde_json::to_value(&r.losses) {
+            Ok(serde_json::Value::Object(m)) => m
+                .into_iter()
+                .map(|(k, v)| (k, v.as_u64().unwrap_or(0)))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let l = &r.losses;
+        let dropped = l.ringbuf_full
+            + l.pending_full
+            + l.traced_full
+            + l.stack_errors
+            + l.stack_table_full
+            + l.undecodable;
+        Self {
+            live: true,
+            elapsed_s: r.elapsed_s,
+            events: r.events,
+            steps: r.steps,
+            losses,
+            dropped,
+            libraries: r
+                .libraries
+                .iter()
+                .map(|l| LibraryDto {
+                    path: l.path.display().to_string(),
+                    roles: l.roles.iter().map(|r| r.to_string()).collect(),
+                    when: serde_json::to_value(l.timing)
+                        .ok()
+                        .and_then(|v| v["when"].as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessDto {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub command: String,
+    pub exited: bool,
+    pub bytes: Bytes,
+    pub inherited: Bytes,
+    /// The allocator keeps memory nothing holds (fragmentation).
+    pub retention: bool,
+}
+
+pub fn processes(r: &Report) -> Vec<ProcessDto> {
+    r.processes
+        .iter()
+        .map(|p| ProcessDto {
+            pid: p.pid,
+            ppid: p.ppid,
+            command: p.command.clone(),
+            exited: p.exited,
+            bytes: bytes_of(&p.own),
+            inherited: bytes_of(&p.inherited),
+            retention: p.retention.as_ref().is_some_and(|r| r.retention),
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct StackDto {
+    /// Stable across updates: kind and frames, and the pid.
+    pub id: String,
+    pub pid: u32,
+    pub kind: &'static str,
+    pub inherited: bool,
+    pub bytes: u64,
+    pub blocks: u64,
+    pub oldest_age_s: f64,
+    /// leak, spike, bounded_cache, steady, retention; null until enough samples.
+    pub verdict: Option<&'static str>,
+    /// Bytes per second, or per step when the report is per step.
+    pub slope: Option<f64>,
+    pub confidence: Option<f64>,
+    pub released: bool,
+    /// The first frame in the program's own code, with file and line.
+    pub site: String,
+}
+
+pub fn stack_key(s: &StackReport) -> String {
+    format!(
+        "{}-{}{}",
+        stack_id(s),
+        s.pid,
+        if s.inherited { "i" } else { "" }
+    )
+}
+
+pub fn stack(s: &StackReport) -> StackDto {
+    StackDto {
+        id: stack_key(s),
+        pid: s.pid,
+        kind: s.kind.name(),
+        inherited: s.inherited,
+        bytes: s.bytes,
+        blocks: s.blocks,
+        oldest_age_s: s.oldest_age_s,
+        verdict: s.verdict.as_ref().map(|v| v.verdict.name()),
+        slope: s.verdict.as_ref().map(|v| v.slope_bytes_per_s),
+        confidence: s.verdict.as_ref().map(|v| v.confidence),
+        released: s.released,
+        site: s.site(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct FrameDto {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: Option<String>,
+    pub offset: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StackDetail {
+    #[serde(flatten)]
+    pub stack: StackDto,
+    /// Innermost first.
+    pub frames: Vec<FrameDto>,
+    /// The verdict's windows: floor and peak per window.
+    pub windows: Vec<WindowDto>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct WindowDto {
+    pub t0: f64,
+    pub t1: f64,
+    pub floor: u64,
+    pub peak: u64,
+}
+
+pub fn detail(s: &StackReport) -> StackDetail {
+    StackDetail {
+        stack: stack(s),
+        frames: s
+            .frames
+            .iter()
+            .map(|f| FrameDto {
+                function: f.function.clone(),
+                file: f.file.clone(),
+                line: f.line,
+                module: f.module.clone(),
+                offset: f.offset.clone(),
+            })
+            .collect(),
+        windows: s
+            .verdict
+            .iter()
+            .flat_map(|v| &v.windows)
+            .map(|w| WindowDto {
+                t0: w.t0_s,
+                t1: w.t1_s,
+                floor: w.floor,
+                peak: w.peak,
+            })
+            .collect(),
+    }
+}
+
+/// What each live update (SSE) carries: enough to refresh the header and decide to re-fetch.
+#[derive(Debug, Serialize)]
+pub struct Update {
+    pub elapsed_s: f64,
+    pub events: u64,
+    pub steps: u64,
+    pub totals: Bytes,
+    pub leaks: usize,
+    pub dropped: u64,
+}
+
+pub fn update(r: &Report) -> Update {
+    Update {
+        elapsed_s: r.elapsed_s,
+        events: r.events,
+        steps: r.steps,
+        totals: bytes_of(&r.totals),
+        leaks: r
+            .stacks
+            .iter()
+            .filter(|s| {
+                s.verdict
+                    .as_ref()
+                    .is_some_and(|v| v.verdict.name() == "leak")
+            })
+            .count(),
+        dropped: Health::of(Some(r)).dropped,
+    }
+}

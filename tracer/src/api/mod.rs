@@ -1,0 +1,276 @@
+//! The read-only HTTP API (axum) under /api/v1, /metrics for Prometheus, live updates over SSE.
+//! It reads the session's latest report from a watch channel (the session loop publishes; nothing
+//! here touches the ledger) and the history file for runs and snapshots. Errors are JSON
+//! `{"error": "…"}` with a 4xx status, in words for the user, never internals.
+
+pub mod dto;
+#[cfg(test)]
+mod tests;
+
+use std::{convert::Infallible, path::PathBuf, sync::Arc, time::Duration};
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, State, rejection::QueryRejection},
+    http::{StatusCode, header},
+    response::{
+        IntoResponse, Response,
+        sse::{Event, KeepAlive, Sse},
+    },
+    routing::get,
+};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt as _, wrappers::WatchStream};
+
+use crate::report::{self, Report};
+
+/// The latest report of the session (None before the first).
+pub type Live = watch::Receiver<Option<Arc<Report>>>;
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub live: Live,
+    /// The history file, for runs and stored snapshots (None: --no-store).
+    pub store: Option<PathBuf>,
+}
+
+/// An error for the client: a status and a message.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn bad(msg: impl Into<String>) -> Self {
+        Self(StatusCode::BAD_REQUEST, msg.into())
+    }
+
+    fn not_found(msg: impl Into<String>) -> Self {
+        Self(StatusCode::NOT_FOUND, msg.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        Self::bad(r.body_text())
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/processes", get(processes))
+        .route("/api/v1/stacks", get(stacks))
+        .route("/api/v1/stacks/{id}", get(stack))
+        .route("/api/v1/runs", get(runs))
+        .route("/api/v1/runs/{run}/snapshots/{n}", get(snapshot))
+        .route("/api/v1/diff", get(diff))
+        .route("/api/v1/events", get(events))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .with_state(state)
+}
+
+async fn index() -> &'static str {
+    "leaktracer API (read-only): /api/v1/health /api/v1/processes /api/v1/stacks \
+     /api/v1/stacks/{id} /api/v1/runs /api/v1/runs/{run}/snapshots/{n} \
+     /api/v1/diff?old=…&new=… /api/v1/events (SSE) /metrics\n"
+}
+
+fn latest(state: &ApiState) -> Result<Arc<Report>, ApiError> {
+    state
+        .live
+        .borrow()
+        .clone()
+        .ok_or_else(|| ApiError(StatusCode::SERVICE_UNAVAILABLE, "no report yet".into()))
+}
+
+async fn health(State(state): State<ApiState>) -> Json<dto::Health> {
+    let r = state.live.borrow().clone();
+    Json(dto::Health::of(r.as_deref()))
+}
+
+async fn processes(State(state): State<ApiState>) -> ApiResult<Vec<dto::ProcessDto>> {
+    let r = latest(&state)?;
+    Ok(Json(dto::processes(&r)))
+}
+
+#[derive(Debug, Deserialize)]
+struct StackQuery {
+    limit: Option<usize>,
+    kind: Option<String>,
+    verdict: Option<String>,
+    pid: Option<u32>,
+}
+
+const MAX_LIMIT: usize = 10_000;
+
+async fn stacks(
+    State(state): State<ApiState>,
+    q: Result<Query<StackQuery>, QueryRejection>,
+) -> ApiResult<Vec<dto::StackDto>> {
+    let Query(q) = q?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        )));
+    }
+    if let Some(k) = &q.kind
+        && !crate::ledger::Kind::ALL.iter().any(|x| x.name() == k)
+    {
+        return Err(ApiError::bad("unknown kind"));
+    }
+    const VERDICTS: [&str; 6] = [
+        "leak",
+        "spike",
+        "bounded_cache",
+        "steady",
+        "retention",
+        "none",
+    ];
+    if let Some(v) = &q.verdict
+        && !VERDICTS.contains(&v.as_str())
+    {
+        return Err(ApiError::bad(format!(
+            "verdict is one of {}",
+            VERDICTS.join(", ")
+        )));
+    }
+    let r = latest(&state)?;
+    let out = r
+        .stacks
+        .iter()
+        .map(dto::stack)
+        .filter(|s| q.kind.as_deref().is_none_or(|k| s.kind == k))
+        .filter(|s| {
+            q.verdict
+                .as_deref()
+                .is_none_or(|v| s.verdict.unwrap_or("none") == v)
+        })
+        .filter(|s| q.pid.is_none_or(|p| s.pid == p))
+        .take(limit)
+        .collect();
+    Ok(Json(out))
+}
+
+async fn stack(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<dto::StackDetail> {
+    let r = latest(&state)?;
+    r.stacks
+        .iter()
+        .find(|s| dto::stack_key(s) == id)
+        .map(|s| Json(dto::detail(s)))
+        .ok_or_else(|| ApiError::not_found("no such stack in the latest report"))
+}
+
+fn store(state: &ApiState) -> Result<crate::store::Store, ApiError> {
+    let path = state
+        .store
+        .as_ref()
+        .ok_or_else(|| ApiError::not_found("no history is kept (--no-store)"))?;
+    crate::store::Store::open_read(path).map_err(|_| ApiError::not_found("no history yet"))
+}
+
+async fn runs(State(state): State<ApiState>) -> ApiResult<Vec<crate::store::RunRow>> {
+    let db = store(&state)?;
+    db.runs().map(Json).map_err(|_| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "history unreadable".into(),
+        )
+    })
+}
+
+#[derive(Debug, serde::Serialize)]
+struct SnapshotDto {
+    run: i64,
+    seq: i64,
+    reason: String,
+    taken_unix: f64,
+    processes: Vec<dto::ProcessDto>,
+    stacks: Vec<dto::StackDto>,
+}
+
+async fn snapshot(
+    State(state): State<ApiState>,
+    Path((run, n)): Path<(i64, i64)>,
+) -> ApiResult<SnapshotDto> {
+    let db = store(&state)?;
+    let s = db.snapshot(run, n).map_err(ApiError::not_found)?;
+    Ok(Json(SnapshotDto {
+        run: s.run,
+        seq: s.seq,
+        reason: s.reason,
+        taken_unix: s.taken_unix,
+        processes: dto::processes(&s.report),
+        stacks: s.report.stacks.iter().map(dto::stack).collect(),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+struct DiffQuery {
+    old: String,
+    new: String,
+}
+
+async fn diff(
+    State(state): State<ApiState>,
+    q: Result<Query<DiffQuery>, QueryRejection>,
+) -> ApiResult<Vec<report::diff::StackDelta>> {
+    let Query(q) = q?;
+    // Only stored snapshots: a file path from the network is not opened.
+    for spec in [&q.old, &q.new] {
+        if !spec.starts_with("run:") {
+            return Err(ApiError::bad(
+                "old and new are stored snapshots: run:ID or run:ID:N",
+            ));
+        }
+    }
+    let path = state
+        .store
+        .clone()
+        .ok_or_else(|| ApiError::not_found("no history is kept (--no-store)"))?;
+    let (old, new) = (
+        report::diff::load(&q.old, &path).map_err(ApiError::not_found)?,
+        report::diff::load(&q.new, &path).map_err(ApiError::not_found)?,
+    );
+    Ok(Json(report::diff::diff(&old, &new)))
+}
+
+async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let r = latest(&state)?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        report::prometheus::exposition(&r),
+    )
+        .into_response())
+}
+
+async fn events(
+    State(state): State<ApiState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let stream = WatchStream::new(state.live).filter_map(|r| {
+        let r = r?;
+        let data = serde_json::to_string(&dto::update(&r)).ok()?;
+        Some(Ok(Event::default().event("update").data(data)))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// Serves the API on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) {
+    if let Err(e) = axum::serve(listener, router(state)).await {
+        tracing::warn!("explorer server stopped: {e}");
+    }
+}

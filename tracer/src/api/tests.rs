@@ -1,0 +1,207 @@
+//! The router without a socket (tower's oneshot), on reports from synthetic ledgers and a real
+//! history file.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode, header},
+};
+use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
+use tower::ServiceExt as _;
+
+use super::*;
+use crate::analysis::bench::{ledger_with, report_of};
+
+fn state_with(report: Option<Report>, store: Option<PathBuf>) -> ApiState {
+    let (_tx, live) = watch::channel(report.map(Arc::new));
+    ApiState { live, store }
+}
+
+fn live_state() -> ApiState {
+    let (ledger, analysis) = ledger_with(5, 6);
+    state_with(Some(report_of(&ledger, &analysis, 5)), None)
+}
+
+async fn get(state: ApiState, uri: &str) -> (StatusCode, String) {
+    let res = router(state)
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+async fn get_json(state: ApiState, uri: &str) -> (StatusCode, serde_json::Value) {
+    let (status, body) = get(state, uri).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}")),
+    )
+}
+
+#[tokio::test]
+async fn health_says_when_no_report_is_published_yet() {
+    let (status, v) = get_json(state_with(None, None), "/api/v1/health").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["live"], false);
+    let (status, v) = get_json(state_with(None, None), "/api/v1/stacks").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["error"], "no report yet");
+}
+
+#[tokio::test]
+async fn stacks_are_listed_filtered_and_detailed() {
+    let (status, v) = get_json(live_state(), "/api/v1/stacks?limit=2").await;
+    assert_eq!(status, StatusCode::OK);
+    let list = v.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["kind"], "heap");
+    assert_eq!(
+        list[0]["bytes"],
+        6 * 64,
+        "one 64-byte block per sample round"
+    );
+    // 64 bytes more per sample is under the noise floor (a page): steady.
+    assert_eq!(list[0]["verdict"], "steady");
+    let (_, v) = get_json(live_state(), "/api/v1/stacks?kind=device").await;
+    assert_eq!(v.as_array().unwrap().len(), 0);
+    let (_, v) = get_json(live_state(), "/api/v1/stacks?verdict=leak").await;
+    assert_eq!(v.as_array().unwrap().len(), 0);
+    let (_, v) = get_json(live_state(), "/api/v1/stacks?verdict=steady&pid=1").await;
+    assert_eq!(v.as_array().unwrap().len(), 5);
+
+    let id = list[1]["id"].as_str().unwrap().to_string();
+    let (status, d) = get_json(live_state(), &format!("/api/v1/stacks/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["id"], id.as_str());
+    assert_eq!(d["frames"].as_array().unwrap().len(), 3);
+    assert_eq!(d["windows"].as_array().unwrap().len(), 4);
+    let (status, e) = get_json(live_state(), "/api/v1/stacks/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(e["error"], "no such stack in the latest report");
+}
+
+#[tokio::test]
+async fn malformed_parameters_are_400_with_a_message() {
+    for (uri, needle) in [
+        (
+            "/api/v1/stacks?limit=0",
+            "limit must be between 1 and 10000",
+        ),
+        ("/api/v1/stacks?limit=many", "limit"),
+        ("/api/v1/stacks?kind=%3Cscript%3E", "unknown kind"),
+        ("/api/v1/stacks?verdict=maybe", "verdict is one of"),
+        ("/api/v1/diff?old=/etc/passwd&new=run:1", "stored snapshots"),
+        ("/api/v1/diff?old=run:1", "new"),
+    ] {
+        let (status, v) = get_json(live_state(), uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+        let msg = v["error"].as_str().unwrap();
+        assert!(msg.contains(needle), "{uri}: {msg}");
+    }
+    let (status, v) = get_json(live_state(), "/api/v2/anything").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"], "no such endpoint");
+}
+
+#[tokio::test]
+async fn processes_and_metrics_come_from_the_latest_report() {
+    let (_, v) = get_json(live_state(), "/api/v1/processes").await;
+    assert_eq!(v[0]["pid"], 1);
+    assert_eq!(v[0]["command"], "bench");
+    assert_eq!(v[0]["bytes"]["heap"], 5 * 6 * 64);
+    let res = router(live_state())
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()[header::CONTENT_TYPE],
+        "text/plain; version=0.0.4"
+    );
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains(
+        "leaktracer_outstanding_bytes{pid=\"1\",command=\"bench\",kind=\"heap\"} 1920\n"
+    ));
+}
+
+#[tokio::test]
+async fn runs_and_snapshots_come_from_the_history() {
+    let (status, v) = get_json(live_state(), "/api/v1/runs").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"], "no history is kept (--no-store)");
+
+    let dir = std::env::temp_dir().join(format!("leaktracer-api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("h.db");
+    let mut db = crate::store::Store::open(&path).unwrap();
+    let run = db
+        .begin_run(&crate::store::NewRun {
+            mode: "run",
+            command: "<img src=x onerror=alert(1)>".into(),
+            root_pid: 9,
+        })
+        .unwrap();
+    let (ledger, analysis) = ledger_with(3, 5);
+    let r = report_of(&ledger, &analysis, 3);
+    db.add_snapshot(run, crate::store::Reason::Periodic, &r)
+        .unwrap();
+    db.add_snapshot(run, crate::store::Reason::Exit, &r)
+        .unwrap();
+    drop(db);
+    let state = || state_with(None, Some(path.clone()));
+    let (_, v) = get_json(state(), "/api/v1/runs").await;
+    assert_eq!(
+        v[0]["command"], "<img src=x onerror=alert(1)>",
+        "text, as it was"
+    );
+    assert_eq!(v[0]["snapshots"], 2);
+    let (status, v) = get_json(state(), &format!("/api/v1/runs/{run}/snapshots/-1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (v["seq"].as_i64(), v["reason"].as_str()),
+        (Some(1), Some("exit"))
+    );
+    assert_eq!(v["stacks"].as_array().unwrap().len(), 3);
+    let (status, v) = get_json(state(), &format!("/api/v1/runs/{run}/snapshots/7")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(v["error"].as_str().unwrap().contains("no snapshot 7"));
+    let (status, v) = get_json(
+        state(),
+        &format!("/api/v1/diff?old=run:{run}:0&new=run:{run}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(v.as_array().unwrap().iter().all(|d| d["change"] == "same"));
+}
+
+#[tokio::test]
+async fn live_updates_arrive_over_sse() {
+    let (tx, live) = watch::channel(None);
+    let state = ApiState { live, store: None };
+    let res = router(state)
+        .oneshot(Request::get("/api/v1/events").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let mut body = res.into_body().into_data_stream();
+    let (ledger, analysis) = ledger_with(2, 5);
+    tx.send(Some(Arc::new(report_of(&ledger, &analysis, 2))))
+        .unwrap();
+    let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
+        .await
+        .expect("an update within 5 s")
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&chunk);
+    assert!(text.starts_with("event: update\ndata: {"), "{text}");
+    assert!(text.contains("\"totals\":{\"heap\":640}"), "{text}");
+    assert!(text.contains("\"leaks\":0"), "{text}");
+}
