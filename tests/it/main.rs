@@ -1,6 +1,7 @@
 //! leaktracer's integration tests: the real binary, real eBPF in the running kernel, C fixtures
 //! with known leaks and controls, exact bytes and frames read from the JSON report.
 
+mod api;
 mod attach;
 mod check;
 mod diff;

@@ -148,6 +148,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 warmup: 0.0,
                 step_symbol: None,
                 no_heap: false,
+                ui: None,
                 exports: Default::default(),
                 history: crate::cli::HistoryArgs::none(),
                 check: false,

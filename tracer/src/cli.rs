@@ -162,6 +162,12 @@ pub struct ReportArgs {
     /// and allocator retention are then absent.
     #[arg(long)]
     pub no_heap: bool,
+    /// Serve the read-only explorer API (JSON under /api/v1, live updates over SSE, /metrics) on
+    /// ADDR while tracing (`--ui` or `--ui=ADDR`), a loopback address (default 127.0.0.1:7878;
+    /// port 0 picks one); the URL
+    /// is printed.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, require_equals = true, default_missing_value = "127.0.0.1:7878")]
+    pub ui: Option<String>,
     #[command(flatten)]
     pub exports: Exports,
     #[command(flatten)]
@@ -320,6 +326,7 @@ mod tests {
             warmup: 0.0,
             step_symbol: None,
             no_heap: false,
+            ui: None,
             exports: Exports::default(),
             history: HistoryArgs::none(),
             check: false,

@@ -35,6 +35,8 @@ pub enum Error {
     Kernel(String),
     #[error("{0}")]
     Store(String),
+    #[error("{0}")]
+    Usage(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -47,6 +49,7 @@ impl Error {
             Error::Permission(_) => exit::PERMISSION,
             Error::Kernel(_) => exit::KERNEL,
             Error::Store(_) => exit::STORE,
+            Error::Usage(_) => exit::USAGE,
             Error::Other(_) => exit::FAILURE,
         }
     }

@@ -65,7 +65,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if args.no_heap {
         probes.skip_heap();
     }
-    // Before the command is started: a history that cannot be opened stops the session here.
+    // Before the command is started: a history or an address that cannot be opened stops the
+    // session here.
+    let ui = args.ui.as_deref().map(listen).transpose()?;
     let history = open_history(&args, &target)?;
     let (root, command) = match &target {
         Target::Launch(argv) => {
@@ -102,7 +104,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
-    runtime.block_on(trace(probes, root, command, history, args))
+    runtime.block_on(trace(probes, root, command, history, ui, args))
 }
 
 /// The traced root process.
@@ -134,6 +136,7 @@ async fn trace(
     mut root: Root,
     command: String,
     history: Option<store::Writer>,
+    ui: Option<std::net::TcpListener>,
     args: ReportArgs,
 ) -> Result<Outcome, Error> {
     let channels = probes.take_channels()?;
@@ -188,6 +191,25 @@ async fn trace(
     };
     let mut end = Box::pin(end_of(&root, root_pid, root_exit));
     let mut tick = ticker(args.interval);
+    // --ui: the API reads the latest report, published here every second.
+    let (live_tx, live_rx) = tokio::sync::watch::channel(None);
+    let mut ui_tick = if ui.is_some() {
+        // The first tick is immediate: the API has a report from the start.
+        let mut t = tokio::time::interval(Duration::from_secs(1));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    } else {
+        ticker(0.0)
+    };
+    if let Some(listener) = ui {
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
+        let state = crate::api::ApiState {
+            live: live_rx,
+            store: history.as_ref().map(|w| w.path.clone()),
+        };
+        tokio::spawn(crate::api::serve(listener, state));
+    }
     // Per step (at each step boundary) or per time (every --sample seconds).
     let per_step = args.step_symbol.is_some();
     let mut sample_tick = ticker(if per_step { 0.0 } else { args.sample });
@@ -238,6 +260,10 @@ async fn trace(
             _ = tick.tick() => {
                 out.write(&report(&ledger, &analysis, &mut sym, args.top, false), args.json)?
             }
+            _ = ui_tick.tick() => {
+                let r = report(&ledger, &analysis, &mut sym, stored_top, false);
+                let _ = live_tx.send(Some(std::sync::Arc::new(r)));
+            }
             _ = snapshot_tick.tick() => store(&ledger, &analysis, &mut sym, Reason::Periodic),
             Some(()) = on_demand.recv() => store(&ledger, &analysis, &mut sym, Reason::OnDemand),
             code = &mut end => break code,
@@ -264,6 +290,7 @@ async fn trace(
         sample(&mut analysis, &ledger);
     }
     let mut last = report(&ledger, &analysis, &mut sym, stored_top, true);
+    let _ = live_tx.send(Some(std::sync::Arc::new(last.clone())));
     if let Some(w) = history {
         w.snapshot(last.clone(), Reason::Exit);
         let exit = matches!(root, Root::Held(_)).then_some(exit_code);
@@ -284,6 +311,30 @@ async fn trace(
     out.write(&last, args.json)?;
     prober.finish().detach_in_background();
     Ok(Outcome { exit_code, last })
+}
+
+/// Binds the explorer API's address (loopback only) and prints its URL.
+fn listen(addr: &str) -> Result<std::net::TcpListener, Error> {
+    let sock: std::net::SocketAddr = addr.parse().map_err(|_| {
+        Error::Usage(format!(
+            "--ui: {addr:?} is not an address like 127.0.0.1:7878"
+        ))
+    })?;
+    if !sock.ip().is_loopback() {
+        return Err(Error::Usage(format!(
+            "--ui {addr}: only loopback addresses are served (a token for other addresses is not supported yet)"
+        )));
+    }
+    let listener = std::net::TcpListener::bind(sock)
+        .map_err(|e| anyhow::anyhow!("--ui: cannot listen on {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
+    eprintln!("leaktracer: explorer API at http://{bound}/api/v1/health");
+    Ok(listener)
 }
 
 /// Starts the run in the history, unless --no-store. A history named with --store that cannot be

@@ -1,0 +1,105 @@
+//! `run --ui`: the explorer API served while a leaking fixture runs, read over a real socket.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use tests::fixture;
+
+/// GET `path` from `addr`: status line and body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the API");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+#[test]
+fn the_api_serves_the_leak_while_the_command_runs() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("patterns");
+    let mut tracer = fixture::leaktracer_cmd()
+        .args([
+            "run",
+            "--ui=127.0.0.1:0",
+            "--no-store",
+            "--sample",
+            "0.1",
+            "-o",
+            "/dev/null",
+            "--",
+        ])
+        .arg(&bin)
+        .args(["40", "150"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("leaktracer run --ui");
+    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_once("explorer API at http://")
+                .map(|(_, rest)| rest.trim_end_matches("/api/v1/health").to_string())
+        })
+        .expect("the URL is printed");
+    std::thread::spawn(move || lines.for_each(drop));
+    let site = format!(
+        "activations (patterns.c:{})",
+        crate::line_of("patterns", "return touch(malloc(n), n)")
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leak = loop {
+        let (status, body) = http_get(&url, "/api/v1/stacks?kind=heap&verdict=leak");
+        // Until the session publishes its first report (as its loop starts): 503, said so.
+        if status == "HTTP/1.1 503 Service Unavailable" {
+            assert_eq!(body, r#"{"error":"no report yet"}"#);
+        } else {
+            assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let stacks = v.as_array().unwrap();
+            if let Some(s) = stacks.iter().find(|s| s["site"] == site.as_str()) {
+                break s.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leak at {site} in time: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(leak["slope"].as_f64().unwrap() > 0.0, "{leak}");
+    let (status, detail) = http_get(
+        &url,
+        &format!("/api/v1/stacks/{}", leak["id"].as_str().unwrap()),
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    assert_eq!(detail["frames"][0]["function"], "activations");
+    let (_, metrics) = http_get(&url, "/metrics");
+    assert!(
+        metrics.contains("leaktracer_stack_outstanding_bytes{"),
+        "{metrics}"
+    );
+    let (status, body) = http_get(&url, "/api/v1/stacks?limit=0");
+    assert_eq!(status, "HTTP/1.1 400 Bad Request");
+    assert!(body.contains("limit must be between 1 and 10000"));
+    assert_eq!(tracer.wait().unwrap().code(), Some(0));
+    fixture::wait_for_detached_probes();
+}
