@@ -103,3 +103,35 @@ fn the_api_serves_the_leak_while_the_command_runs() {
     assert_eq!(tracer.wait().unwrap().code(), Some(0));
     fixture::wait_for_detached_probes();
 }
+
+#[test]
+fn bad_ui_arguments_stop_before_the_command_runs() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let marker = fixture::target_dir().join("ui-must-not-exist");
+    let _ = std::fs::remove_file(&marker);
+    for (args, msg) in [
+        (
+            &["--ui=nonsense"][..],
+            "is not an address like 127.0.0.1:7878",
+        ),
+        (
+            &["--ui=0.0.0.0:0", "--ui-token", "short"][..],
+            "at least 16 printable characters",
+        ),
+    ] {
+        let o = fixture::leaktracer_cmd()
+            .arg("run")
+            .args(args)
+            .args(["--no-store", "--", "touch"])
+            .arg(&marker)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(msg), "{args:?}: {err}");
+        assert!(!marker.exists(), "the command ran");
+    }
+}

@@ -149,6 +149,7 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
                 step_symbol: None,
                 no_heap: false,
                 ui: None,
+                ui_token: None,
                 exports: Default::default(),
                 history: crate::cli::HistoryArgs::none(),
                 check: false,

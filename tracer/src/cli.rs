@@ -163,11 +163,20 @@ pub struct ReportArgs {
     #[arg(long)]
     pub no_heap: bool,
     /// Serve the read-only explorer API (JSON under /api/v1, live updates over SSE, /metrics) on
-    /// ADDR while tracing (`--ui` or `--ui=ADDR`), a loopback address (default 127.0.0.1:7878;
-    /// port 0 picks one); the URL
-    /// is printed.
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, require_equals = true, default_missing_value = "127.0.0.1:7878")]
+    /// ADDR while tracing (`--ui` or `--ui=ADDR`; default 127.0.0.1:7878, port 0 picks one; off
+    /// loopback a token is required, see --ui-token); the URL is printed.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "127.0.0.1:7878"
+    )]
     pub ui: Option<String>,
+    /// The token every API request must carry (`Authorization: Bearer TOKEN` or
+    /// `?token=TOKEN`); generated and printed when --ui is not a loopback address.
+    #[arg(long, value_name = "TOKEN", requires = "ui")]
+    pub ui_token: Option<String>,
     #[command(flatten)]
     pub exports: Exports,
     #[command(flatten)]
@@ -327,6 +336,7 @@ mod tests {
             step_symbol: None,
             no_heap: false,
             ui: None,
+            ui_token: None,
             exports: Exports::default(),
             history: HistoryArgs::none(),
             check: false,

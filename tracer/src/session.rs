@@ -67,7 +67,11 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     }
     // Before the command is started: a history or an address that cannot be opened stops the
     // session here.
-    let ui = args.ui.as_deref().map(listen).transpose()?;
+    let ui = args
+        .ui
+        .as_deref()
+        .map(|a| listen(a, args.ui_token.as_deref()))
+        .transpose()?;
     let history = open_history(&args, &target)?;
     let (root, command) = match &target {
         Target::Launch(argv) => {
@@ -136,7 +140,7 @@ async fn trace(
     mut root: Root,
     command: String,
     history: Option<store::Writer>,
-    ui: Option<std::net::TcpListener>,
+    ui: Option<Ui>,
     args: ReportArgs,
 ) -> Result<Outcome, Error> {
     let channels = probes.take_channels()?;
@@ -201,12 +205,13 @@ async fn trace(
     } else {
         ticker(0.0)
     };
-    if let Some(listener) = ui {
+    if let Some(Ui { listener, token }) = ui {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
         let state = crate::api::ApiState {
             live: live_rx,
             store: history.as_ref().map(|w| w.path.clone()),
+            token: token.map(Into::into),
         };
         tokio::spawn(crate::api::serve(listener, state));
     }
@@ -313,18 +318,30 @@ async fn trace(
     Ok(Outcome { exit_code, last })
 }
 
-/// Binds the explorer API's address (loopback only) and prints its URL.
-fn listen(addr: &str) -> Result<std::net::TcpListener, Error> {
+/// The explorer API's socket, and the token requests must carry (required off loopback).
+pub struct Ui {
+    listener: std::net::TcpListener,
+    token: Option<String>,
+}
+
+/// Binds the explorer API's address and prints its URL. Off loopback a token is required: the
+/// one given (--ui-token) or a new random one, printed in the URL.
+fn listen(addr: &str, token: Option<&str>) -> Result<Ui, Error> {
     let sock: std::net::SocketAddr = addr.parse().map_err(|_| {
         Error::Usage(format!(
             "--ui: {addr:?} is not an address like 127.0.0.1:7878"
         ))
     })?;
-    if !sock.ip().is_loopback() {
-        return Err(Error::Usage(format!(
-            "--ui {addr}: only loopback addresses are served (a token for other addresses is not supported yet)"
-        )));
-    }
+    let token = match token {
+        Some(t) if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(Error::Usage(
+                "--ui-token must be at least 16 printable characters, no spaces".into(),
+            ));
+        }
+        Some(t) => Some(t.to_string()),
+        None if sock.ip().is_loopback() => None,
+        None => Some(crate::api::new_token().map_err(|e| anyhow::anyhow!("--ui: {e}"))?),
+    };
     let listener = std::net::TcpListener::bind(sock)
         .map_err(|e| anyhow::anyhow!("--ui: cannot listen on {addr}: {e}"))?;
     listener
@@ -333,8 +350,12 @@ fn listen(addr: &str) -> Result<std::net::TcpListener, Error> {
     let bound = listener
         .local_addr()
         .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
-    eprintln!("leaktracer: explorer API at http://{bound}/api/v1/health");
-    Ok(listener)
+    let query = token
+        .as_deref()
+        .map(|t| format!("?token={t}"))
+        .unwrap_or_default();
+    eprintln!("leaktracer: explorer API at http://{bound}/api/v1/health{query}");
+    Ok(Ui { listener, token })
 }
 
 /// Starts the run in the history, unless --no-store. A history named with --store that cannot be

@@ -33,6 +33,8 @@ pub struct ApiState {
     pub live: Live,
     /// The history file, for runs and stored snapshots (None: --no-store).
     pub store: Option<PathBuf>,
+    /// When set, every request must carry it (`Authorization: Bearer TOKEN` or `?token=TOKEN`).
+    pub token: Option<Arc<str>>,
 }
 
 /// An error for the client: a status and a message.
@@ -64,6 +66,47 @@ impl From<QueryRejection> for ApiError {
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
 pub fn router(state: ApiState) -> Router {
+    let token = state.token.clone();
+    let routes = routes(state);
+    match token {
+        Some(t) => routes.layer(axum::middleware::from_fn(move |req, next| {
+            authorize(t.clone(), req, next)
+        })),
+        None => routes,
+    }
+}
+
+/// Lets a request through when it carries the token.
+async fn authorize(
+    token: Arc<str>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let query = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+    let given = bearer.or(query).unwrap_or("");
+    // Compared in constant time: the token guards the API on a network.
+    let ok = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError(StatusCode::UNAUTHORIZED, "a valid token is required".into()).into_response()
+    }
+}
+
+fn routes(state: ApiState) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/api/v1/health", get(health))
@@ -266,6 +309,21 @@ async fn events(
         Some(Ok(Event::default().event("update").data(data)))
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// A new random token (32 hex digits, from the kernel's random source) for a non-loopback
+/// address.
+pub fn new_token() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    // SAFETY: getrandom fills the buffer it is given.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(format!(
+            "no random token: getrandom: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Serves the API on `listener` until the process ends.

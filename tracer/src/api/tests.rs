@@ -16,7 +16,11 @@ use crate::analysis::bench::{ledger_with, report_of};
 
 fn state_with(report: Option<Report>, store: Option<PathBuf>) -> ApiState {
     let (_tx, live) = watch::channel(report.map(Arc::new));
-    ApiState { live, store }
+    ApiState {
+        live,
+        store,
+        token: None,
+    }
 }
 
 fn live_state() -> ApiState {
@@ -185,7 +189,11 @@ async fn runs_and_snapshots_come_from_the_history() {
 #[tokio::test]
 async fn live_updates_arrive_over_sse() {
     let (tx, live) = watch::channel(None);
-    let state = ApiState { live, store: None };
+    let state = ApiState {
+        live,
+        store: None,
+        token: None,
+    };
     let res = router(state)
         .oneshot(Request::get("/api/v1/events").body(Body::empty()).unwrap())
         .await
@@ -204,4 +212,33 @@ async fn live_updates_arrive_over_sse() {
     assert!(text.starts_with("event: update\ndata: {"), "{text}");
     assert!(text.contains("\"totals\":{\"heap\":640}"), "{text}");
     assert!(text.contains("\"leaks\":0"), "{text}");
+}
+
+#[tokio::test]
+async fn with_a_token_every_request_must_carry_it() {
+    let state = || ApiState {
+        token: Some("s3cret-token".into()),
+        ..live_state()
+    };
+    let (status, v) = get_json(state(), "/api/v1/health").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(v["error"], "a valid token is required");
+    let (status, _) = get(state(), "/metrics?token=wrong-token!").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = get(state(), "/api/v1/stacks?limit=1&token=s3cret-token").await;
+    assert_eq!(status, StatusCode::OK);
+    let res = router(state())
+        .oneshot(
+            Request::get("/api/v1/health")
+                .header(header::AUTHORIZATION, "Bearer s3cret-token")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let t = new_token().unwrap();
+    assert_eq!(t.len(), 32);
+    assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_ne!(t, new_token().unwrap());
 }
