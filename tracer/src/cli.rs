@@ -122,8 +122,12 @@ pub enum Command {
         rounds: usize,
         /// Measure the verdict analysis instead (no probes): steps until a leak is flagged,
         /// memory per stack series, report latency with 100k stacks.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "api")]
         verdicts: bool,
+        /// Measure the explorer API instead (no probes): publishing a report from 100k stacks and
+        /// 1M outstanding allocations, and the latency of its requests (p50, p99).
+        #[arg(long)]
+        api: bool,
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]

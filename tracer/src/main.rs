@@ -35,6 +35,7 @@ fn main() {
             exports,
         } => stored(store, list, run, snapshot, top, json, &exports),
         Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
+        Command::Bench { api: true, .. } => finish(tracer::api::bench::run()),
         Command::Bench { pairs, rounds, .. } => {
             if pairs == 0 || rounds == 0 {
                 usage("--pairs and --rounds must be at least 1");

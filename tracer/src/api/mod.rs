@@ -3,6 +3,7 @@
 //! here touches the ledger) and the history file for runs and snapshots. Errors are JSON
 //! `{"error": "…"}` with a 4xx status, in words for the user, never internals.
 
+pub mod bench;
 pub mod dto;
 #[cfg(test)]
 mod tests;
