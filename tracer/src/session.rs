@@ -295,7 +295,9 @@ async fn trace(
         sample(&mut analysis, &ledger);
     }
     let mut last = report(&ledger, &analysis, &mut sym, stored_top, true);
-    let _ = live_tx.send(Some(std::sync::Arc::new(last.clone())));
+    if args.ui.is_some() {
+        let _ = live_tx.send(Some(std::sync::Arc::new(last.clone())));
+    }
     if let Some(w) = history {
         w.snapshot(last.clone(), Reason::Exit);
         let exit = matches!(root, Root::Held(_)).then_some(exit_code);
