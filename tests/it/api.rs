@@ -92,6 +92,18 @@ fn the_api_serves_the_leak_while_the_command_runs() {
     assert_eq!(status, "HTTP/1.1 200 OK");
     let detail: serde_json::Value = serde_json::from_str(&detail).unwrap();
     assert_eq!(detail["frames"][0]["function"], "activations");
+    // Its sampled series rises: the floor leak under the spikes.
+    let (status, series) = http_get(
+        &url,
+        &format!("/api/v1/stacks/{}/series", leak["id"].as_str().unwrap()),
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let series: serde_json::Value = serde_json::from_str(&series).unwrap();
+    assert_eq!(series["per"], "second");
+    let points = series["points"].as_array().unwrap();
+    assert!(points.len() >= 4, "{series}");
+    let min = |p: &serde_json::Value| p["min"].as_u64().unwrap();
+    assert!(min(points.last().unwrap()) > min(&points[0]), "{series}");
     let (_, metrics) = http_get(&url, "/metrics");
     assert!(
         metrics.contains("leaktracer_stack_outstanding_bytes{"),

@@ -267,7 +267,8 @@ async fn trace(
             }
             _ = ui_tick.tick() => {
                 let r = report(&ledger, &analysis, &mut sym, stored_top, false);
-                let _ = live_tx.send(Some(std::sync::Arc::new(r)));
+                let published = crate::api::Published::new(r, &analysis);
+                let _ = live_tx.send(Some(std::sync::Arc::new(published)));
             }
             _ = snapshot_tick.tick() => store(&ledger, &analysis, &mut sym, Reason::Periodic),
             Some(()) = on_demand.recv() => store(&ledger, &analysis, &mut sym, Reason::OnDemand),
@@ -296,7 +297,8 @@ async fn trace(
     }
     let mut last = report(&ledger, &analysis, &mut sym, stored_top, true);
     if args.ui.is_some() {
-        let _ = live_tx.send(Some(std::sync::Arc::new(last.clone())));
+        let published = crate::api::Published::new(last.clone(), &analysis);
+        let _ = live_tx.send(Some(std::sync::Arc::new(published)));
     }
     if let Some(w) = history {
         w.snapshot(last.clone(), Reason::Exit);

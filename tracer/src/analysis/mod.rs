@@ -84,6 +84,16 @@ impl Analysis {
         }
     }
 
+    /// A group's sampled series, oldest first.
+    pub fn series(&self, key: &GroupKey) -> Option<&[series::Point]> {
+        self.groups.get(key).map(|t| t.series.points())
+    }
+
+    /// A process's heap-level and brk series, oldest first.
+    pub fn process_series(&self, pid: u32) -> Option<(&[series::Point], &[series::Point])> {
+        self.procs.get(&pid).map(|(h, p)| (h.points(), p.points()))
+    }
+
     /// The verdict of a group, from `warmup_s` on.
     pub fn group(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
         classify(&self.groups.get(key)?.series, warmup_s)

@@ -49,8 +49,9 @@ pub fn run() -> Result<i32, Error> {
         let (ledger, analysis) = ledger_with(stacks, per_stack);
         let t = Instant::now();
         let report = report_of(&ledger, &analysis, PUBLISHED);
+        let published = super::Published::new(report, &analysis);
         let publish_ms = t.elapsed().as_secs_f64() * 1e3;
-        let (_tx, live) = watch::channel(Some(Arc::new(report)));
+        let (_tx, live) = watch::channel(Some(Arc::new(published)));
         let state = ApiState {
             live,
             store: None,

@@ -220,6 +220,34 @@ pub fn detail(s: &StackReport) -> StackDetail {
     }
 }
 
+/// One point of a sampled series: the span it covers (seconds or steps), the least and most
+/// outstanding bytes in it and the last value (old points are merged pairwise).
+#[derive(Clone, Debug, Serialize)]
+pub struct PointDto {
+    pub t0: f64,
+    pub t1: f64,
+    pub min: u64,
+    pub max: u64,
+    pub last: u64,
+}
+
+pub fn point(p: &crate::analysis::series::Point) -> PointDto {
+    PointDto {
+        t0: p.t0,
+        t1: p.t1,
+        min: p.min,
+        max: p.max,
+        last: p.last,
+    }
+}
+
+/// A process's series: heap-level bytes (heap and tensors) and the allocator's brk heap.
+#[derive(Debug, Serialize)]
+pub struct ProcessSeries {
+    pub heap: Vec<PointDto>,
+    pub brk: Vec<PointDto>,
+}
+
 /// What each live update (SSE) carries: enough to refresh the header and decide to re-fetch.
 #[derive(Debug, Serialize)]
 pub struct Update {

@@ -26,8 +26,52 @@ use tokio_stream::{Stream, StreamExt as _, wrappers::WatchStream};
 
 use crate::report::{self, Report};
 
-/// The latest report of the session (None before the first).
-pub type Live = watch::Receiver<Option<Arc<Report>>>;
+/// The latest publication of the session (None before the first).
+pub type Live = watch::Receiver<Option<Arc<Published>>>;
+
+/// What the session publishes for the API: a report and the sampled series of its stacks and
+/// processes, built by the ledger's owner (the API never reads the ledger or the analysis).
+pub struct Published {
+    pub report: Report,
+    /// Per stack id (as in the DTOs).
+    pub stack_series: std::collections::HashMap<String, Vec<dto::PointDto>>,
+    /// Per pid: heap-level and brk-heap series.
+    pub process_series: std::collections::HashMap<u32, dto::ProcessSeries>,
+}
+
+impl Published {
+    /// Takes the series of `report`'s stacks and processes from `analysis`.
+    pub fn new(report: Report, analysis: &crate::analysis::Analysis) -> Self {
+        let points = |p: &[crate::analysis::series::Point]| p.iter().map(dto::point).collect();
+        let stack_series = report
+            .stacks
+            .iter()
+            .filter_map(|s| {
+                let series = analysis.series(s.group.as_ref()?)?;
+                Some((dto::stack_key(s), points(series)))
+            })
+            .collect();
+        let process_series = report
+            .processes
+            .iter()
+            .filter_map(|p| {
+                let (heap, brk) = analysis.process_series(p.pid)?;
+                Some((
+                    p.pid,
+                    dto::ProcessSeries {
+                        heap: points(heap),
+                        brk: points(brk),
+                    },
+                ))
+            })
+            .collect();
+        Self {
+            report,
+            stack_series,
+            process_series,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct ApiState {
@@ -114,6 +158,8 @@ fn routes(state: ApiState) -> Router {
         .route("/api/v1/processes", get(processes))
         .route("/api/v1/stacks", get(stacks))
         .route("/api/v1/stacks/{id}", get(stack))
+        .route("/api/v1/stacks/{id}/series", get(stack_series))
+        .route("/api/v1/processes/{pid}/series", get(process_series))
         .route("/api/v1/runs", get(runs))
         .route("/api/v1/runs/{run}/snapshots/{n}", get(snapshot))
         .route("/api/v1/diff", get(diff))
@@ -124,12 +170,12 @@ fn routes(state: ApiState) -> Router {
 }
 
 async fn index() -> &'static str {
-    "leaktracer API (read-only): /api/v1/health /api/v1/processes /api/v1/stacks \
-     /api/v1/stacks/{id} /api/v1/runs /api/v1/runs/{run}/snapshots/{n} \
+    "leaktracer API (read-only): /api/v1/health /api/v1/processes /api/v1/processes/{pid}/series \
+     /api/v1/stacks /api/v1/stacks/{id} /api/v1/stacks/{id}/series /api/v1/runs /api/v1/runs/{run}/snapshots/{n} \
      /api/v1/diff?old=…&new=… /api/v1/events (SSE) /metrics\n"
 }
 
-fn latest(state: &ApiState) -> Result<Arc<Report>, ApiError> {
+fn latest(state: &ApiState) -> Result<Arc<Published>, ApiError> {
     state
         .live
         .borrow()
@@ -139,12 +185,12 @@ fn latest(state: &ApiState) -> Result<Arc<Report>, ApiError> {
 
 async fn health(State(state): State<ApiState>) -> Json<dto::Health> {
     let r = state.live.borrow().clone();
-    Json(dto::Health::of(r.as_deref()))
+    Json(dto::Health::of(r.as_deref().map(|p| &p.report)))
 }
 
 async fn processes(State(state): State<ApiState>) -> ApiResult<Vec<dto::ProcessDto>> {
-    let r = latest(&state)?;
-    Ok(Json(dto::processes(&r)))
+    let p = latest(&state)?;
+    Ok(Json(dto::processes(&p.report)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,8 +235,9 @@ async fn stacks(
             VERDICTS.join(", ")
         )));
     }
-    let r = latest(&state)?;
-    let out = r
+    let p = latest(&state)?;
+    let out = p
+        .report
         .stacks
         .iter()
         .map(dto::stack)
@@ -210,12 +257,59 @@ async fn stack(
     State(state): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<dto::StackDetail> {
-    let r = latest(&state)?;
-    r.stacks
+    let p = latest(&state)?;
+    p.report
+        .stacks
         .iter()
         .find(|s| dto::stack_key(s) == id)
         .map(|s| Json(dto::detail(s)))
         .ok_or_else(|| ApiError::not_found("no such stack in the latest report"))
+}
+
+/// A series with what its x axis counts.
+#[derive(Debug, serde::Serialize)]
+struct SeriesDto<T> {
+    /// "second" (since the session started) or "step".
+    per: String,
+    #[serde(flatten)]
+    series: T,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Points<'a> {
+    points: &'a [dto::PointDto],
+}
+
+async fn stack_series(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = latest(&state)?;
+    let points = p
+        .stack_series
+        .get(&id)
+        .ok_or_else(|| ApiError::not_found("no series for that stack in the latest report"))?;
+    Ok(Json(SeriesDto {
+        per: p.report.verdicts_per.to_string(),
+        series: Points { points },
+    })
+    .into_response())
+}
+
+async fn process_series(
+    State(state): State<ApiState>,
+    Path(pid): Path<u32>,
+) -> Result<Response, ApiError> {
+    let p = latest(&state)?;
+    let series = p
+        .process_series
+        .get(&pid)
+        .ok_or_else(|| ApiError::not_found("no such process in the latest report"))?;
+    Ok(Json(SeriesDto {
+        per: p.report.verdicts_per.to_string(),
+        series,
+    })
+    .into_response())
 }
 
 fn store(state: &ApiState) -> Result<crate::store::Store, ApiError> {
@@ -293,10 +387,10 @@ async fn diff(
 }
 
 async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
-    let r = latest(&state)?;
+    let p = latest(&state)?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        report::prometheus::exposition(&r),
+        report::prometheus::exposition(&p.report),
     )
         .into_response())
 }
@@ -306,7 +400,7 @@ async fn events(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let stream = WatchStream::new(state.live).filter_map(|r| {
         let r = r?;
-        let data = serde_json::to_string(&dto::update(&r)).ok()?;
+        let data = serde_json::to_string(&dto::update(&r.report)).ok()?;
         Some(Ok(Event::default().event("update").data(data)))
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

@@ -14,8 +14,8 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::analysis::bench::{ledger_with, report_of};
 
-fn state_with(report: Option<Report>, store: Option<PathBuf>) -> ApiState {
-    let (_tx, live) = watch::channel(report.map(Arc::new));
+fn state_with(published: Option<Published>, store: Option<PathBuf>) -> ApiState {
+    let (_tx, live) = watch::channel(published.map(Arc::new));
     ApiState {
         live,
         store,
@@ -25,7 +25,8 @@ fn state_with(report: Option<Report>, store: Option<PathBuf>) -> ApiState {
 
 fn live_state() -> ApiState {
     let (ledger, analysis) = ledger_with(5, 6);
-    state_with(Some(report_of(&ledger, &analysis, 5)), None)
+    let report = report_of(&ledger, &analysis, 5);
+    state_with(Some(Published::new(report, &analysis)), None)
 }
 
 async fn get(state: ApiState, uri: &str) -> (StatusCode, String) {
@@ -201,8 +202,8 @@ async fn live_updates_arrive_over_sse() {
     assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
     let mut body = res.into_body().into_data_stream();
     let (ledger, analysis) = ledger_with(2, 5);
-    tx.send(Some(Arc::new(report_of(&ledger, &analysis, 2))))
-        .unwrap();
+    let published = Published::new(report_of(&ledger, &analysis, 2), &analysis);
+    tx.send(Some(Arc::new(published))).unwrap();
     let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
         .await
         .expect("an update within 5 s")
@@ -241,4 +242,33 @@ async fn with_a_token_every_request_must_carry_it() {
     assert_eq!(t.len(), 32);
     assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_ne!(t, new_token().unwrap());
+}
+
+#[tokio::test]
+async fn stacks_and_processes_have_their_sampled_series() {
+    let (_, list) = get_json(live_state(), "/api/v1/stacks?limit=1").await;
+    let id = list[0]["id"].as_str().unwrap().to_string();
+    let (status, v) = get_json(live_state(), &format!("/api/v1/stacks/{id}/series")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["per"], "second");
+    let points = v["points"].as_array().unwrap();
+    // Six samples, one more 64-byte block each.
+    assert_eq!(points.len(), 6);
+    let last: Vec<u64> = points.iter().map(|p| p["last"].as_u64().unwrap()).collect();
+    assert_eq!(last, [64, 128, 192, 256, 320, 384]);
+    assert_eq!(points[2]["t0"], 2.0);
+    let (status, v) = get_json(live_state(), "/api/v1/processes/1/series").await;
+    assert_eq!(status, StatusCode::OK);
+    let heap: Vec<u64> = v["heap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["last"].as_u64().unwrap())
+        .collect();
+    assert_eq!(heap, [320, 640, 960, 1280, 1600, 1920], "five stacks");
+    assert_eq!(v["brk"].as_array().unwrap().len(), 6);
+    let (status, _) = get_json(live_state(), "/api/v1/processes/99/series").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = get_json(live_state(), "/api/v1/stacks/nope/series").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

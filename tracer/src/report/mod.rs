@@ -108,6 +108,9 @@ pub struct StackReport {
     /// was released at teardown). Listed after the outstanding stacks, whatever --top says.
     #[serde(default)]
     pub released: bool,
+    /// The analysis's key of this stack's group (not serialized: the live API finds its series).
+    #[serde(skip)]
+    pub group: Option<crate::analysis::GroupKey>,
     pub frames: Vec<SymFrame>,
 }
 
@@ -220,6 +223,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             }
             StackReport {
                 verdict,
+                group: Some((g.pid, g.stack, g.kind, g.inherited)),
                 ..stack_report(ledger, sym, g, cx.now_ns)
             }
         })
@@ -246,6 +250,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             stacks.push(StackReport {
                 verdict: Some(evidence),
                 released: true,
+                group: Some((pid, stack, kind, inherited)),
                 ..stack_report(ledger, sym, &g, cx.now_ns)
             });
         }
@@ -350,6 +355,7 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
         truncated,
         verdict: None,
         released: false,
+        group: None,
         frames,
     }
 }
