@@ -32,11 +32,11 @@ if ! [ -x "$HOME/.cargo/bin/bpf-linker" ] || ! [ -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-# 3. apt packages: gcc for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
+# 3. apt packages: gcc and libc6-dev for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
 #    the export checkers: protoc with pprof's profile.proto (golang-github-google-pprof-dev) and
 #    promtool (prometheus). Services are not started (policy-rc.d), only the tools are wanted.
 need=()
-for p in gcc valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus; do
+for p in gcc libc6-dev valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
