@@ -3,7 +3,7 @@
 //! leaktracer's programs, and with leaktracer's programs but `free` probed at its first instruction
 //! (the single-step cost that probe placement removes). Figures are printed, never asserted.
 
-use std::{path::PathBuf, time::Instant};
+use std::time::Instant;
 
 use crate::{
     cli::ReportArgs,
@@ -139,21 +139,9 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
         }
         Config::Floor => bare(&argv)?,
         Config::Leaktracer | Config::FreeAtEntry => {
-            let args = ReportArgs {
-                interval: 0.0,
-                top: 1,
-                json: true,
-                output: Some(PathBuf::from("/dev/null")),
-                sample: 1.0,
-                warmup: 0.0,
-                step_symbol: None,
-                no_heap: false,
-                ui: None,
-                ui_token: None,
-                exports: Default::default(),
-                history: crate::cli::HistoryArgs::none(),
-                check: false,
-            };
+            let args =
+                ReportArgs::from_flags(&["--top", "1", "--json", "-o", "/dev/null", "--no-store"])
+                    .map_err(|e| anyhow::anyhow!("bench options: {e}"))?;
             session::run(Target::Launch(argv), args)?;
         }
     }

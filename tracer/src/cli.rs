@@ -228,17 +228,6 @@ pub struct HistoryArgs {
 }
 
 impl HistoryArgs {
-    /// No history (benchmarks, tests).
-    pub fn none() -> Self {
-        Self {
-            store: None,
-            no_store: true,
-            snapshot: 0.0,
-            keep_days: 30.0,
-            keep_mib: 1024,
-        }
-    }
-
     /// The history file in use, if any.
     pub fn path(&self) -> Option<PathBuf> {
         if self.no_store {
@@ -261,6 +250,20 @@ impl HistoryArgs {
 }
 
 impl ReportArgs {
+    /// The options as parsed from `flags` alone (clap's own defaults for the rest), for sessions
+    /// started from code (benchmarks, tests).
+    pub fn from_flags(flags: &[&str]) -> Result<Self, String> {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            report: ReportArgs,
+        }
+        let argv = std::iter::once("leaktracer").chain(flags.iter().copied());
+        Only::try_parse_from(argv)
+            .map(|o| o.report)
+            .map_err(|e| e.to_string())
+    }
+
     /// Checks values clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.interval.is_finite() && self.interval >= 0.0) {
@@ -332,18 +335,7 @@ mod tests {
     fn bad_interval_is_rejected() {
         let r = ReportArgs {
             interval: -1.0,
-            top: 1,
-            json: false,
-            output: None,
-            sample: 1.0,
-            warmup: 0.0,
-            step_symbol: None,
-            no_heap: false,
-            ui: None,
-            ui_token: None,
-            exports: Exports::default(),
-            history: HistoryArgs::none(),
-            check: false,
+            ..ReportArgs::from_flags(&["--no-store"]).unwrap()
         };
         assert!(r.validate().unwrap_err().contains("--interval"));
         let r = ReportArgs {
