@@ -55,8 +55,9 @@ fn the_api_serves_the_leak_while_the_command_runs() {
         .by_ref()
         .map_while(Result::ok)
         .find_map(|l| {
-            l.split_once("explorer API at http://")
-                .map(|(_, rest)| rest.trim_end_matches("/api/v1/health").to_string())
+            l.split_once("explorer at http://")
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .map(|(addr, _)| addr.to_string())
         })
         .expect("the URL is printed");
     std::thread::spawn(move || lines.for_each(drop));

@@ -166,9 +166,10 @@ pub struct ReportArgs {
     /// and allocator retention are then absent.
     #[arg(long)]
     pub no_heap: bool,
-    /// Serve the read-only explorer API (JSON under /api/v1, live updates over SSE, /metrics) on
-    /// ADDR while tracing (`--ui` or `--ui=ADDR`; default 127.0.0.1:7878, port 0 picks one; off
-    /// loopback a token is required, see --ui-token); the URL is printed.
+    /// Serve the leak explorer (the page at /, the read-only JSON API under /api/v1 with live
+    /// updates over SSE, /metrics) on ADDR while tracing (`--ui` or `--ui=ADDR`; default
+    /// 127.0.0.1:7878, port 0 picks one; off loopback a token is required, see --ui-token); the
+    /// URL is printed.
     #[arg(
         long,
         value_name = "ADDR",
@@ -181,6 +182,14 @@ pub struct ReportArgs {
     /// `?token=TOKEN`); generated and printed when --ui is not a loopback address.
     #[arg(long, value_name = "TOKEN", requires = "ui")]
     pub ui_token: Option<String>,
+    /// After the traced program ends, keep serving the explorer (with the final report) until
+    /// Ctrl-C or SIGTERM.
+    #[arg(long, requires = "ui")]
+    pub keep_serving: bool,
+    /// Serve the explorer page from this directory (a `npm run build` output, for developing
+    /// the page) instead of the copy built into the binary.
+    #[arg(long, value_name = "DIR", requires = "ui")]
+    pub web_dir: Option<PathBuf>,
     #[command(flatten)]
     pub exports: Exports,
     #[command(flatten)]

@@ -5,6 +5,7 @@
 use std::{
     fs::File,
     io::Write,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -70,7 +71,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     let ui = args
         .ui
         .as_deref()
-        .map(|a| listen(a, args.ui_token.as_deref()))
+        .map(|a| listen(a, args.ui_token.as_deref(), args.web_dir.as_deref()))
         .transpose()?;
     let history = open_history(&args, &target)?;
     let (root, command) = match &target {
@@ -197,6 +198,7 @@ async fn trace(
     let mut tick = ticker(args.interval);
     // --ui: the API reads the latest report, published here every second.
     let (live_tx, live_rx) = tokio::sync::watch::channel(None);
+    let mut timeline = crate::api::views::Timeline::default();
     let mut ui_tick = if ui.is_some() {
         // The first tick is immediate: the API has a report from the start.
         let mut t = tokio::time::interval(Duration::from_secs(1));
@@ -205,13 +207,19 @@ async fn trace(
     } else {
         ticker(0.0)
     };
-    if let Some(Ui { listener, token }) = ui {
+    if let Some(Ui {
+        listener,
+        token,
+        web,
+    }) = ui
+    {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| anyhow::anyhow!("--ui: {e}"))?;
         let state = crate::api::ApiState {
             live: live_rx,
             store: history.as_ref().map(|w| w.path.clone()),
             token: token.map(Into::into),
+            web,
         };
         tokio::spawn(crate::api::serve(listener, state));
     }
@@ -267,7 +275,8 @@ async fn trace(
             }
             _ = ui_tick.tick() => {
                 let r = report(&ledger, &analysis, &mut sym, stored_top, false);
-                let published = crate::api::Published::new(r, &analysis);
+                timeline.record(&r);
+                let published = crate::api::Published::new(r, &analysis, &timeline);
                 let _ = live_tx.send(Some(std::sync::Arc::new(published)));
             }
             _ = snapshot_tick.tick() => store(&ledger, &analysis, &mut sym, Reason::Periodic),
@@ -297,7 +306,8 @@ async fn trace(
     }
     let mut last = report(&ledger, &analysis, &mut sym, stored_top, true);
     if args.ui.is_some() {
-        let published = crate::api::Published::new(last.clone(), &analysis);
+        timeline.record(&last);
+        let published = crate::api::Published::new(last.clone(), &analysis, &timeline);
         let _ = live_tx.send(Some(std::sync::Arc::new(published)));
     }
     if let Some(w) = history {
@@ -319,18 +329,30 @@ async fn trace(
     last.stacks.truncate(args.top);
     out.write(&last, args.json)?;
     prober.finish().detach_in_background();
+    if args.keep_serving {
+        eprintln!(
+            "leaktracer: the run ended; the explorer keeps serving its final report until Ctrl-C"
+        );
+        interrupted().await;
+    }
     Ok(Outcome { exit_code, last })
 }
 
-/// The explorer API's socket, and the token requests must carry (required off loopback).
+/// The explorer's socket, the token requests must carry (required off loopback) and where its
+/// page comes from.
 pub struct Ui {
     listener: std::net::TcpListener,
     token: Option<String>,
+    web: crate::api::assets::Web,
 }
 
-/// Binds the explorer API's address and prints its URL. Off loopback a token is required: the
-/// one given (--ui-token) or a new random one, printed in the URL.
-fn listen(addr: &str, token: Option<&str>) -> Result<Ui, Error> {
+/// Binds the explorer's address and prints its URL. Off loopback a token is required: the one
+/// given (--ui-token) or a new random one, printed in the URL.
+fn listen(addr: &str, token: Option<&str>, web_dir: Option<&Path>) -> Result<Ui, Error> {
+    let web = match web_dir {
+        Some(d) => crate::api::assets::Web::dir(d).map_err(Error::Usage)?,
+        None => crate::api::assets::Web::Embedded,
+    };
     let sock: std::net::SocketAddr = addr.parse().map_err(|_| {
         Error::Usage(format!(
             "--ui: {addr:?} is not an address like 127.0.0.1:7878"
@@ -358,8 +380,12 @@ fn listen(addr: &str, token: Option<&str>) -> Result<Ui, Error> {
         .as_deref()
         .map(|t| format!("?token={t}"))
         .unwrap_or_default();
-    eprintln!("leaktracer: explorer API at http://{bound}/api/v1/health{query}");
-    Ok(Ui { listener, token })
+    eprintln!("leaktracer: explorer at http://{bound}/{query} (API under /api/v1)");
+    Ok(Ui {
+        listener,
+        token,
+        web,
+    })
 }
 
 /// Starts the run in the history, unless --no-store. A history named with --store that cannot be
@@ -401,6 +427,23 @@ fn ticker(interval: f64) -> tokio::time::Interval {
     let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     t
+}
+
+/// Resolves at Ctrl-C or SIGTERM.
+async fn interrupted() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
 }
 
 /// Resolves with the exit code when the session should end: the launched command exits (its

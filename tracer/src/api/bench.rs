@@ -49,13 +49,16 @@ pub fn run() -> Result<i32, Error> {
         let (ledger, analysis) = ledger_with(stacks, per_stack);
         let t = Instant::now();
         let report = report_of(&ledger, &analysis, PUBLISHED);
-        let published = super::Published::new(report, &analysis);
+        let mut timeline = super::views::Timeline::default();
+        timeline.record(&report);
+        let published = super::Published::new(report, &analysis, &timeline);
         let publish_ms = t.elapsed().as_secs_f64() * 1e3;
         let (_tx, live) = watch::channel(Some(Arc::new(published)));
         let state = ApiState {
             live,
             store: None,
             token: None,
+            web: Default::default(),
         };
         println!(
             "{stacks:>7} stacks, {:>9} allocations: publishing a report (top {PUBLISHED}) {publish_ms:.1} ms",

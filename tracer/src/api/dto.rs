@@ -26,6 +26,11 @@ fn bytes_of(t: &crate::report::KindTotals) -> Bytes {
 pub struct Health {
     /// A report has been published (false only in the first moments of a session).
     pub live: bool,
+    /// The session's last report: the traced program has ended.
+    #[serde(rename = "final")]
+    pub final_report: bool,
+    /// What slopes are per: "second" or "step".
+    pub per: String,
     pub elapsed_s: f64,
     pub events: u64,
     pub steps: u64,
@@ -47,6 +52,8 @@ impl Health {
         let Some(r) = r else {
             return Self {
                 live: false,
+                final_report: false,
+                per: "second".into(),
                 elapsed_s: 0.0,
                 events: 0,
                 steps: 0,
@@ -71,6 +78,8 @@ impl Health {
             + l.undecodable;
         Self {
             live: true,
+            final_report: r.final_report,
+            per: r.verdicts_per.to_string(),
             elapsed_s: r.elapsed_s,
             events: r.events,
             steps: r.steps,
@@ -251,6 +260,8 @@ pub struct ProcessSeries {
 /// What each live update (SSE) carries: enough to refresh the header and decide to re-fetch.
 #[derive(Debug, Serialize)]
 pub struct Update {
+    #[serde(rename = "final")]
+    pub final_report: bool,
     pub elapsed_s: f64,
     pub events: u64,
     pub steps: u64,
@@ -261,6 +272,7 @@ pub struct Update {
 
 pub fn update(r: &Report) -> Update {
     Update {
+        final_report: r.final_report,
         elapsed_s: r.elapsed_s,
         events: r.events,
         steps: r.steps,

@@ -3,10 +3,12 @@
 //! here touches the ledger) and the history file for runs and snapshots. Errors are JSON
 //! `{"error": "…"}` with a 4xx status, in words for the user, never internals.
 
+pub mod assets;
 pub mod bench;
 pub mod dto;
 #[cfg(test)]
 mod tests;
+pub mod views;
 
 use std::{convert::Infallible, path::PathBuf, sync::Arc, time::Duration};
 
@@ -37,11 +39,17 @@ pub struct Published {
     pub stack_series: std::collections::HashMap<String, Vec<dto::PointDto>>,
     /// Per pid: heap-level and brk-heap series.
     pub process_series: std::collections::HashMap<u32, dto::ProcessSeries>,
+    /// Outstanding bytes by kind since the session started.
+    pub timeline: Vec<views::TimePoint>,
 }
 
 impl Published {
     /// Takes the series of `report`'s stacks and processes from `analysis`.
-    pub fn new(report: Report, analysis: &crate::analysis::Analysis) -> Self {
+    pub fn new(
+        report: Report,
+        analysis: &crate::analysis::Analysis,
+        timeline: &views::Timeline,
+    ) -> Self {
         let points = |p: &[crate::analysis::series::Point]| p.iter().map(dto::point).collect();
         let stack_series = report
             .stacks
@@ -69,6 +77,7 @@ impl Published {
             report,
             stack_series,
             process_series,
+            timeline: timeline.points().to_vec(),
         }
     }
 }
@@ -78,8 +87,10 @@ pub struct ApiState {
     pub live: Live,
     /// The history file, for runs and stored snapshots (None: --no-store).
     pub store: Option<PathBuf>,
-    /// When set, every request must carry it (`Authorization: Bearer TOKEN` or `?token=TOKEN`).
+    /// When set, every request for data must carry it (`Authorization: Bearer TOKEN` or
+    /// `?token=TOKEN`); the page's own files are served without it.
     pub token: Option<Arc<str>>,
+    pub web: assets::Web,
 }
 
 /// An error for the client: a status and a message.
@@ -112,13 +123,18 @@ type ApiResult<T> = Result<Json<T>, ApiError>;
 
 pub fn router(state: ApiState) -> Router {
     let token = state.token.clone();
-    let routes = routes(state);
-    match token {
-        Some(t) => routes.layer(axum::middleware::from_fn(move |req, next| {
+    let web = state.web.clone();
+    let data = routes(state);
+    let data = match token {
+        Some(t) => data.layer(axum::middleware::from_fn(move |req, next| {
             authorize(t.clone(), req, next)
         })),
-        None => routes,
-    }
+        None => data,
+    };
+    Router::new()
+        .merge(data)
+        .fallback(move |uri: axum::http::Uri| assets::serve(web.clone(), uri))
+        .layer(axum::middleware::from_fn(assets::harden))
 }
 
 /// Lets a request through when it carries the token.
@@ -153,7 +169,7 @@ async fn authorize(
 
 fn routes(state: ApiState) -> Router {
     Router::new()
-        .route("/", get(index))
+        .route("/api/v1", get(index))
         .route("/api/v1/health", get(health))
         .route("/api/v1/processes", get(processes))
         .route("/api/v1/stacks", get(stacks))
@@ -161,17 +177,24 @@ fn routes(state: ApiState) -> Router {
         .route("/api/v1/stacks/{id}/series", get(stack_series))
         .route("/api/v1/processes/{pid}/series", get(process_series))
         .route("/api/v1/runs", get(runs))
+        .route("/api/v1/runs/{run}/snapshots", get(snapshots))
+        .route("/api/v1/timeline", get(timeline))
+        .route("/api/v1/flamegraph", get(flamegraph))
         .route("/api/v1/runs/{run}/snapshots/{n}", get(snapshot))
         .route("/api/v1/diff", get(diff))
         .route("/api/v1/events", get(events))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .route(
+            "/api/{*rest}",
+            get(|| async { ApiError::not_found("no such endpoint") }),
+        )
         .with_state(state)
 }
 
 async fn index() -> &'static str {
     "leaktracer API (read-only): /api/v1/health /api/v1/processes /api/v1/processes/{pid}/series \
-     /api/v1/stacks /api/v1/stacks/{id} /api/v1/stacks/{id}/series /api/v1/runs /api/v1/runs/{run}/snapshots/{n} \
+     /api/v1/stacks /api/v1/stacks/{id} /api/v1/stacks/{id}/series /api/v1/timeline /api/v1/flamegraph \
+     /api/v1/runs /api/v1/runs/{run}/snapshots /api/v1/runs/{run}/snapshots/{n} \
      /api/v1/diff?old=…&new=… /api/v1/events (SSE) /metrics\n"
 }
 
@@ -214,11 +237,7 @@ async fn stacks(
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
-    if let Some(k) = &q.kind
-        && !crate::ledger::Kind::ALL.iter().any(|x| x.name() == k)
-    {
-        return Err(ApiError::bad("unknown kind"));
-    }
+    check_kind(q.kind.as_deref())?;
     const VERDICTS: [&str; 6] = [
         "leak",
         "spike",
@@ -328,6 +347,52 @@ async fn runs(State(state): State<ApiState>) -> ApiResult<Vec<crate::store::RunR
             "history unreadable".into(),
         )
     })
+}
+
+async fn snapshots(
+    State(state): State<ApiState>,
+    Path(run): Path<i64>,
+) -> ApiResult<Vec<crate::store::SnapshotRow>> {
+    let db = store(&state)?;
+    db.snapshot_list(run)
+        .map_err(|_| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "history unreadable".into(),
+            )
+        })?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no run {run}")))
+}
+
+async fn timeline(State(state): State<ApiState>) -> ApiResult<views::TimelineDto> {
+    let p = latest(&state)?;
+    Ok(Json(views::timeline(&p.timeline)))
+}
+
+#[derive(Debug, Deserialize)]
+struct FlameQuery {
+    kind: Option<String>,
+    pid: Option<u32>,
+}
+
+async fn flamegraph(
+    State(state): State<ApiState>,
+    q: Result<Query<FlameQuery>, QueryRejection>,
+) -> ApiResult<views::FlameNode> {
+    let Query(q) = q?;
+    check_kind(q.kind.as_deref())?;
+    let p = latest(&state)?;
+    Ok(Json(views::flamegraph(&p.report, q.kind.as_deref(), q.pid)))
+}
+
+fn check_kind(kind: Option<&str>) -> Result<(), ApiError> {
+    match kind {
+        Some(k) if !crate::ledger::Kind::ALL.iter().any(|x| x.name() == k) => {
+            Err(ApiError::bad("unknown kind"))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[derive(Debug, serde::Serialize)]

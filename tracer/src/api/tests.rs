@@ -20,13 +20,21 @@ fn state_with(published: Option<Published>, store: Option<PathBuf>) -> ApiState 
         live,
         store,
         token: None,
+        web: Default::default(),
     }
+}
+
+fn timeline_of(report: &crate::report::Report) -> super::views::Timeline {
+    let mut t = super::views::Timeline::default();
+    t.record(report);
+    t
 }
 
 fn live_state() -> ApiState {
     let (ledger, analysis) = ledger_with(5, 6);
     let report = report_of(&ledger, &analysis, 5);
-    state_with(Some(Published::new(report, &analysis)), None)
+    let timeline = timeline_of(&report);
+    state_with(Some(Published::new(report, &analysis, &timeline)), None)
 }
 
 async fn get(state: ApiState, uri: &str) -> (StatusCode, String) {
@@ -194,6 +202,7 @@ async fn live_updates_arrive_over_sse() {
         live,
         store: None,
         token: None,
+        web: Default::default(),
     };
     let res = router(state)
         .oneshot(Request::get("/api/v1/events").body(Body::empty()).unwrap())
@@ -202,7 +211,9 @@ async fn live_updates_arrive_over_sse() {
     assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
     let mut body = res.into_body().into_data_stream();
     let (ledger, analysis) = ledger_with(2, 5);
-    let published = Published::new(report_of(&ledger, &analysis, 2), &analysis);
+    let report = report_of(&ledger, &analysis, 2);
+    let timeline = timeline_of(&report);
+    let published = Published::new(report, &analysis, &timeline);
     tx.send(Some(Arc::new(published))).unwrap();
     let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
         .await

@@ -18,7 +18,7 @@ mod read;
 mod write;
 mod writer;
 
-pub use read::{RunRow, runs_text, when};
+pub use read::{RunRow, SnapshotRow, runs_text, when};
 pub use writer::Writer;
 
 /// Bumped when the tables change; an older file is refused with a clear message, not misread.

@@ -22,6 +22,15 @@ pub struct RunRow {
     pub last_snapshot_unix: Option<f64>,
 }
 
+/// One stored snapshot of a run, without its stacks.
+#[derive(Debug, Serialize)]
+pub struct SnapshotRow {
+    pub seq: i64,
+    pub reason: String,
+    pub taken_unix: f64,
+    pub stacks: u64,
+}
+
 impl Store {
     /// Every run, oldest first.
     pub fn runs(&self) -> Result<Vec<RunRow>, String> {
@@ -51,6 +60,39 @@ impl Store {
             })
             .map_err(fail)?;
         rows.collect::<Result<_, _>>().map_err(fail)
+    }
+
+    /// The snapshots stored for `run`, oldest first (None: no such run).
+    pub fn snapshot_list(&self, run: i64) -> Result<Option<Vec<SnapshotRow>>, String> {
+        let fail = |e: rusqlite::Error| format!("history {}: {e}", self.path.display());
+        let exists = self
+            .conn
+            .query_row("SELECT 1 FROM runs WHERE id = ?1", params![run], |_| Ok(()))
+            .optional()
+            .map_err(fail)?
+            .is_some();
+        if !exists {
+            return Ok(None);
+        }
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT s.seq, s.reason, s.taken_unix, COUNT(ss.rank)
+                 FROM snapshots s LEFT JOIN snapshot_stacks ss ON ss.snapshot_id = s.id
+                 WHERE s.run_id = ?1 GROUP BY s.id ORDER BY s.seq",
+            )
+            .map_err(fail)?;
+        let rows = q
+            .query_map(params![run], |r| {
+                Ok(SnapshotRow {
+                    seq: r.get(0)?,
+                    reason: r.get(1)?,
+                    taken_unix: r.get(2)?,
+                    stacks: r.get::<_, i64>(3)? as u64,
+                })
+            })
+            .map_err(fail)?;
+        rows.collect::<Result<_, _>>().map(Some).map_err(fail)
     }
 
     /// The newest run's id.

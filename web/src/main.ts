@@ -1,0 +1,152 @@
+// The leak explorer: fetches the API, draws each panel, and refreshes on every live update.
+// Data flows one way: the API's answers → this module's state → the panels.
+
+import { eventsUrl, get, type FlameNode, type Health, type Process, type Stack, type Timeline, type Update } from './api';
+import { TimelineChart } from './charts';
+import { StackView } from './detail';
+import { DiffView } from './diff';
+import { byId, el, fill } from './dom';
+import { Flame } from './flame';
+import { ProcessTree } from './processes';
+import { StackTable } from './table';
+import { bytes, count, grouped, seconds } from './format';
+import './style.css';
+
+interface State {
+  pid: number | null;
+  stack: string | null;
+  flameKind: string;
+  updates: number;
+}
+
+const state: State = { pid: null, stack: null, flameKind: '', updates: 0 };
+
+const timeline = new TimelineChart(byId('timeline'));
+const tree = new ProcessTree(byId('processes'), (pid) => {
+  state.pid = pid;
+  void refresh();
+});
+const table = new StackTable(byId<HTMLTableElement>('stacks'), (id) => void pick(id));
+const view = new StackView(byId('stack'), byId('stack-chart'));
+const flame = new Flame(byId('flame'), byId('flame-details'));
+const diff = new DiffView(byId<HTMLTableElement>('diff'), byId('diff-note'));
+const flameKind = byId<HTMLSelectElement>('flame-kind');
+flameKind.addEventListener('change', () => {
+  state.flameKind = flameKind.value;
+  void refreshFlame();
+});
+
+async function pick(id: string): Promise<void> {
+  state.stack = id;
+  table.select(id);
+  await view.show(id);
+}
+
+function renderStatus(u: Update | Health & { totals?: Record<string, number> }): void {
+  const parts: (string | Node)[] = [
+    `${u.final ? 'ended after' : 'running'} ${seconds(u.elapsed_s)}`,
+    `${count(u.events)} events`,
+    `${count(u.steps)} steps`,
+  ];
+  if ('totals' in u && u.totals) {
+    for (const [g, n] of Object.entries(grouped(u.totals))) if (n) parts.push(`${g} ${bytes(n)}`);
+  }
+  if ('leaks' in u) parts.push(el('span', { class: u.leaks ? 'leaks' : '' }, `${u.leaks} leaking stacks`));
+  fill(byId('status'), ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
+}
+
+function renderHealth(h: Health): void {
+  const banner = byId('banner');
+  const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && k !== 'nested_calls' && k !== 'unmatched_frees');
+  if (h.dropped > 0) {
+    banner.hidden = false;
+    fill(
+      banner,
+      el('strong', {}, `${count(h.dropped)} events were lost`),
+      ': bytes shown are a lower bound. ',
+      lost.map(([k, n]) => `${k.replace(/_/g, ' ')} ${count(n)}`).join(', '),
+    );
+  } else {
+    banner.hidden = true;
+  }
+  fill(
+    byId('libraries'),
+    ...h.libraries.map((l) => el('li', {}, el('span', { class: 'module' }, l.path), ` ${l.roles.join(', ')} (${l.when})`)),
+  );
+}
+
+let refreshing: Promise<void> | null = null;
+let again = false;
+
+/// Re-reads everything the live report changes; one refresh at a time, the last request wins.
+function refresh(): Promise<void> {
+  if (refreshing) {
+    again = true;
+    return refreshing;
+  }
+  refreshing = (async () => {
+    try {
+      const pid = state.pid === null ? '' : `&pid=${state.pid}`;
+      const [health, procs, stacks, tl] = await Promise.all([
+        get<Health>('api/v1/health'),
+        get<Process[]>('api/v1/processes'),
+        get<Stack[]>(`api/v1/stacks?limit=500${pid}`),
+        get<Timeline>('api/v1/timeline'),
+      ]);
+      renderHealth(health);
+      if (!state.updates) renderStatus(health);
+      tree.render(procs, state.pid);
+      table.set(stacks, health.per);
+      timeline.update(tl);
+      fill(byId('pid-filter'), state.pid === null ? '' : `process ${state.pid} only (click it again for all)`);
+      await refreshFlame();
+      if (state.stack) await view.show(state.stack);
+      byId('conn').dataset.refreshed = String(Date.now());
+    } catch (e) {
+      fill(byId('error'), (e as Error).message);
+    } finally {
+      refreshing = null;
+    }
+    if (again) {
+      again = false;
+      await refresh();
+    }
+  })();
+  return refreshing;
+}
+
+async function refreshFlame(): Promise<void> {
+  const q = new URLSearchParams();
+  if (state.flameKind) q.set('kind', state.flameKind);
+  if (state.pid !== null) q.set('pid', String(state.pid));
+  const root = await get<FlameNode>(`api/v1/flamegraph?${q}`);
+  const kinds = state.flameKind ? [state.flameKind] : root.children.map((c) => c.name);
+  const known = new Set([...flameKind.options].map((o) => o.value));
+  for (const k of kinds) if (!known.has(k)) flameKind.append(el('option', { value: k }, k));
+  flame.render(root);
+}
+
+function connect(): void {
+  const conn = byId('conn');
+  const events = new EventSource(eventsUrl());
+  events.addEventListener('open', () => {
+    conn.textContent = 'live';
+    conn.className = 'conn live';
+  });
+  events.addEventListener('update', (e) => {
+    const u = JSON.parse((e as MessageEvent<string>).data) as Update;
+    state.updates++;
+    conn.dataset.updates = String(state.updates);
+    renderStatus(u);
+    void refresh();
+    if (u.final) void diff.refresh();
+  });
+  events.addEventListener('error', () => {
+    conn.textContent = 'disconnected: retrying';
+    conn.className = 'conn down';
+  });
+}
+
+view.clear();
+connect();
+void refresh().then(() => diff.refresh());
