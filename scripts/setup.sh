@@ -34,9 +34,13 @@ fi
 
 # 3. apt packages: gcc and libc6-dev for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
 #    the export checkers: protoc with pprof's profile.proto (golang-github-google-pprof-dev) and
-#    promtool (prometheus). Services are not started (policy-rc.d), only the tools are wanted.
+#    promtool (prometheus); Node.js and npm to build the explorer page, Chromium to test it.
+#    Services are not started (policy-rc.d), only the tools are wanted.
 need=()
-for p in gcc libc6-dev valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus; do
+pkgs=(gcc libc6-dev valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus chromium)
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
+for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -71,4 +75,15 @@ fi
 if ! [ -e /sys/kernel/tracing/events ]; then
   log "mounting tracefs"
   mount -t tracefs nodev /sys/kernel/tracing
+fi
+
+# 6. The explorer page (web/): its npm packages as locked, then the type check and the build into
+#    web/dist (embedded by the tracer's build), redone when a source is newer than the build.
+if ! [ -f web/node_modules/.package-lock.json ] || [ web/package-lock.json -nt web/node_modules/.package-lock.json ]; then
+  log "npm ci in web/"
+  (cd web && npm ci --no-audit --no-fund --loglevel=error)
+fi
+if ! [ -f web/dist/app.js ] || [ -n "$(find web/src web/index.html web/build.mjs web/package-lock.json -newer web/dist/app.js -print -quit)" ]; then
+  log "building the explorer page"
+  (cd web && npm run --silent typecheck && npm run --silent build)
 fi

@@ -6,6 +6,7 @@ mod attach;
 mod check;
 mod diff;
 mod errors;
+mod explorer;
 mod exports;
 mod gpu;
 mod heap;

@@ -10,12 +10,19 @@ export class DiffView {
   private readonly new = byId<HTMLSelectElement>('diff-new');
   private readonly go = byId<HTMLButtonElement>('diff-go');
   private runs: Run[] = [];
+  /// The snapshots the user picked; untouched, old is the first and new the latest.
+  private picked = { old: false, new: false };
 
   constructor(
     private readonly host: HTMLTableElement,
     private readonly note: HTMLElement,
   ) {
-    this.run.addEventListener('change', () => void this.loadSnapshots());
+    this.run.addEventListener('change', () => {
+      this.picked = { old: false, new: false };
+      void this.loadSnapshots();
+    });
+    this.old.addEventListener('change', () => (this.picked.old = true));
+    this.new.addEventListener('change', () => (this.picked.new = true));
     this.go.addEventListener('click', () => void this.compare());
   }
 
@@ -42,12 +49,11 @@ export class DiffView {
   private async loadSnapshots(): Promise<void> {
     if (!this.run.value) return this.say('No run is stored yet.');
     const snaps = await get<SnapshotRow[]>(`api/v1/runs/${this.run.value}/snapshots`).catch(() => []);
-    const keep = [this.old.value, this.new.value];
-    for (const [select, fallback] of [
-      [this.old, snaps[0]],
-      [this.new, snaps[snaps.length - 1]],
+    for (const [select, fallback, picked] of [
+      [this.old, snaps[0], this.picked.old],
+      [this.new, snaps[snaps.length - 1], this.picked.new],
     ] as const) {
-      const prev = select === this.old ? keep[0] : keep[1];
+      const prev = picked ? select.value : '';
       fill(
         select,
         ...snaps.map((s) => el('option', { value: s.seq }, `#${s.seq} ${s.reason} ${when(s.taken_unix)}`)),

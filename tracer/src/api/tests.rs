@@ -176,6 +176,32 @@ async fn runs_and_snapshots_come_from_the_history() {
         "text, as it was"
     );
     assert_eq!(v[0]["snapshots"], 2);
+    let (status, v) = get_json(state(), &format!("/api/v1/runs/{run}/snapshots")).await;
+    assert_eq!(status, StatusCode::OK);
+    let rows: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["seq"].as_i64(),
+                s["reason"].as_str(),
+                s["stacks"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (Some(0), Some("periodic"), Some(3)),
+            (Some(1), Some("exit"), Some(3))
+        ]
+    );
+    let (status, v) = get_json(state(), "/api/v1/runs/99/snapshots").await;
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("no run 99"))
+    );
     let (status, v) = get_json(state(), &format!("/api/v1/runs/{run}/snapshots/-1")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
@@ -282,4 +308,159 @@ async fn stacks_and_processes_have_their_sampled_series() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = get_json(live_state(), "/api/v1/stacks/nope/series").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn timeline_and_flamegraph_come_from_the_publication() {
+    // 4 stacks of 3 frames, 5 blocks of 64 bytes each.
+    let (ledger, analysis) = ledger_with(4, 5);
+    let report = report_of(&ledger, &analysis, 4);
+    let mut timeline = views::Timeline::default();
+    timeline.record(&report);
+    timeline.record(&report);
+    let state = || {
+        state_with(
+            Some(Published::new(report.clone(), &analysis, &timeline)),
+            None,
+        )
+    };
+    let (status, v) = get_json(state(), "/api/v1/timeline").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["t"].as_array().unwrap().len(), 2);
+    assert_eq!(v["kinds"]["heap"], serde_json::json!([1280, 1280]));
+    assert!(
+        v["kinds"].get("device").is_none(),
+        "kinds that held nothing are left out"
+    );
+
+    let (status, all) = get_json(state(), "/api/v1/flamegraph").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (all["name"].as_str(), all["value"].as_u64()),
+        (Some("all"), Some(1280))
+    );
+    let kinds: Vec<_> = all["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(kinds, ["heap"], "split by kind first");
+    let (_, heap) = get_json(state(), "/api/v1/flamegraph?kind=heap").await;
+    let roots = heap["children"].as_array().unwrap();
+    assert_eq!(roots.len(), 4, "one chain per stack (no frame is shared)");
+    for chain in roots {
+        assert_eq!(chain["value"], 320);
+        let mid = &chain["children"][0];
+        assert_eq!(mid["value"], 320);
+        let leaf = &mid["children"][0];
+        assert_eq!(
+            leaf["children"].as_array().unwrap().len(),
+            0,
+            "3 frames deep"
+        );
+    }
+    let (_, none) = get_json(state(), "/api/v1/flamegraph?kind=heap&pid=2").await;
+    assert_eq!(none["value"], 0);
+    let (status, v) = get_json(state(), "/api/v1/flamegraph?kind=bogus").await;
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("unknown kind"))
+    );
+}
+
+#[test]
+fn a_long_timeline_keeps_its_whole_span_at_a_coarser_grain() {
+    let (ledger, analysis) = ledger_with(1, 1);
+    let mut report = report_of(&ledger, &analysis, 1);
+    report.final_report = false;
+    let mut t = views::Timeline::default();
+    for i in 0..5000 {
+        report.elapsed_s = f64::from(i);
+        t.record(&report);
+    }
+    let points = t.points();
+    assert!(
+        points.len() <= 1800 && points.len() >= 900,
+        "{}",
+        points.len()
+    );
+    assert_eq!(points[0].t, 0.0);
+    assert!(points.last().unwrap().t >= 4990.0);
+    assert!(points.windows(2).all(|w| w[1].t > w[0].t));
+}
+
+#[tokio::test]
+async fn the_page_is_served_with_a_strict_policy_and_without_the_token() {
+    let state = || ApiState {
+        token: Some("s3cret-token-0123".into()),
+        ..live_state()
+    };
+    let res = router(state())
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let csp = res.headers()[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+    assert_eq!(res.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    assert_eq!(res.headers()[header::REFERRER_POLICY], "no-referrer");
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&body);
+    if assets::embedded() {
+        assert!(
+            body.contains(r#"<script type="module" src="app.js">"#),
+            "{body}"
+        );
+        let (status, js) = get(state(), "/app.js").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(js.contains("EventSource"));
+    } else {
+        assert!(body.contains("was not built"), "{body}");
+    }
+    // The data still needs the token.
+    let (status, _) = get(state(), "/api/v1/health").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, v) = get_json(state(), "/api/v1/nothing?token=s3cret-token-0123").await;
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("no such endpoint"))
+    );
+
+    // --web-dir: files from disk, nothing outside the directory.
+    let dir = std::env::temp_dir().join(format!("leaktracer-web-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("index.html"), "from disk").unwrap();
+    std::fs::write(dir.join("sub/x.css"), "p{}").unwrap();
+    std::fs::write(dir.parent().unwrap().join("leaktracer-secret"), "secret").unwrap();
+    let web = assets::Web::dir(&dir).unwrap();
+    let state = || ApiState {
+        web: web.clone(),
+        ..live_state()
+    };
+    assert_eq!(
+        get(state(), "/").await,
+        (StatusCode::OK, "from disk".into())
+    );
+    assert_eq!(
+        get(state(), "/sub/x.css").await,
+        (StatusCode::OK, "p{}".into())
+    );
+    let (status, _) = get(state(), "/../leaktracer-secret").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        assets::Web::dir(&dir.join("sub"))
+            .unwrap_err()
+            .contains("no index.html")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
