@@ -15,6 +15,7 @@ mod oracle;
 mod pages;
 mod run;
 mod scenarios;
+mod serve;
 mod torch;
 mod tree;
 mod verdicts;

@@ -42,6 +42,29 @@ pub enum Command {
         #[arg(long, value_name = "S")]
         duration: Option<f64>,
     },
+    /// The daemon: trace every process a filter matches (running now or started later, and their
+    /// children) until Ctrl-C or SIGTERM, with the explorer served (127.0.0.1:7878 unless --ui
+    /// says otherwise). At least one filter.
+    Serve {
+        #[command(flatten)]
+        report: ReportArgs,
+        /// A process id (repeatable).
+        #[arg(long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// A command name: the kernel's name for the process or argv[0]'s file name (repeatable).
+        #[arg(long = "comm", value_name = "NAME")]
+        comms: Vec<String>,
+        /// A cgroup, as /proc/PID/cgroup shows it or as its directory under /sys/fs/cgroup;
+        /// processes in it or below it (repeatable).
+        #[arg(long = "cgroup", value_name = "PATH")]
+        cgroups: Vec<String>,
+        /// Every process that maps the CUDA runtime or driver (libcudart, libcuda).
+        #[arg(long)]
+        cuda: bool,
+        /// Seconds between looks at /proc for processes to adopt.
+        #[arg(long, value_name = "S", default_value_t = 1.0)]
+        scan: f64,
+    },
     /// The CI gate: run CMD under the tracer and fail (exit 1) when a stack leaks faster than the
     /// budget. Exit 0 clean, 1 leak over budget, 2 leaktracer failed, 3 CMD failed (no leak over
     /// budget). Reports (-o, --json) hold every stack with its verdict.

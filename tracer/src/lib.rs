@@ -13,6 +13,7 @@ pub mod launch;
 pub mod ledger;
 pub mod probes;
 pub mod report;
+pub mod serve;
 pub mod session;
 pub mod store;
 pub mod symbolize;

@@ -58,6 +58,27 @@ fn main() {
             junit,
             command,
         } => check(report, &budget, &kinds, junit.as_deref(), command),
+        Command::Serve {
+            mut report,
+            pids,
+            comms,
+            cgroups,
+            cuda,
+            scan,
+        } => {
+            if !(scan.is_finite() && scan >= 0.05) {
+                usage(&format!("--scan must be at least 0.05 seconds, got {scan}"));
+            }
+            let filter = tracer::serve::Filter {
+                pids,
+                comms,
+                cgroups,
+                cuda,
+            };
+            let filter = filter.validate().unwrap_or_else(|e| finish(Err(e)));
+            report.ui.get_or_insert_with(|| "127.0.0.1:7878".into());
+            (Target::Serve { filter, scan }, report)
+        }
         Command::Attach {
             report,
             pid,

@@ -20,9 +20,9 @@ use crate::{
     ingest,
     launch::{self, HeldChild},
     ledger::Ledger,
-    probes::prober::{Prober, ProbesInfo},
+    probes::prober::{ProbeRequest, Prober, ProbesInfo},
     probes::{Mode, Probes, Timing},
-    report,
+    report, serve,
     store::{self, Reason},
     symbolize::Symbolizer,
 };
@@ -33,7 +33,15 @@ const STORED_STACKS: usize = 200;
 /// What to trace.
 pub enum Target {
     Launch(Vec<String>),
-    Attach { pid: i32, duration: Option<f64> },
+    Attach {
+        pid: i32,
+        duration: Option<f64>,
+    },
+    /// `serve`: every process the filter matches, looked for every `scan` seconds, until Ctrl-C.
+    Serve {
+        filter: serve::Filter,
+        scan: f64,
+    },
 }
 
 /// Nanoseconds on the clock bpf_ktime_get_ns() uses.
@@ -92,11 +100,20 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
                 command,
             )
         }
+        Target::Serve { filter, scan } => (
+            Root::Serve {
+                filter: filter.clone(),
+                scan: *scan,
+            },
+            serve::describe(filter),
+        ),
     };
     match &target {
         // The command will most likely map the same libc as leaktracer: probed before it starts.
         // Everything else it maps is probed as it maps it (ingest announces new code).
-        Target::Launch(_) => probes.attach_code_of(std::process::id(), Timing::BeforeStart)?,
+        Target::Launch(_) | Target::Serve { .. } => {
+            probes.attach_code_of(std::process::id(), Timing::BeforeStart)?
+        }
         Target::Attach { pid, .. } => {
             probes.attach_code_of(*pid as u32, Timing::AlreadyLoaded)?;
             if !probes.has_heap() && !probes.heap_skipped() {
@@ -115,7 +132,15 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
 /// The traced root process.
 enum Root {
     Held(Option<HeldChild>),
-    Attached { pid: u32, duration: Option<f64> },
+    Attached {
+        pid: u32,
+        duration: Option<f64>,
+    },
+    /// No root: processes are adopted as they match.
+    Serve {
+        filter: serve::Filter,
+        scan: f64,
+    },
 }
 
 fn check_pid(pid: i32) -> Result<(), Error> {
@@ -170,22 +195,36 @@ async fn trace(
             ledger.add_root(*pid, command, env, monotonic_ns());
             (*pid, hold, None)
         }
+        Root::Serve { .. } => (0, None, None),
     };
     let prober = Prober::spawn(probes).map_err(|e| anyhow::anyhow!("prober thread: {e}"))?;
+    let (maps_tx, maps_rx) = tokio::sync::mpsc::unbounded_channel();
     let ingest = tokio::spawn(ingest::run(
         channels,
         tx,
         hold_rx,
         prober.requests.clone(),
+        maps_rx,
         stop_rx,
     ));
-    if let Some(w) = &history {
+    if let Some(w) = &history
+        && root_pid != 0
+    {
         w.set_root_pid(root_pid);
     }
     if let Some(child) = held_child {
         child.release()?;
     }
-    tracing::info!(pid = root_pid, "tracing");
+    if root_pid != 0 {
+        tracing::info!(pid = root_pid, "tracing");
+    }
+    // serve: processes are looked for every --scan seconds and adopted by the prober.
+    let (adopted_tx, mut adopted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut asked = std::collections::HashSet::new();
+    let (filter, mut scan_tick) = match &root {
+        Root::Serve { filter, scan } => (Some(filter.clone()), ticker_now(*scan)),
+        _ => (None, ticker(0.0)),
+    };
     let stored_top = args.top.max(STORED_STACKS);
     let mut out = Output::open(&args)?;
     let mut sym = Symbolizer::default();
@@ -281,6 +320,26 @@ async fn trace(
             }
             _ = snapshot_tick.tick() => store(&ledger, &analysis, &mut sym, Reason::Periodic),
             Some(()) = on_demand.recv() => store(&ledger, &analysis, &mut sym, Reason::OnDemand),
+            _ = scan_tick.tick() => {
+                if let Some(filter) = &filter {
+                    asked.extend(ledger.procs.keys().copied());
+                    for pid in serve::scan(filter, &asked) {
+                        asked.insert(pid);
+                        let _ = maps_tx.send(pid);
+                        let done = adopted_tx.clone();
+                        let _ = prober.requests.send(ProbeRequest::Adopt { pid, done });
+                    }
+                }
+            }
+            Some((pid, adopted)) = adopted_rx.recv() => match adopted {
+                Ok(()) => {
+                    let command = ingest::read_command(pid).unwrap_or_default();
+                    eprintln!("leaktracer: tracing {pid} ({command})");
+                    let env = ingest::read_allocator_env(pid);
+                    ledger.add_root(pid, command, env, monotonic_ns());
+                }
+                Err(e) => tracing::warn!(pid, "not traced: {e}"),
+            },
             code = &mut end => break code,
         }
     };
@@ -397,6 +456,7 @@ fn open_history(args: &ReportArgs, target: &Target) -> Result<Option<store::Writ
     let (mode, command, root_pid) = match target {
         Target::Launch(argv) if args.check => ("check", argv.join(" "), 0),
         Target::Launch(argv) => ("run", argv.join(" "), 0),
+        Target::Serve { filter, .. } => ("serve", serve::describe(filter), 0),
         Target::Attach { pid, .. } => (
             "attach",
             ingest::read_command(*pid as u32).unwrap_or_default(),
@@ -416,6 +476,13 @@ fn open_history(args: &ReportArgs, target: &Target) -> Result<Option<store::Writ
             Ok(None)
         }
     }
+}
+
+/// Ticks at once, then every `interval` seconds.
+fn ticker_now(interval: f64) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(Duration::from_secs_f64(interval));
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
 }
 
 fn ticker(interval: f64) -> tokio::time::Interval {
@@ -472,6 +539,10 @@ async fn end_of(
                     _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: waiting for the command to exit"),
                 }
             }
+        }
+        Root::Serve { .. } => {
+            interrupted().await;
+            0
         }
         Root::Attached { duration, .. } => {
             let limit = duration.map_or(Duration::MAX, Duration::from_secs_f64);

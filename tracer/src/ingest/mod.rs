@@ -115,6 +115,7 @@ pub async fn run(
     tx: mpsc::Sender<Batch>,
     mut holds: mpsc::Receiver<HoldRequest>,
     probe: std::sync::mpsc::Sender<ProbeRequest>,
+    mut adopted: mpsc::UnboundedReceiver<u32>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let KernelChannels {
@@ -160,6 +161,9 @@ pub async fn run(
                 let ours = decoder.stopped.remove(&req.tid) && req.reason == HoldReason::Stop;
                 let _ = probe.send(ProbeRequest::Release { ours, done: req.done });
             }
+            // `serve` adopts a running process: its mappings are read now, while it lives (a
+            // short one may be gone before its events are decoded).
+            Some(pid) = adopted.recv() => decoder.maps.refresh(pid),
             _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;

@@ -128,10 +128,14 @@ const MAP_ANONYMOUS: u64 = 0x20;
 impl Ledger {
     /// Registers a root process (the launched command or the attached pid).
     pub fn add_root(&mut self, pid: u32, command: String, env: Vec<(String, String)>, now_ns: u64) {
-        self.procs.entry(pid).or_insert_with(|| Process {
+        let p = self.procs.entry(pid).or_insert_with(|| Process {
             allocator_env: env,
-            ..Process::new(pid, None, command, now_ns)
+            ..Process::new(pid, None, command.clone(), now_ns)
         });
+        // Adopted by `serve` after its first events arrived: those named no command.
+        if p.command.is_empty() {
+            p.command = command;
+        }
     }
 
     pub fn apply(&mut self, input: Input) {

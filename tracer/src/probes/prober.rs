@@ -36,6 +36,12 @@ pub enum ProbeRequest {
     },
     /// Stop the kernel side from stopping threads (the holder is going away); answers when done.
     EndHolds(mpsc::Sender<()>),
+    /// `serve`: probe the code a running process has mapped, then trace it; answers with the pid
+    /// and whether it worked.
+    Adopt {
+        pid: u32,
+        done: tokio::sync::mpsc::UnboundedSender<(u32, Result<(), String>)>,
+    },
 }
 
 /// What the probes are, for reports.
@@ -123,6 +129,17 @@ fn serve(
             ProbeRequest::EndHolds(done) => {
                 probes.release_holds();
                 let _ = done.send(());
+            }
+            ProbeRequest::Adopt { pid, done } => {
+                let before = probes.libraries().len();
+                let result = probes
+                    .attach_code_of(pid, Timing::AlreadyLoaded)
+                    .and_then(|()| probes.trace_pid(pid, false))
+                    .map_err(|e| e.to_string());
+                if probes.libraries().len() != before {
+                    info.send_replace(Arc::new(info_of(&probes)));
+                }
+                let _ = done.send((pid, result));
             }
         }
     }
