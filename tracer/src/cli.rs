@@ -151,6 +151,10 @@ pub enum Command {
         /// 1M outstanding allocations, and the latency of its requests (p50, p99).
         #[arg(long)]
         api: bool,
+        /// With --api: then serve the explorer on ADDR with the 100k-stack report (for measuring
+        /// the page's load), until Ctrl-C.
+        #[arg(long, value_name = "ADDR", requires = "api")]
+        serve: Option<String>,
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]

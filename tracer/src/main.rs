@@ -35,7 +35,9 @@ fn main() {
             exports,
         } => stored(store, list, run, snapshot, top, json, &exports),
         Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
-        Command::Bench { api: true, .. } => finish(tracer::api::bench::run()),
+        Command::Bench {
+            api: true, serve, ..
+        } => finish(tracer::api::bench::run(serve.as_deref())),
         Command::Bench { pairs, rounds, .. } => {
             if pairs == 0 || rounds == 0 {
                 usage("--pairs and --rounds must be at least 1");

@@ -115,7 +115,7 @@ impl Analysis {
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
             .collect();
-        out.sort_by(|a, b| b.1.growth_bytes.cmp(&a.1.growth_bytes));
+        out.sort_by_key(|x| std::cmp::Reverse(x.1.growth_bytes));
         out
     }
 

@@ -40,17 +40,25 @@ async fn latency(state: &ApiState, uri: &str) -> (f64, f64) {
     (percentile(&ms, 0.5), percentile(&ms, 0.99))
 }
 
-pub fn run() -> Result<i32, Error> {
+pub fn run(serve: Option<&str>) -> Result<i32, Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
+    let mut last = None;
     println!("explorer API, {REQUESTS} requests each, without a socket:");
     for (stacks, per_stack) in [(1_000u32, 10u32), (100_000, 10)] {
         let (ledger, analysis) = ledger_with(stacks, per_stack);
+        // An hour of publications, one a second (not timed: the session records one at a time).
+        let mut timeline = super::views::Timeline::default();
+        let mut past = report_of(&ledger, &analysis, 1);
+        past.final_report = false;
+        for i in 0..3600 {
+            past.elapsed_s = f64::from(i);
+            timeline.record(&past);
+        }
         let t = Instant::now();
         let report = report_of(&ledger, &analysis, PUBLISHED);
-        let mut timeline = super::views::Timeline::default();
-        timeline.record(&report);
         let published = super::Published::new(report, &analysis, &timeline);
         let publish_ms = t.elapsed().as_secs_f64() * 1e3;
         let (_tx, live) = watch::channel(Some(Arc::new(published)));
@@ -68,11 +76,30 @@ pub fn run() -> Result<i32, Error> {
             "/api/v1/stacks?limit=100",
             "/api/v1/stacks?verdict=leak&limit=100",
             "/api/v1/processes",
+            "/api/v1/timeline",
+            "/api/v1/flamegraph",
             "/metrics",
         ] {
             let (p50, p99) = rt.block_on(latency(&state, uri));
             println!("    {uri:<40} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms");
         }
+        last = Some(state);
+    }
+    if let (Some(addr), Some(state)) = (serve, last) {
+        let listener = std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| Error::Usage(format!("--serve {addr}: {e}")))?;
+        let bound = listener.local_addr().map_err(|e| anyhow::anyhow!("{e}"))?;
+        eprintln!("leaktracer: explorer at http://{bound}/ (the 100k-stack report; Ctrl-C ends)");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            tokio::select! {
+                _ = super::serve(listener, state) => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     Ok(0)
 }

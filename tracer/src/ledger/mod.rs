@@ -229,7 +229,7 @@ impl Ledger {
 
     /// Outstanding memory grouped by (process, stack, kind, inherited), largest first.
     /// Outstanding bytes per group, unsorted: what sampling needs, without the rest of a Group.
-    pub fn group_bytes(&self) -> Vec<((u32, Option<StackId>, Kind, bool), u64)> {
+    pub fn group_bytes(&self) -> Vec<(crate::analysis::GroupKey, u64)> {
         let mut acc: rustc_hash::FxHashMap<(u32, Option<StackId>, Kind, bool), u64> =
             rustc_hash::FxHashMap::default();
         for p in self.procs.values() {
