@@ -86,6 +86,26 @@ fn the_api_serves_the_leak_while_the_command_runs() {
         std::thread::sleep(Duration::from_millis(300));
     };
     assert!(leak["slope"].as_f64().unwrap() > 0.0, "{leak}");
+    // Health: how full the tables are, while the one fixture process runs.
+    let (_, health) = http_get(&url, "/api/v1/health");
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    let fill = |name: &str| {
+        health["map_fill"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {health}"))
+            .clone()
+    };
+    let traced = fill("traced processes");
+    assert_eq!(
+        (traced["used"].as_u64(), traced["capacity"].as_u64()),
+        (Some(1), Some(16384))
+    );
+    let stacks = fill("distinct stacks");
+    assert!(stacks["used"].as_u64().unwrap() >= 3, "{stacks}");
+    assert_eq!(fill("calls in flight")["capacity"], 65536);
     let (status, detail) = http_get(
         &url,
         &format!("/api/v1/stacks/{}", leak["id"].as_str().unwrap()),

@@ -58,17 +58,19 @@ function renderStatus(u: Update | Health & { totals?: Record<string, number> }):
 function renderHealth(h: Health): void {
   const banner = byId('banner');
   const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && k !== 'nested_calls' && k !== 'unmatched_frees');
-  if (h.dropped > 0) {
-    banner.hidden = false;
-    fill(
-      banner,
-      el('strong', {}, `${count(h.dropped)} events were lost`),
-      ': bytes shown are a lower bound. ',
-      lost.map(([k, n]) => `${k.replace(/_/g, ' ')} ${count(n)}`).join(', '),
-    );
-  } else {
-    banner.hidden = true;
-  }
+  const full = h.map_fill.filter((f) => f.used * 5 >= f.capacity * 4);
+  banner.hidden = h.dropped === 0 && full.length === 0;
+  fill(
+    banner,
+    h.dropped > 0 ? el('strong', {}, `${count(h.dropped)} events were lost`) : null,
+    h.dropped > 0 ? ': bytes shown are a lower bound. ' : null,
+    lost.map(([k, n]) => `${k.replace(/_/g, ' ')} ${count(n)}`).join(', '),
+    ...full.map((f) => el('div', {}, `The ${f.name} table is ${Math.floor((f.used * 100) / f.capacity)}% full: past it, events are dropped.`)),
+  );
+  fill(
+    byId('tables'),
+    ...h.map_fill.map((f) => el('li', {}, `${f.name}: ${count(f.used)} of ${count(f.capacity)}`)),
+  );
   fill(
     byId('libraries'),
     ...h.libraries.map((l) => el('li', {}, el('span', { class: 'module' }, l.path), ` ${l.roles.join(', ')} (${l.when})`)),

@@ -37,7 +37,16 @@ pub struct Health {
     /// Every loss counter by reason; `dropped` sums the ones that lose events.
     pub losses: BTreeMap<String, u64>,
     pub dropped: u64,
+    /// How full the tables that drop what does not fit are.
+    pub map_fill: Vec<FillDto>,
     pub libraries: Vec<LibraryDto>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FillDto {
+    pub name: String,
+    pub used: u64,
+    pub capacity: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -59,6 +68,7 @@ impl Health {
                 steps: 0,
                 losses: BTreeMap::new(),
                 dropped: 0,
+                map_fill: Vec::new(),
                 libraries: Vec::new(),
             };
         };
@@ -85,6 +95,15 @@ impl Health {
             steps: r.steps,
             losses,
             dropped,
+            map_fill: r
+                .map_fill
+                .iter()
+                .map(|f| FillDto {
+                    name: f.name.to_string(),
+                    used: f.used,
+                    capacity: f.capacity,
+                })
+                .collect(),
             libraries: r
                 .libraries
                 .iter()

@@ -71,6 +71,20 @@ pub enum Input {
         stack_table_full: u64,
         undecodable: u64,
     },
+    /// How full the tables that can overflow are.
+    Fill(Fill),
+}
+
+/// Distinct stacks ingest keeps; past it, events of new stacks are dropped and counted.
+pub const STACK_CAPACITY: usize = stacks::MAX_STACKS;
+
+/// Entries in use in the tables that drop what does not fit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fill {
+    /// Allocator and syscall entries waiting for their return (SYS_PENDING).
+    pub pending: u64,
+    /// Distinct stacks interned by ingest.
+    pub stacks: u64,
 }
 
 /// Inputs are sent in batches: one channel operation per drained chunk, not per event.
@@ -81,6 +95,7 @@ const BATCH: usize = 1024;
 pub struct KernelChannels {
     events: RingBuf<MapData>,
     stats: PerCpuArray<MapData, u64>,
+    pending: aya::maps::HashMap<MapData, u64, tracer_common::Pending>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -94,6 +109,8 @@ impl KernelChannels {
             RingBuf::try_from(map("EVENTS")?).map_err(|e| anyhow::anyhow!("EVENTS: {e}"))?;
         let stats =
             PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
+        let pending = aya::maps::HashMap::try_from(map("SYS_PENDING")?)
+            .map_err(|e| anyhow::anyhow!("SYS_PENDING: {e}"))?;
         let logger = match aya_log::EbpfLogger::init(bpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -104,6 +121,7 @@ impl KernelChannels {
         Ok(Self {
             events,
             stats,
+            pending,
             logger,
         })
     }
@@ -121,8 +139,10 @@ pub async fn run(
     let KernelChannels {
         events,
         stats,
+        pending,
         logger,
     } = ch;
+    let mut ticks = 0u64;
     let mut ring = register(events)?;
     let mut logs = match logger {
         Some(l) => Some(register(l)?),
@@ -168,6 +188,15 @@ pub async fn run(
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
+                // Counting the in-flight table walks it: once a second is enough.
+                ticks += 1;
+                if ticks % 5 == 1 {
+                    let fill = Fill {
+                        pending: pending.keys().count() as u64,
+                        stacks: decoder.stacks.held() as u64,
+                    };
+                    tx.send(vec![Input::Fill(fill)]).await?;
+                }
             }
             _ = stop.changed() => break,
         }

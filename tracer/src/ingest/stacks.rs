@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use super::maps::MapsCache;
 
 /// Interned stacks kept before new ones are refused (and counted).
-const MAX_STACKS: usize = 1 << 20;
+pub(crate) const MAX_STACKS: usize = 1 << 20;
 
 /// An interned stack. 0 is never used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -94,6 +94,11 @@ impl Interner {
     /// Stacks refused because the table was full.
     pub fn overflowed(&self) -> u64 {
         self.overflowed
+    }
+
+    /// Distinct raw stacks held, of [`MAX_STACKS`].
+    pub fn held(&self) -> usize {
+        self.raw_count
     }
 }
 

@@ -117,6 +117,8 @@ pub struct Ledger {
     pub stacks: StackTable,
     pub kernel: KernelCounters,
     pub ingest: IngestLosses,
+    /// How full the tables that can overflow were, last ingest said.
+    pub fill: crate::ingest::Fill,
     pub events: u64,
     /// Step boundaries seen (entries of the `--step-symbol` function).
     pub steps: u64,
@@ -147,6 +149,7 @@ impl Ledger {
             } => self.stacks.insert(id, frames, truncated),
             Input::Event(ev) => self.apply_event(ev),
             Input::Kernel(k) => self.kernel = k,
+            Input::Fill(f) => self.fill = f,
             Input::IngestLoss {
                 stack_table_full,
                 undecodable,

@@ -135,6 +135,44 @@ pub struct Losses {
     pub nested_calls: u64,
 }
 
+/// One table's fill: `used` entries of `capacity`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MapFill {
+    pub name: Cow<'static, str>,
+    pub used: u64,
+    pub capacity: u64,
+}
+
+fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
+    let fill = |name: &'static str, used: u64, capacity: u64| MapFill {
+        name: name.into(),
+        used,
+        capacity,
+    };
+    let live = ledger
+        .procs
+        .values()
+        .filter(|p| p.exited_ns.is_none())
+        .count() as u64;
+    vec![
+        fill(
+            "traced processes",
+            live,
+            u64::from(tracer_common::MAX_TRACED),
+        ),
+        fill(
+            "calls in flight",
+            ledger.fill.pending,
+            u64::from(tracer_common::MAX_PENDING),
+        ),
+        fill(
+            "distinct stacks",
+            ledger.fill.stacks,
+            crate::ingest::STACK_CAPACITY as u64,
+        ),
+    ]
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub schema: Cow<'static, str>,
@@ -146,6 +184,9 @@ pub struct Report {
     pub processes: Vec<ProcReport>,
     pub stacks: Vec<StackReport>,
     pub losses: Losses,
+    /// Entries in use in the tables that drop what does not fit (each overflow is also a loss).
+    #[serde(default)]
+    pub map_fill: Vec<MapFill>,
     /// Device memory traced vs what the driver reports.
     pub gpu: GpuReport,
     /// CUDA allocation calls that failed (out of memory, invalid arguments), with their stacks.
@@ -264,6 +305,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         processes,
         stacks,
         losses: losses(ledger),
+        map_fill: map_fill(ledger),
         gpu,
         device_failures: device::failures(ledger, sym),
         probes: cx.probes.to_vec(),
