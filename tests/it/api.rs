@@ -1,31 +1,8 @@
 //! `run --ui`: the explorer API served while a leaking fixture runs, read over a real socket.
 
-use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::TcpStream,
-    process::Stdio,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use tests::fixture;
-
-/// GET `path` from `addr`: status line and body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the API");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    )
-}
+use tests::fixture::{self, http_get};
 
 #[test]
 fn the_api_serves_the_leak_while_the_command_runs() {
@@ -34,33 +11,20 @@ fn the_api_serves_the_leak_while_the_command_runs() {
     }
     let _x = fixture::exclusive();
     let bin = fixture::build("patterns");
-    let mut tracer = fixture::leaktracer_cmd()
-        .args([
-            "run",
-            "--ui=127.0.0.1:0",
-            "--no-store",
-            "--sample",
-            "0.1",
-            "-o",
-            "/dev/null",
-            "--",
-        ])
-        .arg(&bin)
-        .args(["40", "150"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("leaktracer run --ui");
-    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
-    let url = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.split_once("explorer at http://")
-                .and_then(|(_, rest)| rest.split_once('/'))
-                .map(|(addr, _)| addr.to_string())
-        })
-        .expect("the URL is printed");
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut cmd = fixture::leaktracer_cmd();
+    cmd.args([
+        "run",
+        "--ui=127.0.0.1:0",
+        "--no-store",
+        "--sample",
+        "0.1",
+        "-o",
+        "/dev/null",
+        "--",
+    ])
+    .arg(&bin)
+    .args(["40", "150"]);
+    let (mut tracer, url, _rest) = fixture::spawn_explorer(cmd);
     let site = format!(
         "activations (patterns.c:{})",
         crate::line_of("patterns", "return touch(malloc(n), n)")

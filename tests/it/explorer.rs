@@ -4,9 +4,8 @@
 //! updates, the chart, the flamegraph, the stack detail, the diff, and that nothing executes.
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use tests::fixture;
@@ -67,8 +66,8 @@ fn the_page_shows_the_leak_live_in_chromium_and_renders_hostile_strings_as_text(
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&shots).unwrap();
     let store = scratch.join("history.db");
-    let mut tracer = fixture::leaktracer_cmd()
-        .args(["run", "--ui=127.0.0.1:0", "--keep-serving", "--store"])
+    let mut cmd = fixture::leaktracer_cmd();
+    cmd.args(["run", "--ui=127.0.0.1:0", "--keep-serving", "--store"])
         .arg(&store)
         .args([
             "--snapshot",
@@ -81,20 +80,8 @@ fn the_page_shows_the_leak_live_in_chromium_and_renders_hostile_strings_as_text(
         ])
         .arg(&bin)
         // 100 rounds of 150 ms: long enough for the page to see it live.
-        .args(["100", "150"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("leaktracer run --ui");
-    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
-    let url = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.split_once("explorer at ")
-                .map(|(_, rest)| rest.split_whitespace().next().unwrap_or("").to_string())
-        })
-        .expect("the URL is printed");
-    let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+        .args(["100", "150"]);
+    let (tracer, url, rest) = fixture::spawn_explorer(cmd);
     let site = format!(
         "activations (patterns.c:{})",
         crate::line_of("patterns", "return touch(malloc(n), n)")
@@ -113,10 +100,7 @@ fn the_page_shows_the_leak_live_in_chromium_and_renders_hostile_strings_as_text(
         .output()
         .expect("node tests/explorer.mjs");
     // The run is over (the script waited for the final report): stop serving.
-    // SAFETY: kill with a pid we spawned.
-    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
-    let status = tracer.wait().unwrap();
-    let tracer_log = log.join().unwrap().join("\n");
+    let (status, tracer_log) = fixture::interrupt(tracer, rest);
     let out = String::from_utf8_lossy(&browser.stdout);
     let err = String::from_utf8_lossy(&browser.stderr);
     assert!(

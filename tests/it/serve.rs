@@ -2,13 +2,15 @@
 //! the others alone, and accounts what each does once adopted, exactly.
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use tests::{fixture, report::Report};
+use tests::{
+    fixture::{self, http_get},
+    report::{Report, frame_fn},
+};
 
 /// A copy of `bin` under the name `name` (command-name filters see it), started and ready.
 fn start_as(bin: &Path, name: &str) -> Child {
@@ -49,6 +51,51 @@ impl Drop for Cgroup {
     }
 }
 
+/// Waits until the explorer at `url` lists every pid of `pids` among its processes.
+fn wait_adopted(url: &str, pids: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http_get(url, "/api/v1/processes");
+        let listed: Vec<u64> = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.as_array()
+                    .map(|a| a.iter().filter_map(|p| p["pid"].as_u64()).collect())
+            })
+            .unwrap_or_default();
+        if pids.iter().all(|p| listed.contains(&u64::from(*p))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{pids:?} not adopted: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Lets each ready fixture leak (SIGUSR1) and exit, then stops the daemon: its last report.
+fn finish(
+    targets: Vec<Child>,
+    tracer: Child,
+    rest: std::thread::JoinHandle<Vec<String>>,
+    out: &Path,
+) -> (String, Report) {
+    for mut child in targets {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+        assert!(child.wait().unwrap().success());
+    }
+    // Until their last events are read.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, log) = fixture::interrupt(tracer, rest);
+    assert_eq!(status.code(), Some(0), "{log}");
+    let text = std::fs::read_to_string(out).unwrap();
+    (log, Report::parse(text.lines().last().unwrap()).unwrap())
+}
+
+/// (bytes, blocks) that `pid` leaked in the fixture's leak_after_attach.
+fn leaked(r: &Report, pid: u32) -> (u64, u64) {
+    r.sum(|s| s["pid"] == pid && frame_fn(s, 0) == Some("leak_after_attach"))
+}
+
 #[test]
 fn serve_adopts_matching_processes_and_accounts_them_exactly() {
     if !fixture::bpf_available() {
@@ -73,61 +120,31 @@ fn serve_adopts_matching_processes_and_accounts_them_exactly() {
     let cgroup = Cgroup::new();
     cgroup.add(in_cgroup.id());
     let out = fixture::target_dir().join("serve").join("report.jsonl");
-    let mut tracer = fixture::leaktracer_cmd()
-        .args(["serve", "--comm", "lt_srv_named", "--cuda", "--cgroup"])
+    let mut cmd = fixture::leaktracer_cmd();
+    cmd.args(["serve", "--comm", "lt_srv_named", "--cuda", "--cgroup"])
         .arg(&cgroup.0)
         .args(["--ui=127.0.0.1:0", "--no-store", "--json", "-o"])
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("leaktracer serve");
-    let mut lines = BufReader::new(tracer.stderr.take().unwrap()).lines();
-    let wanted = [by_name.id(), in_cgroup.id(), on_gpu.id()];
-    let mut adopted = Vec::new();
-    let mut log = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while adopted.len() < wanted.len() && Instant::now() < deadline {
-        let Some(Ok(line)) = lines.next() else { break };
-        if let Some(rest) = line.strip_prefix("leaktracer: tracing ") {
-            adopted.push(
-                rest.split_whitespace()
-                    .next()
-                    .unwrap()
-                    .parse::<u32>()
-                    .unwrap(),
-            );
-        }
-        log.push(line);
+        .arg(&out);
+    let (tracer, url, rest) = fixture::spawn_explorer(cmd);
+    let mut wanted = vec![by_name.id(), in_cgroup.id(), on_gpu.id()];
+    wanted.sort_unstable();
+    wait_adopted(&url, &wanted);
+    let (log, r) = finish(vec![by_name, in_cgroup, on_gpu, other], tracer, rest, &out);
+    for pid in &wanted {
+        assert!(
+            log.contains(&format!("leaktracer: tracing {pid} (")),
+            "{log}"
+        );
     }
-    adopted.sort_unstable();
-    let mut expect = wanted.to_vec();
-    expect.sort_unstable();
-    assert_eq!(adopted, expect, "{}", log.join("\n"));
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    for mut child in [by_name, in_cgroup, on_gpu, other] {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
-        assert!(child.wait().unwrap().success());
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
-    let status = tracer.wait().unwrap();
-    log.extend(rest.join().unwrap());
-    assert_eq!(status.code(), Some(0), "{}", log.join("\n"));
-    let text = std::fs::read_to_string(&out).unwrap();
-    let r = Report::parse(text.lines().last().unwrap()).unwrap();
     let mut pids: Vec<u32> = r
         .processes()
         .iter()
         .map(|p| p["pid"].as_u64().unwrap() as u32)
         .collect();
     pids.sort_unstable();
-    assert_eq!(pids, expect, "only the matching processes are traced");
-    for pid in wanted {
-        let (bytes, blocks) = r
-            .sum(|s| s["pid"] == pid && tests::report::frame_fn(s, 0) == Some("leak_after_attach"));
-        assert_eq!((bytes, blocks), (7000, 7), "pid {pid}");
+    assert_eq!(pids, wanted, "only the matching processes are traced");
+    for &pid in &wanted {
+        assert_eq!(leaked(&r, pid), (7000, 7), "pid {pid}");
         assert_eq!(r.process(u64::from(pid))["exited"], true);
     }
     let (device, n) = r.sum(|s| s["kind"] == "device");
@@ -136,9 +153,51 @@ fn serve_adopts_matching_processes_and_accounts_them_exactly() {
 }
 
 #[test]
+fn serve_all_adopts_every_process_system_wide() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let plain = fixture::build("attach_target");
+    let out = fixture::target_dir().join("serve").join("all.jsonl");
+    let mut cmd = fixture::leaktracer_cmd();
+    cmd.args([
+        "serve",
+        "--all",
+        "--scan",
+        "0.2",
+        "--ui=127.0.0.1:0",
+        "--no-store",
+    ])
+    // Every process on the machine holds stacks: all of them in the report.
+    .args(["--top", "100000", "--json", "-o"])
+    .arg(&out);
+    let (tracer, url, rest) = fixture::spawn_explorer(cmd);
+    // Started after the daemon: found by a later look at /proc, as is this test's own process.
+    let target = start_as(&plain, "lt_srv_any");
+    let pid = target.id();
+    wait_adopted(&url, &[pid, std::process::id()]);
+    let leaktracer = tracer.id();
+    let (_, r) = finish(vec![target], tracer, rest, &out);
+    assert_eq!(leaked(&r, pid), (7000, 7));
+    assert!(
+        r.processes().iter().all(|p| p["pid"] != leaktracer),
+        "leaktracer never traces itself"
+    );
+    fixture::wait_for_detached_probes();
+}
+
+#[test]
 fn serve_without_a_filter_or_with_a_missing_cgroup_is_a_usage_error() {
     for (args, msg) in [
-        (&[][..], "serve needs at least one filter"),
+        (
+            &[][..],
+            "serve needs a filter (--pid, --comm, --cgroup, --cuda) or --all",
+        ),
+        (
+            &["--all", "--cuda"][..],
+            "--all traces every process: it takes no other filter",
+        ),
         (
             &["--cgroup", "/sys/fs/cgroup/no-such-group-here"][..],
             "no such cgroup",

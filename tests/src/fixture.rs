@@ -333,3 +333,57 @@ impl Attached {
         (code, self.log, Report::parse(last).expect("report"))
     }
 }
+
+/// Spawns `cmd` (a leaktracer serving the explorer) with stderr piped and reads up to the line
+/// with the explorer's URL. Returns the child, the URL (`http://ADDR/`, with `?token=…` when
+/// there is one) and a thread that collects the rest of stderr.
+pub fn spawn_explorer(mut cmd: Command) -> (Child, String, std::thread::JoinHandle<Vec<String>>) {
+    let mut child = cmd
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning leaktracer");
+    let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_once("explorer at ")
+                .map(|(_, rest)| rest.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .expect("the explorer's URL is printed");
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect());
+    (child, url, rest)
+}
+
+/// Ctrl-C to a serving leaktracer; its exit status and the rest of its stderr.
+pub fn interrupt(
+    mut child: Child,
+    rest: std::thread::JoinHandle<Vec<String>>,
+) -> (std::process::ExitStatus, String) {
+    // SAFETY: signalling a child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("waiting for leaktracer");
+    (status, rest.join().expect("stderr reader").join("\n"))
+}
+
+/// GET `path` from `url` (`http://ADDR/…` or `ADDR`): the status line and the body.
+pub fn http_get(url: &str, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let addr = url.trim_start_matches("http://");
+    let addr = addr.split('/').next().unwrap_or(addr);
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the API");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("socket timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("sending the request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("reading the response");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}

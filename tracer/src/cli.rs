@@ -44,7 +44,7 @@ pub enum Command {
     },
     /// The daemon: trace every process a filter matches (running now or started later, and their
     /// children) until Ctrl-C or SIGTERM, with the explorer served (127.0.0.1:7878 unless --ui
-    /// says otherwise). At least one filter.
+    /// says otherwise). At least one filter, or --all.
     Serve {
         #[command(flatten)]
         report: ReportArgs,
@@ -61,6 +61,9 @@ pub enum Command {
         /// Every process that maps the CUDA runtime or driver (libcudart, libcuda).
         #[arg(long)]
         cuda: bool,
+        /// Every process on the machine (but leaktracer and kernel threads): system-wide.
+        #[arg(long)]
+        all: bool,
         /// Seconds between looks at /proc for processes to adopt.
         #[arg(long, value_name = "S", default_value_t = 1.0)]
         scan: f64,

@@ -66,6 +66,7 @@ fn main() {
             comms,
             cgroups,
             cuda,
+            all,
             scan,
         } => {
             if !(scan.is_finite() && scan >= 0.05) {
@@ -76,6 +77,7 @@ fn main() {
                 comms,
                 cgroups,
                 cuda,
+                all,
             };
             let filter = filter.validate().unwrap_or_else(|e| finish(Err(e)));
             report.ui.get_or_insert_with(|| "127.0.0.1:7878".into());

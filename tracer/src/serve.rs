@@ -17,15 +17,26 @@ pub struct Filter {
     pub cgroups: Vec<String>,
     /// Processes that map libcudart or libcuda.
     pub cuda: bool,
+    /// Every process (system-wide).
+    pub all: bool,
 }
 
 impl Filter {
     /// Checks the filter before anything is traced: at least one criterion, pids that exist,
     /// cgroups that exist.
     pub fn validate(mut self) -> Result<Self, Error> {
-        if self.pids.is_empty() && self.comms.is_empty() && self.cgroups.is_empty() && !self.cuda {
+        let filtered = !self.pids.is_empty()
+            || !self.comms.is_empty()
+            || !self.cgroups.is_empty()
+            || self.cuda;
+        if !filtered && !self.all {
             return Err(Error::Usage(
-                "serve needs at least one filter: --pid, --comm, --cgroup or --cuda".into(),
+                "serve needs a filter (--pid, --comm, --cgroup, --cuda) or --all".into(),
+            ));
+        }
+        if filtered && self.all {
+            return Err(Error::Usage(
+                "--all traces every process: it takes no other filter".into(),
             ));
         }
         for &pid in &self.pids {
@@ -40,7 +51,7 @@ impl Filter {
     }
 
     fn matches(&self, pid: u32) -> bool {
-        if self.pids.contains(&pid) {
+        if self.all || self.pids.contains(&pid) {
             return true;
         }
         if !self.comms.is_empty() {
@@ -145,6 +156,9 @@ pub fn describe(filter: &Filter) -> String {
     parts.extend(filter.cgroups.iter().map(|c| format!("--cgroup {c}")));
     if filter.cuda {
         parts.push("--cuda".into());
+    }
+    if filter.all {
+        parts.push("--all".into());
     }
     format!("serve {}", parts.join(" "))
 }
