@@ -170,6 +170,24 @@ mod tests {
     }
 
     #[test]
+    fn a_long_run_keeps_its_verdicts() {
+        // Four quarter-second samples a second for an hour: the leak is still a leak, the
+        // constant stack still steady (both had no verdict past a minute before the even grain).
+        for n in [200, 240, 1000, 14_400] {
+            let e = classify(&series(|i| 10 * MIB + i * 256 * 1024, n), 0.0)
+                .unwrap_or_else(|| panic!("no verdict after {n} samples"));
+            assert_eq!(e.verdict, Verdict::Leak, "after {n} samples");
+            let rel = (e.slope_bytes_per_s / (256.0 * 1024.0) - 1.0).abs();
+            assert!(rel < 0.01, "after {n} samples: {}", e.slope_bytes_per_s);
+            assert_eq!(
+                verdict(&series(|_| 5 * MIB, n)),
+                Verdict::Steady,
+                "after {n} samples"
+            );
+        }
+    }
+
+    #[test]
     fn a_slow_leak_under_large_spikes_is_a_leak() {
         // Every 5th sample a 500 MiB validation spike; underneath, 256 KiB more each sample.
         let s = series(
