@@ -60,7 +60,7 @@ class LineChart {
       cursor: { drag: { x: true, y: false } },
       axes: [
         { label: this.xLabel(), stroke: '#555' },
-        { stroke: '#555', size: 70, values: (_u, vals) => vals.map((v) => bytes(v)) },
+        { stroke: '#555', size: 86, values: (_u, vals) => vals.map((v) => bytes(v)) },
       ],
       series: [
         { label: this.xLabel() },
