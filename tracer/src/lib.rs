@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod launch;
 pub mod ledger;
 pub mod probes;
+pub mod python;
 pub mod report;
 pub mod serve;
 pub mod session;
