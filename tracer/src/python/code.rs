@@ -1,0 +1,143 @@
+//! Reading a CPython code object out of a process: its file, qualified name, first line and
+//! location table, and so the line of any instruction in it.
+
+use super::{
+    interp::Interpreter,
+    linetable,
+    mem::{self, i32_at, u32_at, u64_at},
+};
+
+/// Where a code object keeps what a frame's place needs, and how strings and bytes are laid out,
+/// for one CPython version (x86_64).
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub ob_type: usize,
+    pub co_firstlineno: usize,
+    pub co_filename: usize,
+    pub co_qualname: usize,
+    pub co_linetable: usize,
+    /// Where the bytecode starts: instruction offsets count 2-byte units from here.
+    pub co_code_adaptive: usize,
+    /// The header of a compact ASCII string, before its characters.
+    pub ascii_header: usize,
+    /// The header of a compact non-ASCII string.
+    pub compact_header: usize,
+    /// `length` and the state bits of a string.
+    pub str_length: usize,
+    pub str_state: usize,
+    /// `ob_size` and the bytes of a bytes object.
+    pub bytes_size: usize,
+    pub bytes_data: usize,
+}
+
+impl Layout {
+    /// The layouts known, by version. 3.11 is checked against a running interpreter by the tests.
+    pub fn of(version: (u8, u8)) -> Option<Self> {
+        match version {
+            (3, 11) => Some(Self {
+                ob_type: 8,
+                co_firstlineno: 72,
+                co_filename: 112,
+                co_qualname: 128,
+                co_linetable: 136,
+                co_code_adaptive: 184,
+                ascii_header: 48,
+                compact_header: 72,
+                str_length: 16,
+                str_state: 32,
+                bytes_size: 16,
+                bytes_data: 32,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a code object says about where its instructions came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeInfo {
+    pub file: String,
+    pub function: String,
+    pub first_line: u32,
+    linetable: Vec<u8>,
+}
+
+impl CodeInfo {
+    /// The source line of the instruction `offset` code units into the bytecode.
+    pub fn line(&self, offset: u32) -> Option<u32> {
+        linetable::line_at(&self.linetable, self.first_line, offset)
+    }
+}
+
+/// Strings and tables longer than this are not read (a corrupt or reused object).
+const MAX_LEN: u64 = 1 << 16;
+
+/// Reads the code object at `addr` in `pid`; an error when it is not one (freed and reused, a
+/// wrong address) or cannot be read.
+pub fn read(
+    pid: u32,
+    interp: &Interpreter,
+    layout: &Layout,
+    addr: u64,
+) -> Result<CodeInfo, String> {
+    let head = mem::read(pid, addr, layout.co_code_adaptive)
+        .ok_or_else(|| format!("code object {addr:#x}: unreadable"))?;
+    if u64_at(&head, layout.ob_type) != Some(interp.code_type) {
+        return Err(format!("{addr:#x} is not a code object"));
+    }
+    let field = |off: usize| u64_at(&head, off).ok_or("short read");
+    let first_line = i32_at(&head, layout.co_firstlineno).ok_or("short read")?;
+    let file = string(pid, layout, field(layout.co_filename)?)?;
+    let function = string(pid, layout, field(layout.co_qualname)?)?;
+    let linetable = bytes(pid, layout, field(layout.co_linetable)?)?;
+    Ok(CodeInfo {
+        file,
+        function,
+        first_line: u32::try_from(first_line).unwrap_or(0),
+        linetable,
+    })
+}
+
+/// A `str` object's text: compact ASCII, or compact Latin-1, UCS-2 or UCS-4.
+fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, String> {
+    let head = mem::read(pid, addr, layout.compact_header).ok_or("string unreadable")?;
+    let len = u64_at(&head, layout.str_length).ok_or("short read")?;
+    let state = u32_at(&head, layout.str_state).ok_or("short read")?;
+    let (kind, compact, ascii) = ((state >> 2) & 7, state >> 5 & 1 == 1, state >> 6 & 1 == 1);
+    if !compact || len > MAX_LEN {
+        return Err(format!("string at {addr:#x}: not a compact string"));
+    }
+    if ascii {
+        let data = mem::read(pid, addr + layout.ascii_header as u64, len as usize)
+            .ok_or("string unreadable")?;
+        return String::from_utf8(data).map_err(|_| "string: not ASCII".into());
+    }
+    let width = match kind {
+        1 | 2 | 4 => kind as usize,
+        _ => return Err(format!("string at {addr:#x}: kind {kind}")),
+    };
+    let data = mem::read(
+        pid,
+        addr + layout.compact_header as u64,
+        len as usize * width,
+    )
+    .ok_or("string unreadable")?;
+    Ok(data
+        .chunks(width)
+        .map(|c| {
+            let mut v = [0u8; 4];
+            v[..width].copy_from_slice(c);
+            char::from_u32(u32::from_le_bytes(v)).unwrap_or('\u{fffd}')
+        })
+        .collect())
+}
+
+fn bytes(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, String> {
+    let head = mem::read(pid, addr, layout.bytes_data).ok_or("bytes unreadable")?;
+    let len = u64_at(&head, layout.bytes_size).ok_or("short read")?;
+    if len > MAX_LEN {
+        return Err(format!("bytes at {addr:#x}: {len} long"));
+    }
+    mem::read(pid, addr + layout.bytes_data as u64, len as usize)
+        .ok_or_else(|| "bytes unreadable".into())
+}

@@ -1,0 +1,90 @@
+//! Finding the CPython interpreter a process runs: the file that holds it (libpython3.X.so, or
+//! a python3.X executable built without the shared library), its version and where its data
+//! symbols are in the process.
+
+use std::{path::Path, sync::Arc};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use crate::ingest::maps::ProcMaps;
+
+/// A CPython found in a process.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// (major, minor), from the file's name.
+    pub version: (u8, u8),
+    pub path: Arc<str>,
+    /// Where `PyCode_Type` is in the process: every code object points at it.
+    pub code_type: u64,
+}
+
+/// The interpreter `pid` runs, if any: the first mapped file named libpython3.X.so… or
+/// python3.X that defines `PyCode_Type`.
+pub fn detect(pid: u32) -> Option<Interpreter> {
+    let maps = ProcMaps::read(pid)?;
+    maps.paths()
+        .filter_map(|p| Some((p, version_of(p)?)))
+        .find_map(|(path, version)| {
+            let (start, offset) = maps
+                .mappings()
+                .find(|(_, _, _, p)| *p == path)
+                .map(|(s, _, o, _)| (s, o))?;
+            let code_type = data_symbol(Path::new(&**path), "PyCode_Type", start, offset)?;
+            Some(Interpreter {
+                version,
+                path: path.clone(),
+                code_type,
+            })
+        })
+}
+
+/// (3, 11) from ".../libpython3.11.so.1.0" or ".../python3.11".
+fn version_of(path: &str) -> Option<(u8, u8)> {
+    let name = path.rsplit('/').next()?;
+    let rest = name
+        .strip_prefix("libpython3.")
+        .or_else(|| name.strip_prefix("python3."))?;
+    let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let after = &rest[minor.len()..];
+    let named = after.is_empty() || after.starts_with(".so") || after.starts_with('d');
+    named.then(|| Some((3, minor.parse().ok()?))).flatten()
+}
+
+/// The run-time address of data symbol `name` of the ELF file at `path`, whose executable pages
+/// were mapped at `start` from file offset `offset`.
+fn data_symbol(path: &Path, name: &str, start: u64, offset: u64) -> Option<u64> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping, parsed with bounds checks.
+    let data = unsafe { memmap2::Mmap::map(&file).ok()? };
+    let elf = object::File::parse(&*data).ok()?;
+    let segment = elf.segments().find(|s| {
+        let (o, len) = s.file_range();
+        o <= offset && offset < o + len
+    })?;
+    let bias = start.checked_sub(segment.address() + (offset - segment.file_range().0))?;
+    let sym = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))?;
+    Some(sym.address() + bias)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_come_from_the_file_name() {
+        assert_eq!(version_of("/usr/lib/libpython3.11.so.1.0"), Some((3, 11)));
+        assert_eq!(
+            version_of("/root/.pyenv/versions/3.12.1/bin/python3.12"),
+            Some((3, 12))
+        );
+        assert_eq!(version_of("/usr/bin/python3.13d"), Some((3, 13)));
+        assert_eq!(
+            version_of("/usr/lib/python3.11/lib-dynload/_ssl.cpython-311.so"),
+            None
+        );
+        assert_eq!(version_of("/usr/bin/python3"), None);
+    }
+}
