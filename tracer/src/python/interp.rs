@@ -16,6 +16,8 @@ pub struct Interpreter {
     pub path: Arc<str>,
     /// Where `PyCode_Type` is in the process: every code object points at it.
     pub code_type: u64,
+    /// Where `_PyRuntime` (the runtime state: the thread-state key, the GIL holder) is.
+    pub runtime: u64,
 }
 
 /// The interpreter `pid` runs, if any: the first mapped file named libpython3.X.so… or
@@ -29,11 +31,12 @@ pub fn detect(pid: u32) -> Option<Interpreter> {
                 .mappings()
                 .find(|(_, _, _, p)| *p == path)
                 .map(|(s, _, o, _)| (s, o))?;
-            let code_type = data_symbol(Path::new(&**path), "PyCode_Type", start, offset)?;
+            let symbol = |name| data_symbol(Path::new(&**path), name, start, offset);
             Some(Interpreter {
                 version,
                 path: path.clone(),
-                code_type,
+                code_type: symbol("PyCode_Type")?,
+                runtime: symbol("_PyRuntime")?,
             })
         })
 }

@@ -8,3 +8,4 @@ pub mod linetable;
 pub mod mem;
 #[cfg(test)]
 mod tests;
+pub mod walk;

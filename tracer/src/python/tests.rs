@@ -76,3 +76,101 @@ fn code_objects_of_a_running_interpreter_resolve_to_file_function_and_line() {
     py.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Stops `pid` (ptrace), runs `f` with its fs base (the thread pointer) while it is stopped, and
+/// lets it go.
+fn with_stopped<T>(pid: u32, f: impl FnOnce(u64) -> T) -> T {
+    let pid = pid as libc::pid_t;
+    // SAFETY: ptrace on our own child; every call's result is checked, and the child is
+    // detached before returning.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0),
+            0,
+            "PTRACE_SEIZE"
+        );
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0),
+            0,
+            "PTRACE_INTERRUPT"
+        );
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, libc::__WALL), pid);
+        let mut regs: libc::user_regs_struct = std::mem::zeroed();
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs),
+            0,
+            "PTRACE_GETREGS"
+        );
+        let out = f(regs.fs_base);
+        libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
+        out
+    }
+}
+
+const NESTED: &str = r#"import sys
+def h():
+    print("ready", flush=True)
+    sys.stdin.read()
+def g():
+    h()
+def f():
+    g()
+f()
+"#;
+
+#[test]
+fn a_stopped_threads_python_frames_are_walked_from_its_thread_state() {
+    let dir = std::env::temp_dir().join(format!("leaktracer-pywalk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("nested.py");
+    std::fs::write(&script, NESTED).unwrap();
+    let mut py = Command::new("python3")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 on this machine");
+    let mut line = String::new();
+    BufReader::new(py.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = py.id();
+    // Until it is blocked in sys.stdin.read() (line 4): in the read system call (number 0).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .unwrap_or_default()
+        .starts_with("0 0x0 ")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "python never blocked reading stdin"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let found = interp::detect(pid).expect("a CPython in the process");
+    let layout = code::Layout::of(found.version).unwrap();
+    let offs = super::walk::Offsets::of(found.version).unwrap();
+    let frames = with_stopped(pid, |fs| super::walk::walk(pid, &found, &offs, fs));
+    let resolved: Vec<(String, Option<u32>, bool)> = frames
+        .iter()
+        .map(|f| {
+            let info = code::read(pid, &found, &layout, f.code).unwrap();
+            (info.function.clone(), info.line(f.instr), f.entry)
+        })
+        .collect();
+    assert_eq!(
+        resolved,
+        [
+            ("h".to_string(), Some(4), false),
+            ("g".to_string(), Some(6), false),
+            ("f".to_string(), Some(8), false),
+            ("<module>".to_string(), Some(9), true),
+        ],
+        "innermost first; Python-to-Python calls share one evaluation, the module's began it"
+    );
+    drop(py.stdin.take());
+    py.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
