@@ -1,26 +1,26 @@
 //! Walking a thread's Python frames: where its thread state is and how its interpreter frames
 //! link, per CPython version. These offsets are what the kernel side reads at each allocation;
-//! [`walk`] does the same from user space on a stopped thread, which is how they are checked
-//! against a real interpreter.
+//! [`walk`] does the same from user space, which is how they are checked against a real
+//! interpreter.
 //!
-//! The thread state comes from the interpreter's thread-specific key (`_PyRuntime.gilstate.
-//! autoTSSkey`) read through glibc's thread control block, found at the thread's fs base: it is
-//! the calling thread's own, even when another thread holds the GIL.
+//! A thread's state is found by its kernel thread id: the GIL holder (`_PyRuntime.gilstate.
+//! tstate_current`) first, else the main interpreter's list of thread states, each of which
+//! records its thread's native id. So a thread that allocates with the GIL released still gets
+//! its own frames, and nothing depends on the C library's thread layout.
 
 use super::{interp::Interpreter, mem};
-
-/// glibc (2.36, x86_64): `struct pthread`'s `specific_1stblock`, 32 keys of 16 bytes, each
-/// `{ seq, data }`.
-pub const GLIBC_SPECIFIC: u64 = 784;
-pub const GLIBC_KEY_DATA: u64 = 16;
-pub const GLIBC_KEYS: u32 = 32;
 
 /// Where things are, for one CPython version (x86_64).
 #[derive(Clone, Copy, Debug)]
 pub struct Offsets {
-    /// In `_PyRuntime`: the thread-specific key (`int`).
-    pub runtime_tss_key: u64,
-    /// In `PyThreadState`: its `_PyCFrame *cframe`.
+    /// In `_PyRuntime`: the GIL holder's thread state, and the main interpreter.
+    pub runtime_tstate_current: u64,
+    pub runtime_main_interp: u64,
+    /// In `PyInterpreterState`: the first thread state.
+    pub interp_threads_head: u64,
+    /// In `PyThreadState`: the next one, its thread's native id, its `_PyCFrame *cframe`.
+    pub tstate_next: u64,
+    pub tstate_native_id: u64,
     pub tstate_cframe: u64,
     /// In `_PyCFrame`: the current `_PyInterpreterFrame *`.
     pub cframe_frame: u64,
@@ -35,10 +35,15 @@ pub struct Offsets {
 }
 
 impl Offsets {
+    /// Checked against a running 3.11 by the tests (from its DWARF: gdb `ptype /o`).
     pub fn of(version: (u8, u8)) -> Option<Self> {
         match version {
             (3, 11) => Some(Self {
-                runtime_tss_key: 568 + 24 + 4,
+                runtime_tstate_current: 576,
+                runtime_main_interp: 48,
+                interp_threads_head: 16,
+                tstate_next: 8,
+                tstate_native_id: 160,
                 tstate_cframe: 56,
                 cframe_frame: 8,
                 frame_code: 32,
@@ -51,6 +56,9 @@ impl Offsets {
         }
     }
 }
+
+/// Thread states looked at at most, past the GIL holder.
+pub const MAX_THREADS: usize = 16;
 
 /// One Python frame: its code object, the instruction it is at (code units into the bytecode)
 /// and whether it began a C-level evaluation (the frames up to and including it ran in one
@@ -65,20 +73,27 @@ pub struct RawFrame {
 /// Frames read at most (the kernel side's bound too).
 pub const MAX_DEPTH: usize = 32;
 
-/// The Python frames of the thread whose fs base is `fs_base` in `pid`, innermost first; empty
-/// when the thread has no Python thread state.
-pub fn walk(pid: u32, interp: &Interpreter, offs: &Offsets, fs_base: u64) -> Vec<RawFrame> {
+/// The Python frames of thread `tid` of `pid`, innermost first; empty when it has no Python
+/// thread state.
+pub fn walk(pid: u32, interp: &Interpreter, offs: &Offsets, tid: u32) -> Vec<RawFrame> {
     let word = |addr: u64| mem::read(pid, addr, 8).and_then(|b| mem::u64_at(&b, 0));
-    let Some(key) = mem::read(pid, interp.runtime + offs.runtime_tss_key, 4)
-        .and_then(|b| mem::u32_at(&b, 0))
-        .filter(|k| *k < GLIBC_KEYS)
-    else {
-        return Vec::new();
-    };
-    let slot = fs_base + GLIBC_SPECIFIC + u64::from(key) * GLIBC_KEY_DATA + 8;
-    let mut frame = word(slot)
-        .filter(|t| *t != 0)
-        .and_then(|tstate| word(tstate + offs.tstate_cframe))
+    let owner = |t: u64| word(t + offs.tstate_native_id) == Some(u64::from(tid));
+    let mut tstate = word(interp.runtime + offs.runtime_tstate_current).unwrap_or(0);
+    if tstate == 0 || !owner(tstate) {
+        tstate = word(interp.runtime + offs.runtime_main_interp)
+            .and_then(|i| word(i + offs.interp_threads_head))
+            .unwrap_or(0);
+        for _ in 0..MAX_THREADS {
+            if tstate == 0 || owner(tstate) {
+                break;
+            }
+            tstate = word(tstate + offs.tstate_next).unwrap_or(0);
+        }
+        if tstate == 0 || !owner(tstate) {
+            return Vec::new();
+        }
+    }
+    let mut frame = word(tstate + offs.tstate_cframe)
         .and_then(|cframe| word(cframe + offs.cframe_frame))
         .unwrap_or(0);
     let mut out = Vec::new();
