@@ -13,6 +13,7 @@ mod heap;
 mod history;
 mod oracle;
 mod pages;
+mod python;
 mod run;
 mod scenarios;
 mod serve;

@@ -4,6 +4,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 /// One parsed report.
+#[derive(Clone, Debug)]
 pub struct Report(pub Value);
 
 impl Report {

@@ -52,6 +52,9 @@ pub enum EventKind {
     DeviceUnmap = 14,
     /// The step function (`--step-symbol`) was entered: a training step begins.
     Step = 15,
+    /// The Python frames of thread `tid` at its next event with a stack ([`PyStackEvent`]; `aux`
+    /// = the number of frames, `size` = 1 when the walk stopped at [`MAX_PY_FRAMES`]).
+    PyFrames = 16,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -84,6 +87,7 @@ impl EventKind {
             13 => DeviceMap,
             14 => DeviceUnmap,
             15 => Step,
+            16 => PyFrames,
             _ => return None,
         })
     }
@@ -357,8 +361,59 @@ pub enum Counter {
 /// Number of counter slots.
 pub const COUNTERS: u32 = 7;
 
+/// Processes whose CPython frames are walked at most (the `PY_CONFIG` map).
+pub const MAX_PY_PROCESSES: u32 = 4096;
+/// Python frames recorded per event at most.
+pub const MAX_PY_FRAMES: usize = 32;
+/// Thread states looked at, past the GIL holder, to find the calling thread's.
+pub const MAX_PY_THREADS: usize = 16;
+
+/// Where a traced process's CPython keeps a thread's frames: the run-time address of
+/// `_PyRuntime` and the version's field offsets (tracer/src/python/walk.rs). Set by user space
+/// when the process maps an interpreter; a forked child inherits its parent's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PyConfig {
+    pub runtime: u64,
+    pub runtime_tstate_current: u64,
+    pub runtime_main_interp: u64,
+    pub interp_threads_head: u64,
+    pub tstate_next: u64,
+    pub tstate_native_id: u64,
+    pub tstate_cframe: u64,
+    pub cframe_frame: u64,
+    pub frame_code: u64,
+    pub frame_previous: u64,
+    pub frame_instr: u64,
+    pub frame_entry: u64,
+    pub code_bytecode: u64,
+}
+const _: () = assert!(size_of::<PyConfig>() == 13 * 8);
+
+/// One Python frame: its code object, the instruction's address (user space turns it into an
+/// offset in the bytecode) and [`PY_FRAME_ENTRY`] when it began a C-level evaluation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PyFrame {
+    pub code: u64,
+    pub instr: u64,
+    pub flags: u64,
+}
+pub const PY_FRAME_ENTRY: u64 = 1;
+
+/// A record of the Python frames of a thread, innermost first, sent just before that thread's
+/// next record with a stack (only the used frames are sent).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyStackEvent {
+    pub event: Event,
+    pub frames: [PyFrame; MAX_PY_FRAMES],
+}
+const _: () = assert!(size_of::<PyStackEvent>() == 64 + 24 * MAX_PY_FRAMES);
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
     unsafe impl aya::Pod for super::Pending {}
+    unsafe impl aya::Pod for super::PyConfig {}
 }

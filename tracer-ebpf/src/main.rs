@@ -13,6 +13,8 @@ mod pages;
 #[cfg(target_arch = "bpf")]
 mod process;
 #[cfg(target_arch = "bpf")]
+mod python;
+#[cfg(target_arch = "bpf")]
 mod shared;
 #[cfg(target_arch = "bpf")]
 mod task_storage;

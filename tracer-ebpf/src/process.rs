@@ -48,6 +48,12 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         );
         return 0;
     }
+    // A forked child runs the same interpreter at the same addresses.
+    let parent = (id >> 32) as u32;
+    // SAFETY: the value is copied at once.
+    if let Some(cfg) = unsafe { crate::python::PY_CONFIG.get(&parent) }.copied() {
+        let _ = crate::python::PY_CONFIG.insert(&pid, &cfg, 0);
+    }
     let mut ev = event(EventKind::Fork, 0, id);
     ev.aux = pid as u64;
     ev.size = flags;
@@ -60,6 +66,8 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
     if let Some((id, _, flags)) = traced_flags() {
         // The new image and its loader are mapped by the kernel, not by mmap: stop here so that a
         // program that links CUDA statically is probed before its first instruction.
+        // A new image: its interpreter, if any, is found again when it maps one.
+        let _ = crate::python::PY_CONFIG.remove(&((id >> 32) as u32));
         let mut ev = event(EventKind::Exec, 0, id);
         stop_for_probes(flags, &mut ev);
         emit_now(&ev);
@@ -82,6 +90,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     };
     if group_dead {
         let _ = TRACED.remove(&tgid);
+        let _ = crate::python::PY_CONFIG.remove(&tgid);
         emit_now(&event(EventKind::Exit, 0, id));
     }
     0

@@ -117,7 +117,7 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
 /// wakeup is an inter-processor interrupt, and one per record costs more than the record (64 MiB of
 /// ring at ~200 bytes a record would take over 6 million records/s to fill between two polls;
 /// a full ring is counted as `ringbuf_full`, never silent).
-const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
+pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 
 /// Sends a record without a stack, waking the consumer now (process lifecycle events).
 #[inline(always)]
@@ -142,6 +142,7 @@ pub fn emit(ev: &Event) {
 #[inline(always)]
 pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
     const HEADER: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
     let n = stack.n & (MAX_FRAMES * 2 - 1);
     let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };
     // SAFETY: `stack.record` is this CPU's record, filled by `capture` in this program run; the
@@ -163,6 +164,7 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 pub fn emit_deep(regs: &UserRegs, ev: &Event) {
     match deep(regs, ev) {
         Some(bytes) => {
+            crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
             if EVENTS.output(bytes, DATA_FLAGS).is_err() {
                 count(Counter::RingbufFull);
             }

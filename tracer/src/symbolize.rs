@@ -25,6 +25,9 @@ pub struct SymFrame {
     pub offset: String,
 }
 
+/// The module of a Python frame in reports.
+pub const PYTHON_MODULE: &str = "python";
+
 /// Symbolization with caching.
 pub struct Symbolizer {
     blaze: Blaze,
@@ -52,6 +55,16 @@ impl Symbolizer {
     }
 
     fn lookup(&self, f: &Frame) -> SymFrame {
+        if let Some((file, function, line)) = f.as_python() {
+            return SymFrame {
+                address: format!("{:#x}", f.addr),
+                function: Some(function.to_string()),
+                file: Some(file.to_string()),
+                line,
+                module: Some(PYTHON_MODULE.to_string()),
+                offset: String::new(),
+            };
+        }
         let mut out = SymFrame {
             address: format!("{:#x}", f.addr),
             function: None,

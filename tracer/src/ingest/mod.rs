@@ -6,7 +6,12 @@ pub mod maps;
 mod stacks;
 mod unwind;
 
-use std::{collections::HashSet, os::fd::AsRawFd, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::AsRawFd,
+    sync::Arc,
+    time::Duration,
+};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tokio::{
@@ -251,6 +256,9 @@ struct Decoder {
     /// Files with executable pages already announced to the prober.
     code_seen: HashSet<Arc<str>>,
     probe: Option<std::sync::mpsc::Sender<ProbeRequest>>,
+    /// Per thread: the Python frames (raw triples) sent for its next record with a stack.
+    py_pending: HashMap<u32, Vec<u64>>,
+    python: crate::python::resolve::Resolver,
 }
 
 impl Decoder {
@@ -285,6 +293,11 @@ impl Decoder {
     }
 
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        if bytes.len() >= size_of::<Event>()
+            && bytes[..4] == (EventKind::PyFrames as u32).to_le_bytes()
+        {
+            return self.decode_python(bytes);
+        }
         if bytes.len() > size_of::<StackEvent>() {
             return self.decode_deep(bytes, out);
         }
@@ -330,6 +343,23 @@ impl Decoder {
         self.push_event(kind, &ev, stack, out);
     }
 
+    /// A thread's Python frames, for its next record with a stack.
+    fn decode_python(&mut self, bytes: &[u8]) {
+        // SAFETY: the length was checked; Event is plain data, read unaligned.
+        let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let frames: Vec<u64> = bytes[size_of::<Event>()..]
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|c| u64::from_le_bytes(*c))
+            .collect();
+        if frames.len() % 3 != 0 || frames.len() / 3 != ev.aux as usize {
+            self.undecodable += 1;
+            return;
+        }
+        self.py_pending.insert(ev.tid, frames);
+    }
+
     /// A record with a raw stack: unwound here with the libraries' call-frame information.
     fn decode_deep(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
         // SAFETY: the record is longer than the header; DeepStackEvent's header is plain data.
@@ -364,7 +394,7 @@ impl Decoder {
                 .unwind(ev.tgid, maps, &raw, MAX_FRAMES, &mut self.scratch);
         }
         let truncated = self.scratch.len() == MAX_FRAMES;
-        let id = self.intern_scratch(ev.tgid, truncated, out);
+        let id = self.intern_scratch(ev.tgid, ev.tid, truncated, out);
         self.push_event(kind, &ev, id, out);
     }
 
@@ -403,6 +433,7 @@ impl Decoder {
         let held = ev.old_size == STOPPED_FOR_PROBES;
         match kind {
             EventKind::Exec => {
+                self.python.forget(ev.tgid);
                 self.stacks.forget(ev.tgid); // same addresses, different code now
                 self.unwinders.forget(ev.tgid);
                 self.maps.refresh(ev.tgid);
@@ -412,6 +443,7 @@ impl Decoder {
                 self.maps.refresh(ev.tgid)
             }
             EventKind::Exit => {
+                self.python.forget(ev.tgid);
                 self.maps.forget(ev.tgid);
                 self.unwinders.forget(ev.tgid);
                 return self.stacks.forget(ev.tgid);
@@ -448,17 +480,30 @@ impl Decoder {
             raw.insert(1, se.leaf_caller);
         }
         let truncated = n == se.frames.len();
-        self.intern_scratch(se.event.tgid, truncated, out)
+        self.intern_scratch(se.event.tgid, se.event.tid, truncated, out)
     }
 
-    /// Interns the raw frames in `scratch`.
+    /// Interns the raw frames in `scratch`, with the thread's Python frames when it sent some.
     fn intern_scratch(
         &mut self,
         tgid: u32,
+        tid: u32,
         truncated: bool,
         out: &mut Vec<Input>,
     ) -> Option<StackId> {
-        let (id, new) = self.stacks.intern(tgid, &self.scratch, &mut self.maps)?;
+        if let Some(py) = self.py_pending.remove(&tid) {
+            self.scratch.push(stacks::PY_MARKER);
+            self.scratch.extend(py);
+        }
+        let Decoder {
+            stacks,
+            maps,
+            python,
+            scratch,
+            ..
+        } = self;
+        let mut merge = |native: &[Frame], raw: &[u64]| python.merge(tgid, native, raw);
+        let (id, new) = stacks.intern(tgid, scratch, maps, &mut merge)?;
         if let Some(frames) = new {
             out.push(Input::Stack {
                 id,
@@ -491,6 +536,8 @@ pub const ALLOCATOR_ENV: &[&str] = &[
     "CUDA_LAUNCH_BLOCKING",
     "MALLOC_ARENA_MAX",
     "MALLOC_MMAP_THRESHOLD_",
+    // PYTHONMALLOC=malloc: every Python object is a malloc block (none hidden in pymalloc arenas).
+    "PYTHONMALLOC",
 ];
 
 /// The [`ALLOCATOR_ENV`] variables set in a live process's environment, in that order.

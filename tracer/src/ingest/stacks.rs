@@ -8,6 +8,12 @@ use rustc_hash::FxHashMap;
 
 use super::maps::MapsCache;
 
+/// Splices a stack's Python frames (raw triples) into its native frames.
+pub type MergePython<'a> = dyn FnMut(&[Frame], &[u64]) -> Vec<Frame> + 'a;
+
+/// Separates a record's native return addresses from its Python frames in a raw stack key.
+pub const PY_MARKER: u64 = u64::MAX;
+
 /// Interned stacks kept before new ones are refused (and counted).
 pub(crate) const MAX_STACKS: usize = 1 << 20;
 
@@ -24,6 +30,30 @@ pub struct Frame {
     pub offset: u64,
     /// The virtual address in the process it was first seen in.
     pub addr: u64,
+}
+
+/// Python frames are frames of a pseudo-module named by this prefix, the file and the function
+/// (NUL-separated); their offset is the line. So they aggregate across processes like native
+/// frames (forked workers running the same line share a stack) and need no other type.
+const PYTHON: &str = "\u{1}python:";
+
+impl Frame {
+    /// A Python frame: `function` at `file`:`line` (0: no line), code object `code`.
+    pub fn python(file: &str, function: &str, line: Option<u32>, code: u64) -> Self {
+        Self {
+            module: Some(Arc::from(format!("{PYTHON}{file}\0{function}"))),
+            offset: u64::from(line.unwrap_or(0)),
+            addr: code,
+        }
+    }
+
+    /// (file, function, line) of a Python frame.
+    pub fn as_python(&self) -> Option<(&str, &str, Option<u32>)> {
+        let rest = self.module.as_deref()?.strip_prefix(PYTHON)?;
+        let (file, function) = rest.split_once('\0')?;
+        let line = u32::try_from(self.offset).ok().filter(|l| *l > 0);
+        Some((file, function, line))
+    }
 }
 
 /// A frame's identity across processes: (module, file offset).
@@ -46,6 +76,7 @@ impl Interner {
         tgid: u32,
         raw: &[u64],
         maps: &mut MapsCache,
+        python: &mut MergePython<'_>,
     ) -> Option<(StackId, Option<Arc<[Frame]>>)> {
         if let Some(id) = self.raw.get(&tgid).and_then(|m| m.get(raw)) {
             return Some((*id, None));
@@ -54,7 +85,12 @@ impl Interner {
             self.overflowed += 1;
             return None;
         }
-        let frames: Vec<Frame> = raw
+        // Native addresses, then (after PY_MARKER) the Python frames' raw triples.
+        let (native, py) = match raw.iter().position(|a| *a == PY_MARKER) {
+            Some(i) => (&raw[..i], &raw[i + 1..]),
+            None => (raw, &[][..]),
+        };
+        let frames: Vec<Frame> = native
             .iter()
             .map(|&addr| match maps.resolve(tgid, addr) {
                 Some((module, offset)) => Frame {
@@ -69,6 +105,11 @@ impl Interner {
                 },
             })
             .collect();
+        let frames = if py.is_empty() {
+            frames
+        } else {
+            python(&frames, py)
+        };
         let norm: Vec<_> = frames
             .iter()
             .map(|f| (f.module.clone(), f.offset))
@@ -128,9 +169,15 @@ mod tests {
         let mut maps = MapsCache::default();
         let mut i = Interner::default();
         // pid 0 has no /proc/0/maps: every frame stays unresolved.
-        let (a, new_a) = i.intern(0, &[0x1000, 0x2000], &mut maps).unwrap();
-        let (b, new_b) = i.intern(0, &[0x1000, 0x2000], &mut maps).unwrap();
-        let (c, _) = i.intern(0, &[0x1000, 0x3000], &mut maps).unwrap();
+        let (a, new_a) = i
+            .intern(0, &[0x1000, 0x2000], &mut maps, &mut |n, _| n.to_vec())
+            .unwrap();
+        let (b, new_b) = i
+            .intern(0, &[0x1000, 0x2000], &mut maps, &mut |n, _| n.to_vec())
+            .unwrap();
+        let (c, _) = i
+            .intern(0, &[0x1000, 0x3000], &mut maps, &mut |n, _| n.to_vec())
+            .unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         let frames = new_a.unwrap();

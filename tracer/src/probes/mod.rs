@@ -243,6 +243,10 @@ pub struct Probes {
     bpf: Ebpf,
     mode: Mode,
     traced: BpfHashMap<MapData, u32, u32>,
+    /// Processes whose Python frames the kernel side walks (tracer-ebpf/src/python.rs).
+    python: BpfHashMap<MapData, u32, tracer_common::PyConfig>,
+    /// CPython versions seen that have no known layout (said once each).
+    python_unknown: std::collections::HashSet<(u8, u8)>,
     attached: Vec<AttachedFn>,
     libraries: Vec<Library>,
     /// Every file looked at, probed or not.
@@ -376,10 +380,17 @@ impl Probes {
                 .ok_or_else(|| anyhow::anyhow!("no TRACED map"))?,
         )
         .map_err(|e| anyhow::anyhow!("TRACED map: {e}"))?;
+        let python = BpfHashMap::try_from(
+            bpf.take_map("PY_CONFIG")
+                .ok_or_else(|| anyhow::anyhow!("no PY_CONFIG map"))?,
+        )
+        .map_err(|e| anyhow::anyhow!("PY_CONFIG map: {e}"))?;
         let mut probes = Self {
             bpf,
             mode,
             traced,
+            python,
+            python_unknown: Default::default(),
             attached: Vec::new(),
             libraries: Vec::new(),
             checked: Default::default(),
@@ -407,6 +418,11 @@ impl Probes {
     /// probes (a libc's malloc family, the CUDA runtime or driver, PyTorch's CPU allocator), probes
     /// them, for every process, filtered in the kernel. `pid` is the process seen mapping it.
     pub fn attach_code(&mut self, path: &Path, pid: u32, timing: Timing) -> Result<(), Error> {
+        if timing != Timing::BeforeStart
+            && crate::python::interp::version_of(&path.to_string_lossy()).is_some()
+        {
+            self.walk_python(pid);
+        }
         if !self.checked.insert(path.to_path_buf()) {
             return Ok(());
         }
@@ -529,6 +545,31 @@ impl Probes {
             crate::ingest::maps::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
         maps.paths()
             .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
+    }
+
+    /// Has the kernel side walk `pid`'s Python frames at each event with a stack, when it runs a
+    /// CPython whose layout is known.
+    fn walk_python(&mut self, pid: u32) {
+        let Some(found) = crate::python::interp::detect(pid) else {
+            return;
+        };
+        match crate::python::walk::Offsets::of(found.version) {
+            Some(offs) => {
+                let cfg = offs.config(found.runtime);
+                match self.python.insert(&pid, &cfg, 0) {
+                    Ok(()) => tracing::info!(pid, path = %found.path, "Python frames walked"),
+                    Err(e) => tracing::warn!(pid, "Python frames not walked: {e}"),
+                }
+            }
+            None => {
+                if self.python_unknown.insert(found.version) {
+                    tracing::warn!(
+                        version = format!("{}.{}", found.version.0, found.version.1),
+                        "Python frames are walked for CPython 3.11 only: native stacks only for this one"
+                    );
+                }
+            }
+        }
     }
 
     /// Marks training steps at each entry of `symbol` (a C name, or a C++/Rust `path::name`), in

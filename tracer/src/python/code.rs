@@ -60,6 +60,9 @@ pub struct CodeInfo {
     pub function: String,
     pub first_line: u32,
     linetable: Vec<u8>,
+    /// The object's type, file, name and line-table pointers: a code object freed and another
+    /// made at the same address differs in them (checked before a cached copy is used).
+    pub fingerprint: [u64; 4],
 }
 
 impl CodeInfo {
@@ -80,13 +83,41 @@ pub fn read(
     layout: &Layout,
     addr: u64,
 ) -> Result<CodeInfo, String> {
-    let head = mem::read(pid, addr, layout.co_code_adaptive)
-        .ok_or_else(|| format!("code object {addr:#x}: unreadable"))?;
-    if u64_at(&head, layout.ob_type) != Some(interp.code_type) {
+    let head = head(pid, layout, addr)?;
+    from_head(pid, interp, layout, addr, &head)
+}
+
+/// The fixed part of the code object at `addr`.
+pub fn head(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, String> {
+    mem::read(pid, addr, layout.co_code_adaptive)
+        .filter(|h| h.len() == layout.co_code_adaptive)
+        .ok_or_else(|| format!("code object {addr:#x}: unreadable"))
+}
+
+/// What [`CodeInfo::fingerprint`] holds, from a code object's head.
+pub fn fingerprint(layout: &Layout, head: &[u8]) -> [u64; 4] {
+    let at = |o| u64_at(head, o).unwrap_or(0);
+    [
+        at(layout.ob_type),
+        at(layout.co_filename),
+        at(layout.co_qualname),
+        at(layout.co_linetable),
+    ]
+}
+
+/// Reads what `head` (the fixed part of the code object at `addr`) points at.
+pub fn from_head(
+    pid: u32,
+    interp: &Interpreter,
+    layout: &Layout,
+    addr: u64,
+    head: &[u8],
+) -> Result<CodeInfo, String> {
+    if u64_at(head, layout.ob_type) != Some(interp.code_type) {
         return Err(format!("{addr:#x} is not a code object"));
     }
-    let field = |off: usize| u64_at(&head, off).ok_or("short read");
-    let first_line = i32_at(&head, layout.co_firstlineno).ok_or("short read")?;
+    let field = |off: usize| u64_at(head, off).ok_or("short read");
+    let first_line = i32_at(head, layout.co_firstlineno).ok_or("short read")?;
     let file = string(pid, layout, field(layout.co_filename)?)?;
     let function = string(pid, layout, field(layout.co_qualname)?)?;
     let linetable = bytes(pid, layout, field(layout.co_linetable)?)?;
@@ -95,6 +126,7 @@ pub fn read(
         function,
         first_line: u32::try_from(first_line).unwrap_or(0),
         linetable,
+        fingerprint: fingerprint(layout, head),
     })
 }
 

@@ -16,8 +16,10 @@ pub struct Interpreter {
     pub path: Arc<str>,
     /// Where `PyCode_Type` is in the process: every code object points at it.
     pub code_type: u64,
-    /// Where `_PyRuntime` (the runtime state: the thread-state key, the GIL holder) is.
+    /// Where `_PyRuntime` (the runtime state: the GIL holder, the interpreters) is.
     pub runtime: u64,
+    /// `_PyEval_EvalFrameDefault` as file offsets in `path`: the native frames that run Python.
+    pub eval: Option<(u64, u64)>,
 }
 
 /// The interpreter `pid` runs, if any: the first mapped file named libpython3.X.so… or
@@ -37,12 +39,13 @@ pub fn detect(pid: u32) -> Option<Interpreter> {
                 path: path.clone(),
                 code_type: symbol("PyCode_Type")?,
                 runtime: symbol("_PyRuntime")?,
+                eval: function_range(Path::new(&**path), "_PyEval_EvalFrameDefault"),
             })
         })
 }
 
 /// (3, 11) from ".../libpython3.11.so.1.0" or ".../python3.11".
-fn version_of(path: &str) -> Option<(u8, u8)> {
+pub fn version_of(path: &str) -> Option<(u8, u8)> {
     let name = path.rsplit('/').next()?;
     let rest = name
         .strip_prefix("libpython3.")
@@ -70,6 +73,23 @@ fn data_symbol(path: &Path, name: &str, start: u64, offset: u64) -> Option<u64> 
         .chain(elf.symbols())
         .find(|s| s.is_definition() && s.name() == Ok(name))?;
     Some(sym.address() + bias)
+}
+
+/// The file offsets `[start, end)` of function `name` in the ELF file at `path`.
+fn function_range(path: &Path, name: &str) -> Option<(u64, u64)> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping, parsed with bounds checks.
+    let data = unsafe { memmap2::Mmap::map(&file).ok()? };
+    let elf = object::File::parse(&*data).ok()?;
+    let sym = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name) && s.size() > 0)?;
+    let segment = elf
+        .segments()
+        .find(|s| s.address() <= sym.address() && sym.address() < s.address() + s.size())?;
+    let start = sym.address() - segment.address() + segment.file_range().0;
+    Some((start, start + sym.size()))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod code;
 pub mod interp;
 pub mod linetable;
 pub mod mem;
+pub mod resolve;
 #[cfg(test)]
 mod tests;
 pub mod walk;

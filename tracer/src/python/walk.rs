@@ -57,6 +57,27 @@ impl Offsets {
     }
 }
 
+impl Offsets {
+    /// What the kernel side needs for a process whose `_PyRuntime` is at `runtime`.
+    pub fn config(&self, runtime: u64) -> tracer_common::PyConfig {
+        tracer_common::PyConfig {
+            runtime,
+            runtime_tstate_current: self.runtime_tstate_current,
+            runtime_main_interp: self.runtime_main_interp,
+            interp_threads_head: self.interp_threads_head,
+            tstate_next: self.tstate_next,
+            tstate_native_id: self.tstate_native_id,
+            tstate_cframe: self.tstate_cframe,
+            cframe_frame: self.cframe_frame,
+            frame_code: self.frame_code,
+            frame_previous: self.frame_previous,
+            frame_instr: self.frame_instr,
+            frame_entry: self.frame_entry,
+            code_bytecode: self.code_bytecode,
+        }
+    }
+}
+
 /// Thread states looked at at most, past the GIL holder.
 pub const MAX_THREADS: usize = 16;
 

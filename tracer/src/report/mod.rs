@@ -322,7 +322,7 @@ impl StackReport {
     /// not from a header, a dependency's sources or the toolchain's), else its first frame with a
     /// function; with file and line when known.
     pub fn site(&self) -> String {
-        const THIRD_PARTY: [&str; 7] = [
+        const THIRD_PARTY: [&str; 8] = [
             "/.cargo/registry/",
             "/.cargo/git/",
             "/rustc/",
@@ -330,6 +330,7 @@ impl StackReport {
             "/usr/",
             "site-packages/",
             "dist-packages/",
+            "/lib/python3.",
         ];
         let in_library = |f: &&SymFrame| {
             let lib = f.module.as_deref().is_some_and(|m| {

@@ -1,0 +1,188 @@
+//! Python stacks from the kernel: the real CPython runs scripts that leak (a list of bytearrays, a
+//! dict cache, ctypes malloc, one of two threads), each beside a control, under `leaktracer run`
+//! with no change to them; the leak's stack names the exact `file:line function` of the script.
+
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+use tests::{fixture, report::Report};
+
+/// The machine's CPython itself (not a launcher script in front of it).
+fn python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 on this machine");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/python")
+        .join(format!("{name}.py"))
+}
+
+/// The 1-based line of `script` holding `marker`.
+fn line(name: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(script(name)).unwrap();
+    text.lines().position(|l| l.contains(marker)).unwrap() as u64 + 1
+}
+
+/// The innermost Python frame of a stack: (function, file, line).
+fn python_top(stack: &Value) -> Option<(String, String, u64)> {
+    let f = stack["frames"]
+        .as_array()?
+        .iter()
+        .find(|f| f["module"] == "python")?;
+    Some((
+        f["function"].as_str()?.to_string(),
+        f["file"].as_str()?.to_string(),
+        f["line"].as_u64()?,
+    ))
+}
+
+/// (bytes, blocks) of heap stacks whose innermost Python frame is `function` at `file`:`line`.
+fn at(r: &Report, function: &str, name: &str, line: u64) -> (u64, u64) {
+    let file = script(name).display().to_string();
+    r.sum(|s| {
+        s["kind"] == "heap"
+            && python_top(s).is_some_and(|(f, p, l)| f == function && p == file && l == line)
+    })
+}
+
+fn run(argv: &[&str]) -> Option<Report> {
+    if !fixture::bpf_available() {
+        return None;
+    }
+    let _x = fixture::exclusive();
+    let t = fixture::trace(&["--no-store"], argv).expect("leaktracer run");
+    assert_eq!(
+        t.output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&t.output.stderr)
+    );
+    Some(t.last().clone())
+}
+
+#[test]
+fn a_list_of_bytearrays_leaks_at_its_python_line() {
+    let py = python();
+    let path = script("leaky_list");
+    let Some(r) = run(&[&py, path.to_str().unwrap(), "30"]) else {
+        return;
+    };
+    // 30 bytearrays of 1 MiB (and their terminating NUL), from grow(); scratch() freed its own.
+    let leak = line("leaky_list", "# LEAK");
+    assert_eq!(
+        at(&r, "grow", "leaky_list", leak),
+        (30 * ((1 << 20) + 1), 30)
+    );
+    assert_eq!(
+        at(&r, "scratch", "leaky_list", line("leaky_list", "# CONTROL")),
+        (0, 0)
+    );
+    // The leak's site, as the report, the table and the CI gate show it.
+    let top = r
+        .stacks()
+        .iter()
+        .find(|s| python_top(s).is_some_and(|(f, ..)| f == "grow"))
+        .unwrap();
+    let caller = top["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"] == "python")
+        .nth(1)
+        .unwrap();
+    assert_eq!(caller["function"], "<module>");
+    assert_eq!(caller["line"], line("leaky_list", "    grow()"));
+}
+
+#[test]
+fn a_dict_cache_that_never_evicts_is_attributed_to_its_line() {
+    let py = python();
+    let path = script("dict_cache");
+    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+        return;
+    };
+    // Each entry is a bytes object of 256 KiB + 1 (its allocation: 33 bytes of header and NUL
+    // more). The dict's own table grows at the same line: a few KiB at most.
+    let entry = (256 << 10) + 1 + 33;
+    let (bytes, blocks) = at(&r, "remember", "dict_cache", line("dict_cache", "# LEAK"));
+    assert!(
+        blocks >= 20 && bytes >= 20 * entry && bytes < 20 * entry + 16384,
+        "{bytes} {blocks}"
+    );
+    let (bytes, blocks) = at(
+        &r,
+        "remember_capped",
+        "dict_cache",
+        line("dict_cache", "# CONTROL"),
+    );
+    assert!(
+        blocks >= 4 && bytes >= 4 * entry && bytes < 5 * entry,
+        "the capped cache holds 4: {bytes} {blocks}"
+    );
+}
+
+#[test]
+fn malloc_through_ctypes_is_attributed_to_the_calling_python_line() {
+    let py = python();
+    let path = script("ctypes_leak");
+    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+        return;
+    };
+    assert_eq!(
+        at(
+            &r,
+            "native_leak",
+            "ctypes_leak",
+            line("ctypes_leak", "# LEAK")
+        ),
+        (10 * (3 << 20), 10)
+    );
+    assert_eq!(
+        at(
+            &r,
+            "native_clean",
+            "ctypes_leak",
+            line("ctypes_leak", "# CONTROL")
+        ),
+        (0, 0)
+    );
+}
+
+#[test]
+fn each_thread_gets_its_own_python_frames() {
+    let py = python();
+    let path = script("threads_leak");
+    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+        return;
+    };
+    let leak = line("threads_leak", "# LEAK");
+    assert_eq!(
+        at(&r, "worker_leaks", "threads_leak", leak),
+        (8 * ((512 << 10) + 1), 8)
+    );
+    let control = line("threads_leak", "# CONTROL");
+    assert_eq!(at(&r, "worker_clean", "threads_leak", control), (0, 0));
+}
+
+#[test]
+fn a_script_started_through_a_wrapper_is_still_attributed() {
+    let py = python();
+    let path = script("leaky_list");
+    let leak = line("leaky_list", "# LEAK");
+    // Through a shell that execs the interpreter.
+    let cmd = format!("exec {py} {} 5", path.display());
+    if let Some(r) = run(&["/bin/sh", "-c", &cmd]) {
+        assert_eq!(at(&r, "grow", "leaky_list", leak), (5 * ((1 << 20) + 1), 5));
+    }
+    // As a module (`python -m`), found on its path.
+    let dir = path.parent().unwrap().display().to_string();
+    let cmd = format!("cd {dir} && exec {py} -m leaky_list 5");
+    if let Some(r) = run(&["/bin/sh", "-c", &cmd]) {
+        assert_eq!(at(&r, "grow", "leaky_list", leak), (5 * ((1 << 20) + 1), 5));
+    }
+}

@@ -1,0 +1,98 @@
+//! A thread's CPython frames at an event with a stack: found from its thread state (the GIL
+//! holder's when it is this thread, else the main interpreter's thread list, matched by native
+//! thread id), then the interpreter frames, innermost first. Code objects and instruction
+//! addresses go to user space, which reads the code objects while the process lives.
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use tracer_common::{
+    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_FRAME_ENTRY, PyConfig, PyFrame,
+    PyStackEvent,
+};
+
+use crate::shared::{DATA_FLAGS, EVENTS, count, untimed_event};
+
+/// Processes whose frames are walked, and where: set by user space, copied to forked children.
+#[map]
+pub static PY_CONFIG: HashMap<u32, PyConfig> = HashMap::with_max_entries(MAX_PY_PROCESSES, 0);
+
+/// The record being filled, per CPU (too large for the BPF stack).
+#[map]
+static PY_RECORD: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn word(addr: u64) -> u64 {
+    // SAFETY: user memory read that fails cleanly (0 then).
+    unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+}
+
+/// Sends the Python frames of the calling thread (`id` = pid_tgid) when its process runs a
+/// CPython leaktracer knows; nothing otherwise.
+#[inline(never)]
+pub fn emit_frames(id: u64) -> u32 {
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    // SAFETY: the value is copied out at once.
+    let Some(cfg) = (unsafe { PY_CONFIG.get(&tgid) }).copied() else {
+        return 0;
+    };
+    let owner = |t: u64| word(t + cfg.tstate_native_id) == u64::from(tid);
+    let mut tstate = word(cfg.runtime + cfg.runtime_tstate_current);
+    if tstate == 0 || !owner(tstate) {
+        tstate = word(word(cfg.runtime + cfg.runtime_main_interp) + cfg.interp_threads_head);
+        let mut found = false;
+        for _ in 0..MAX_PY_THREADS {
+            if tstate == 0 {
+                break;
+            }
+            if owner(tstate) {
+                found = true;
+                break;
+            }
+            tstate = word(tstate + cfg.tstate_next);
+        }
+        if !found {
+            return 0;
+        }
+    }
+    let mut frame = word(word(tstate + cfg.tstate_cframe) + cfg.cframe_frame);
+    if frame == 0 {
+        return 0;
+    }
+    let Some(rec) = PY_RECORD.get_ptr_mut(0) else {
+        return 0;
+    };
+    let mut n = 0usize;
+    for i in 0..MAX_PY_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        let entry = word(frame + cfg.frame_entry) & 0xff;
+        let f = PyFrame {
+            code: word(frame + cfg.frame_code),
+            instr: word(frame + cfg.frame_instr),
+            flags: if entry == 1 { PY_FRAME_ENTRY } else { 0 },
+        };
+        // SAFETY: `rec` is this CPU's record; `i` < MAX_PY_FRAMES.
+        unsafe { (*rec).frames[i] = f };
+        n = i + 1;
+        frame = word(frame + cfg.frame_previous);
+    }
+    let mut ev = untimed_event(EventKind::PyFrames, 0, id);
+    ev.aux = n as u64;
+    ev.size = u64::from(frame != 0);
+    const HEADER: usize = size_of::<tracer_common::Event>();
+    let n = n & (MAX_PY_FRAMES * 2 - 1);
+    let n = if n > MAX_PY_FRAMES { MAX_PY_FRAMES } else { n };
+    // SAFETY: this CPU's record, filled above; the length is at most its size.
+    let used = unsafe {
+        (*rec).event = ev;
+        core::slice::from_raw_parts(rec.cast::<u8>(), HEADER + size_of::<PyFrame>() * n)
+    };
+    if EVENTS.output(used, DATA_FLAGS).is_err() {
+        count(tracer_common::Counter::RingbufFull);
+    }
+    0
+}

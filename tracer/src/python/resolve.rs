@@ -1,0 +1,92 @@
+//! Turning the kernel side's raw Python frames into frames of the stack: each code object read
+//! once per process (file, function, line table), and the frames spliced into the native stack
+//! where the evaluator ran them.
+
+use std::collections::HashMap;
+
+use tracer_common::PY_FRAME_ENTRY;
+
+use super::{
+    code::{self, CodeInfo, Layout},
+    interp::{self, Interpreter},
+};
+use crate::ingest::Frame;
+
+/// Per process: its interpreter and the code objects read so far.
+#[derive(Default)]
+pub struct Resolver {
+    interps: HashMap<u32, Option<(Interpreter, Layout)>>,
+    codes: HashMap<(u32, u64), Option<CodeInfo>>,
+}
+
+impl Resolver {
+    /// `native` (innermost first) with the Python frames of `raw` (triples of code object,
+    /// instruction address and flags, innermost first) in place of the evaluator frames that ran
+    /// them: the frames up to and including each entry frame replace one
+    /// `_PyEval_EvalFrameDefault` frame, innermost first. Groups left over (the native walk
+    /// stopped before reaching their evaluator) follow the native frames.
+    pub fn merge(&mut self, tgid: u32, native: &[Frame], raw: &[u64]) -> Vec<Frame> {
+        let found = self
+            .interps
+            .entry(tgid)
+            .or_insert_with(|| {
+                let i = interp::detect(tgid)?;
+                let layout = Layout::of(i.version)?;
+                Some((i, layout))
+            })
+            .clone();
+        let Some((interp, layout)) = found else {
+            return native.to_vec();
+        };
+        let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
+        for &[code, instr, flags] in raw.as_chunks::<3>().0 {
+            // Code objects are freed and their memory reused (an imported module's body, once
+            // run): a cached copy is used only while the object still matches it.
+            let head = code::head(tgid, &layout, code).ok();
+            let cached = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
+            let current = matches!((&head, cached),
+                (Some(h), Some(c)) if c.fingerprint == code::fingerprint(&layout, h));
+            if !current {
+                let fresh =
+                    head.and_then(|h| code::from_head(tgid, &interp, &layout, code, &h).ok());
+                self.codes.insert((tgid, code), fresh);
+            }
+            let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
+            let frame = match info {
+                Some(info) => {
+                    let start = code + layout.co_code_adaptive as u64;
+                    let offset = (instr.saturating_sub(start) / 2) as u32;
+                    Frame::python(&info.file, &info.function, info.line(offset), code)
+                }
+                None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
+            };
+            groups.last_mut().expect("one group").push(frame);
+            if flags & PY_FRAME_ENTRY != 0 {
+                groups.push(Vec::new());
+            }
+        }
+        groups.retain(|g| !g.is_empty());
+        let is_eval = |f: &Frame| {
+            interp.eval.is_some_and(|(s, e)| {
+                f.module.as_deref() == Some(&*interp.path)
+                    && (s..e).contains(&f.offset.saturating_sub(1))
+            })
+        };
+        let mut groups = groups.into_iter();
+        let mut out = Vec::with_capacity(native.len() + raw.len() / 3);
+        for f in native {
+            match is_eval(f).then(|| groups.next()).flatten() {
+                Some(g) => out.extend(g),
+                None => out.push(f.clone()),
+            }
+        }
+        out.extend(groups.flatten());
+        out
+    }
+
+    /// A process exited or replaced its image: its interpreter and code objects are gone.
+    pub fn forget(&mut self, tgid: u32) {
+        self.interps.remove(&tgid);
+        self.codes.retain(|(pid, _), _| *pid != tgid);
+    }
+}
