@@ -196,6 +196,9 @@ pub struct ReportArgs {
     /// and allocator retention are then absent.
     #[arg(long)]
     pub no_heap: bool,
+    /// Native stacks only: do not walk the Python frames of CPython processes.
+    #[arg(long)]
+    pub no_python_stacks: bool,
     /// Serve the leak explorer (the page at /, the read-only JSON API under /api/v1 with live
     /// updates over SSE, /metrics) on ADDR while tracing (`--ui` or `--ui=ADDR`; default
     /// 127.0.0.1:7878, port 0 picks one; off loopback a token is required, see --ui-token); the

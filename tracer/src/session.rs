@@ -74,6 +74,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if args.no_heap {
         probes.skip_heap();
     }
+    if args.no_python_stacks {
+        probes.skip_python();
+    }
     // Before the command is started: a history or an address that cannot be opened stops the
     // session here.
     let ui = args

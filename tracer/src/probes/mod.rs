@@ -247,6 +247,8 @@ pub struct Probes {
     python: BpfHashMap<MapData, u32, tracer_common::PyConfig>,
     /// CPython versions seen that have no known layout (said once each).
     python_unknown: std::collections::HashSet<(u8, u8)>,
+    /// `--no-python-stacks`.
+    no_python: bool,
     attached: Vec<AttachedFn>,
     libraries: Vec<Library>,
     /// Every file looked at, probed or not.
@@ -391,6 +393,7 @@ impl Probes {
             traced,
             python,
             python_unknown: Default::default(),
+            no_python: false,
             attached: Vec::new(),
             libraries: Vec::new(),
             checked: Default::default(),
@@ -419,6 +422,7 @@ impl Probes {
     /// them, for every process, filtered in the kernel. `pid` is the process seen mapping it.
     pub fn attach_code(&mut self, path: &Path, pid: u32, timing: Timing) -> Result<(), Error> {
         if timing != Timing::BeforeStart
+            && !self.no_python
             && crate::python::interp::version_of(&path.to_string_lossy()).is_some()
         {
             self.walk_python(pid);
@@ -545,6 +549,11 @@ impl Probes {
             crate::ingest::maps::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
         maps.paths()
             .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
+    }
+
+    /// Native stacks only (`--no-python-stacks`).
+    pub fn skip_python(&mut self) {
+        self.no_python = true;
     }
 
     /// Has the kernel side walk `pid`'s Python frames at each event with a stack, when it runs a
