@@ -11,8 +11,12 @@ py=$(python3 -c 'import sys; print(sys.executable)')
 work=tests/fixtures/python/bench_alloc.py
 n=200000
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# A finished leaktracer detaches its uprobes in the background for a few seconds; until then every
+# malloc on the machine still traps. Each measurement waits for that.
+settle() { while pgrep -x leaktracer >/dev/null; do sleep 0.2; done; }
 measure() { # mode depth
   for _ in 1 2 3 4 5; do
+    settle
     case $1 in
       untraced) "$py" "$work" "$2" "$n" ;;
       native) ./target/release/leaktracer run --no-store --no-python-stacks -o /dev/null -- "$py" "$work" "$2" "$n" 2>/dev/null ;;

@@ -65,20 +65,35 @@ pub fn emit_frames(id: u64) -> u32 {
         return 0;
     };
     let mut n = 0usize;
+    // Word indexes of the fields in a frame's first 128 bytes, read at once (one probe read a
+    // frame, not four: each read costs about 100 ns).
+    let (code_w, instr_w, prev_w) = (
+        (cfg.frame_code / 8) as usize & 15,
+        (cfg.frame_instr / 8) as usize & 15,
+        (cfg.frame_previous / 8) as usize & 15,
+    );
+    let (entry_w, entry_shift) = (
+        (cfg.frame_entry / 8) as usize & 15,
+        (cfg.frame_entry % 8) * 8,
+    );
     for i in 0..MAX_PY_FRAMES {
         if frame == 0 {
             break;
         }
-        let entry = word(frame + cfg.frame_entry) & 0xff;
+        // SAFETY: user memory read that fails cleanly.
+        let Ok(w) = (unsafe { bpf_probe_read_user(frame as *const [u64; 16]) }) else {
+            break;
+        };
+        let entry = (w[entry_w] >> entry_shift) & 0xff;
         let f = PyFrame {
-            code: word(frame + cfg.frame_code),
-            instr: word(frame + cfg.frame_instr),
+            code: w[code_w],
+            instr: w[instr_w],
             flags: if entry == 1 { PY_FRAME_ENTRY } else { 0 },
         };
         // SAFETY: `rec` is this CPU's record; `i` < MAX_PY_FRAMES.
         unsafe { (*rec).frames[i] = f };
         n = i + 1;
-        frame = word(frame + cfg.frame_previous);
+        frame = w[prev_w];
     }
     let mut ev = untimed_event(EventKind::PyFrames, 0, id);
     ev.aux = n as u64;
