@@ -164,7 +164,6 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 pub fn emit_deep(regs: &UserRegs, ev: &Event) {
     match deep(regs, ev) {
         Some(bytes) => {
-            crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
             if EVENTS.output(bytes, DATA_FLAGS).is_err() {
                 count(Counter::RingbufFull);
             }

@@ -562,9 +562,12 @@ impl Probes {
         let Some(found) = crate::python::interp::detect(pid) else {
             return;
         };
-        match crate::python::walk::Offsets::of(found.version) {
+        match crate::python::walk::offsets(found.version) {
             Some(offs) => {
-                let cfg = offs.config(found.runtime);
+                let cfg = tracer_common::PyConfig {
+                    runtime: found.runtime,
+                    ..offs
+                };
                 match self.python.insert(&pid, &cfg, 0) {
                     Ok(()) => tracing::info!(pid, path = %found.path, "Python frames walked"),
                     Err(e) => tracing::warn!(pid, "Python frames not walked: {e}"),

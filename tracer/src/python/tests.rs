@@ -34,12 +34,13 @@ print(json.dumps(out), flush=True)
 sys.stdin.read()
 "#;
 
-#[test]
-fn code_objects_of_a_running_interpreter_resolve_to_file_function_and_line() {
-    let dir = std::env::temp_dir().join(format!("leaktracer-py-{}", std::process::id()));
+/// Writes `source` as `name` in a scratch directory and starts the machine's python3 on it with
+/// piped stdin and stdout; returns it (with its directory) and the first line it printed.
+fn start(name: &str, source: &str) -> (std::process::Child, std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("leaktracer-py-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("réseau_train.py");
-    std::fs::write(&script, SCRIPT).unwrap();
+    let script = dir.join(name);
+    std::fs::write(&script, source).unwrap();
     let mut py = Command::new("python3")
         .arg(&script)
         .stdin(Stdio::piped())
@@ -50,6 +51,12 @@ fn code_objects_of_a_running_interpreter_resolve_to_file_function_and_line() {
     BufReader::new(py.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
+    (py, dir, line)
+}
+
+#[test]
+fn code_objects_of_a_running_interpreter_resolve_to_file_function_and_line() {
+    let (mut py, dir, line) = start("réseau_train.py", SCRIPT);
     let want: serde_json::Value = serde_json::from_str(&line).expect(&line);
     let pid = py.id();
     let found = interp::detect(pid).expect("a CPython in the process");
@@ -90,20 +97,7 @@ f()
 
 #[test]
 fn a_threads_python_frames_are_walked_from_its_thread_state() {
-    let dir = std::env::temp_dir().join(format!("leaktracer-pywalk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("nested.py");
-    std::fs::write(&script, NESTED).unwrap();
-    let mut py = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 on this machine");
-    let mut line = String::new();
-    BufReader::new(py.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut py, dir, line) = start("nested.py", NESTED);
     assert_eq!(line, "ready\n");
     let pid = py.id();
     // Until it is blocked in sys.stdin.read() (line 4): in the read system call (number 0).
@@ -120,7 +114,7 @@ fn a_threads_python_frames_are_walked_from_its_thread_state() {
     }
     let found = interp::detect(pid).expect("a CPython in the process");
     let layout = code::Layout::of(found.version).unwrap();
-    let offs = super::walk::Offsets::of(found.version).unwrap();
+    let offs = super::walk::offsets(found.version).unwrap();
     // Blocked in read with the GIL released: found in the interpreter's thread list by its id.
     let frames = super::walk::walk(pid, &found, &offs, pid);
     assert!(

@@ -8,73 +8,34 @@
 //! records its thread's native id. So a thread that allocates with the GIL released still gets
 //! its own frames, and nothing depends on the C library's thread layout.
 
+use tracer_common::PyConfig;
+
 use super::{interp::Interpreter, mem};
 
-/// Where things are, for one CPython version (x86_64).
-#[derive(Clone, Copy, Debug)]
-pub struct Offsets {
-    /// In `_PyRuntime`: the GIL holder's thread state, and the main interpreter.
-    pub runtime_tstate_current: u64,
-    pub runtime_main_interp: u64,
-    /// In `PyInterpreterState`: the first thread state.
-    pub interp_threads_head: u64,
-    /// In `PyThreadState`: the next one, its thread's native id, its `_PyCFrame *cframe`.
-    pub tstate_next: u64,
-    pub tstate_native_id: u64,
-    pub tstate_cframe: u64,
-    /// In `_PyCFrame`: the current `_PyInterpreterFrame *`.
-    pub cframe_frame: u64,
-    /// In `_PyInterpreterFrame`: the code object, the previous frame, the last instruction, and
-    /// whether it is the first frame of its C-level evaluation (`is_entry`).
-    pub frame_code: u64,
-    pub frame_previous: u64,
-    pub frame_instr: u64,
-    pub frame_entry: u64,
-    /// In `PyCodeObject`: where the bytecode starts.
-    pub code_bytecode: u64,
-}
+/// Where things are, for one CPython version (x86_64): the kernel side's own configuration
+/// ([`PyConfig`], documented in tracer-common), with `runtime` 0 until a process is known.
+pub type Offsets = PyConfig;
 
-impl Offsets {
-    /// Checked against a running 3.11 by the tests (from its DWARF: gdb `ptype /o`).
-    pub fn of(version: (u8, u8)) -> Option<Self> {
-        match version {
-            (3, 11) => Some(Self {
-                runtime_tstate_current: 576,
-                runtime_main_interp: 48,
-                interp_threads_head: 16,
-                tstate_next: 8,
-                tstate_native_id: 160,
-                tstate_cframe: 56,
-                cframe_frame: 8,
-                frame_code: 32,
-                frame_previous: 48,
-                frame_instr: 56,
-                frame_entry: 68,
-                code_bytecode: 184,
-            }),
-            _ => None,
-        }
-    }
-}
-
-impl Offsets {
-    /// What the kernel side needs for a process whose `_PyRuntime` is at `runtime`.
-    pub fn config(&self, runtime: u64) -> tracer_common::PyConfig {
-        tracer_common::PyConfig {
-            runtime,
-            runtime_tstate_current: self.runtime_tstate_current,
-            runtime_main_interp: self.runtime_main_interp,
-            interp_threads_head: self.interp_threads_head,
-            tstate_next: self.tstate_next,
-            tstate_native_id: self.tstate_native_id,
-            tstate_cframe: self.tstate_cframe,
-            cframe_frame: self.cframe_frame,
-            frame_code: self.frame_code,
-            frame_previous: self.frame_previous,
-            frame_instr: self.frame_instr,
-            frame_entry: self.frame_entry,
-            code_bytecode: self.code_bytecode,
-        }
+/// The offsets of CPython `version`, checked against a running 3.11 by the tests (from its
+/// DWARF: gdb `ptype /o`).
+pub fn offsets(version: (u8, u8)) -> Option<Offsets> {
+    match version {
+        (3, 11) => Some(PyConfig {
+            runtime: 0,
+            runtime_tstate_current: 576,
+            runtime_main_interp: 48,
+            interp_threads_head: 16,
+            tstate_next: 8,
+            tstate_native_id: 160,
+            tstate_cframe: 56,
+            cframe_frame: 8,
+            frame_code: 32,
+            frame_previous: 48,
+            frame_instr: 56,
+            frame_entry: 68,
+            code_bytecode: 184,
+        }),
+        _ => None,
     }
 }
 
