@@ -50,10 +50,11 @@ fn the_api_serves_the_leak_while_the_command_runs() {
         std::thread::sleep(Duration::from_millis(300));
     };
     assert!(leak["slope"].as_f64().unwrap() > 0.0, "{leak}");
-    // Health: how full the tables are, while the one fixture process runs.
-    let (_, health) = http_get(&url, "/api/v1/health");
-    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    // Health: how full the tables are, while the one fixture process runs (ingest counts them
+    // once a second: polled until the stacks seen so far are in).
     let fill = |name: &str| {
+        let (_, health) = http_get(&url, "/api/v1/health");
+        let health: serde_json::Value = serde_json::from_str(&health).unwrap();
         health["map_fill"]
             .as_array()
             .unwrap()
@@ -67,8 +68,14 @@ fn the_api_serves_the_leak_while_the_command_runs() {
         (traced["used"].as_u64(), traced["capacity"].as_u64()),
         (Some(1), Some(16384))
     );
-    let stacks = fill("distinct stacks");
-    assert!(stacks["used"].as_u64().unwrap() >= 3, "{stacks}");
+    loop {
+        let stacks = fill("distinct stacks");
+        if stacks["used"].as_u64().unwrap() >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stacks}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
     assert_eq!(fill("calls in flight")["capacity"], 65536);
     let (status, detail) = http_get(
         &url,
