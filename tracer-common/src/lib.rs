@@ -369,29 +369,41 @@ pub const MAX_PY_FRAMES: usize = 32;
 pub const MAX_PY_THREADS: usize = 16;
 
 /// Where a traced process's CPython keeps a thread's frames: the run-time address of
-/// `_PyRuntime` and the version's field offsets (tracer/src/python/walk.rs). Set by user space
-/// when the process maps an interpreter; a forked child inherits its parent's.
+/// `_PyRuntime` and the version's field offsets (tracer/src/python/version.rs). Set by user
+/// space when the process maps an interpreter; a forked child inherits its parent's.
+///
+/// [`PY_NONE`] marks a step a version does not have: no GIL holder in the runtime state (3.12+),
+/// no `_PyCFrame` between a thread state and its frame (3.10, 3.13+).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyConfig {
     pub runtime: u64,
     pub runtime_tstate_current: u64,
     pub runtime_main_interp: u64,
     pub interp_threads_head: u64,
     pub tstate_next: u64,
+    /// The thread state's owner: its native (kernel) thread id, or with `task_fsbase` its
+    /// `pthread_t` (3.10 records no native id).
     pub tstate_native_id: u64,
     pub tstate_cframe: u64,
     pub cframe_frame: u64,
     pub frame_code: u64,
     pub frame_previous: u64,
     pub frame_instr: u64,
+    /// The byte sent as a frame's flags: `is_entry` (3.11), `owner` (3.12+).
     pub frame_entry: u64,
-    pub code_bytecode: u64,
+    /// Where `fsbase` is in the kernel's `task_struct` (from its BTF), when threads are matched
+    /// by `pthread_t` (glibc's thread pointer is the thread's fs base); 0 to match native ids.
+    pub task_fsbase: u64,
 }
 const _: () = assert!(size_of::<PyConfig>() == 13 * 8);
 
-/// One Python frame: its code object, the instruction's address (user space turns it into an
-/// offset in the bytecode) and [`PY_FRAME_ENTRY`] when it began a C-level evaluation.
+/// A [`PyConfig`] offset for a step the version does not have.
+pub const PY_NONE: u64 = u64::MAX;
+
+/// One Python frame, as read: its code object, the word at the frame's instruction field (an
+/// address in the bytecode, or 3.10's instruction index) and the byte at its entry field (user
+/// space reads both per version).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PyFrame {
@@ -399,7 +411,6 @@ pub struct PyFrame {
     pub instr: u64,
     pub flags: u64,
 }
-pub const PY_FRAME_ENTRY: u64 = 1;
 
 /// A record of the Python frames of a thread, innermost first, sent just before that thread's
 /// next record with a stack (only the used frames are sent).

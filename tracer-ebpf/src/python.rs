@@ -1,15 +1,15 @@
 //! A thread's CPython frames at an event with a stack: found from its thread state (the GIL
 //! holder's when it is this thread, else the main interpreter's thread list, matched by native
-//! thread id), then the interpreter frames, innermost first. Code objects and instruction
+//! thread id or by pthread_t), then the interpreter frames, innermost first. Code objects and instruction
 //! addresses go to user space, which reads the code objects while the process lives.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use tracer_common::{
-    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_FRAME_ENTRY, PyConfig, PyFrame,
+    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_NONE, PyConfig, PyFrame,
     PyStackEvent,
 };
 
@@ -38,8 +38,20 @@ pub fn emit_frames(id: u64) -> u32 {
     let Some(cfg) = (unsafe { PY_CONFIG.get(&tgid) }).copied() else {
         return 0;
     };
-    let owner = |t: u64| word(t + cfg.tstate_native_id) == u64::from(tid);
-    let mut tstate = word(cfg.runtime + cfg.runtime_tstate_current);
+    // This thread as its thread state records it: its kernel id, or its pthread_t (the fs base).
+    let me = if cfg.task_fsbase == 0 {
+        u64::from(tid)
+    } else {
+        // SAFETY: the current task, read at an offset from the kernel's own BTF; fails cleanly.
+        let task = unsafe { bpf_get_current_task() };
+        unsafe { bpf_probe_read_kernel((task + cfg.task_fsbase) as *const u64) }.unwrap_or(0)
+    };
+    let owner = |t: u64| word(t + cfg.tstate_native_id) == me;
+    let mut tstate = if cfg.runtime_tstate_current == PY_NONE {
+        0
+    } else {
+        word(cfg.runtime + cfg.runtime_tstate_current)
+    };
     if tstate == 0 || !owner(tstate) {
         tstate = word(word(cfg.runtime + cfg.runtime_main_interp) + cfg.interp_threads_head);
         let mut found = false;
@@ -57,7 +69,10 @@ pub fn emit_frames(id: u64) -> u32 {
             return 0;
         }
     }
-    let mut frame = word(word(tstate + cfg.tstate_cframe) + cfg.cframe_frame);
+    let mut frame = word(tstate + cfg.tstate_cframe);
+    if cfg.cframe_frame != PY_NONE {
+        frame = word(frame + cfg.cframe_frame);
+    }
     if frame == 0 {
         return 0;
     }
@@ -84,11 +99,10 @@ pub fn emit_frames(id: u64) -> u32 {
         let Ok(w) = (unsafe { bpf_probe_read_user(frame as *const [u64; 16]) }) else {
             break;
         };
-        let entry = (w[entry_w] >> entry_shift) & 0xff;
         let f = PyFrame {
             code: w[code_w],
             instr: w[instr_w],
-            flags: if entry == 1 { PY_FRAME_ENTRY } else { 0 },
+            flags: (w[entry_w] >> entry_shift) & 0xff,
         };
         // SAFETY: `rec` is this CPU's record; `i` < MAX_PY_FRAMES.
         unsafe { (*rec).frames[i] = f };

@@ -562,23 +562,20 @@ impl Probes {
         let Some(found) = crate::python::interp::detect(pid) else {
             return;
         };
-        match crate::python::walk::offsets(found.version) {
-            Some(offs) => {
+        match crate::python::version::Version::of(&found) {
+            Ok(v) => {
                 let cfg = tracer_common::PyConfig {
                     runtime: found.runtime,
-                    ..offs
+                    ..v.config
                 };
                 match self.python.insert(&pid, &cfg, 0) {
                     Ok(()) => tracing::info!(pid, path = %found.path, "Python frames walked"),
                     Err(e) => tracing::warn!(pid, "Python frames not walked: {e}"),
                 }
             }
-            None => {
+            Err(why) => {
                 if self.python_unknown.insert(found.version) {
-                    tracing::warn!(
-                        version = format!("{}.{}", found.version.0, found.version.1),
-                        "Python frames are walked for CPython 3.11 only: native stacks only for this one"
-                    );
+                    tracing::warn!("{why}: native stacks only for {}", found.path);
                 }
             }
         }

@@ -8,16 +8,18 @@ use super::{
 };
 
 /// Where a code object keeps what a frame's place needs, and how strings and bytes are laid out,
-/// for one CPython version (x86_64).
+/// for one CPython version (x86_64; the values are in [`super::version`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
+    /// Bytes of the fixed part read (past every field below).
+    pub head_len: usize,
     pub ob_type: usize,
     pub co_firstlineno: usize,
     pub co_filename: usize,
+    /// The qualified name (3.11+), or the plain name (3.10 has no other).
     pub co_qualname: usize,
     pub co_linetable: usize,
-    /// Where the bytecode starts: instruction offsets count 2-byte units from here.
-    pub co_code_adaptive: usize,
+    pub line_format: linetable::Format,
     /// The header of a compact ASCII string, before its characters.
     pub ascii_header: usize,
     /// The header of a compact non-ASCII string.
@@ -31,26 +33,22 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layouts known, by version. 3.11 is checked against a running interpreter by the tests.
-    pub fn of(version: (u8, u8)) -> Option<Self> {
-        match version {
-            (3, 11) => Some(Self {
-                ob_type: 8,
-                co_firstlineno: 72,
-                co_filename: 112,
-                co_qualname: 128,
-                co_linetable: 136,
-                co_code_adaptive: 184,
-                ascii_header: 48,
-                compact_header: 72,
-                str_length: 16,
-                str_state: 32,
-                bytes_size: 16,
-                bytes_data: 32,
-            }),
-            _ => None,
-        }
-    }
+    /// What every version shares; the rest is filled per version.
+    pub const COMMON: Self = Self {
+        head_len: 0,
+        ob_type: 8,
+        co_firstlineno: 0,
+        co_filename: 0,
+        co_qualname: 0,
+        co_linetable: 0,
+        line_format: linetable::Format::Locations,
+        ascii_header: 0,
+        compact_header: 0,
+        str_length: 16,
+        str_state: 32,
+        bytes_size: 16,
+        bytes_data: 32,
+    };
 }
 
 /// What a code object says about where its instructions came from.
@@ -60,6 +58,7 @@ pub struct CodeInfo {
     pub function: String,
     pub first_line: u32,
     linetable: Vec<u8>,
+    format: linetable::Format,
     /// The object's type, file, name and line-table pointers: a code object freed and another
     /// made at the same address differs in them (checked before a cached copy is used).
     pub fingerprint: [u64; 4],
@@ -68,7 +67,7 @@ pub struct CodeInfo {
 impl CodeInfo {
     /// The source line of the instruction `offset` code units into the bytecode.
     pub fn line(&self, offset: u32) -> Option<u32> {
-        linetable::line_at(&self.linetable, self.first_line, offset)
+        linetable::line_at(self.format, &self.linetable, self.first_line, offset)
     }
 }
 
@@ -89,8 +88,8 @@ pub fn read(
 
 /// The fixed part of the code object at `addr`.
 pub fn head(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, String> {
-    mem::read(pid, addr, layout.co_code_adaptive)
-        .filter(|h| h.len() == layout.co_code_adaptive)
+    mem::read(pid, addr, layout.head_len)
+        .filter(|h| h.len() == layout.head_len)
         .ok_or_else(|| format!("code object {addr:#x}: unreadable"))
 }
 
@@ -126,6 +125,7 @@ pub fn from_head(
         function,
         first_line: u32::try_from(first_line).unwrap_or(0),
         linetable,
+        format: layout.line_format,
         fingerprint: fingerprint(layout, head),
     })
 }

@@ -20,6 +20,8 @@ pub struct Interpreter {
     pub runtime: u64,
     /// `_PyEval_EvalFrameDefault` as file offsets in `path`: the native frames that run Python.
     pub eval: Option<(u64, u64)>,
+    /// 3.13+: the `_Py_DebugOffsets` that `_PyRuntime` starts with, as the file holds it.
+    pub debug_offsets: Option<Vec<u8>>,
 }
 
 /// The interpreter `pid` runs, if any: the first mapped file named libpython3.X.so… or
@@ -40,6 +42,15 @@ pub fn detect(pid: u32) -> Option<Interpreter> {
                 code_type: symbol("PyCode_Type")?,
                 runtime: symbol("_PyRuntime")?,
                 eval: function_range(Path::new(&**path), "_PyEval_EvalFrameDefault"),
+                debug_offsets: (version >= (3, 13))
+                    .then(|| {
+                        symbol_bytes(
+                            Path::new(&**path),
+                            "_PyRuntime",
+                            super::version::DEBUG_OFFSETS_LEN,
+                        )
+                    })
+                    .flatten(),
             })
         })
 }
@@ -73,6 +84,22 @@ fn data_symbol(path: &Path, name: &str, start: u64, offset: u64) -> Option<u64> 
         .chain(elf.symbols())
         .find(|s| s.is_definition() && s.name() == Ok(name))?;
     Some(sym.address() + bias)
+}
+
+/// The first `len` bytes of initialized data symbol `name`, as the ELF file at `path` holds them.
+fn symbol_bytes(path: &Path, name: &str, len: usize) -> Option<Vec<u8>> {
+    use object::ObjectSection;
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping, parsed with bounds checks.
+    let data = unsafe { memmap2::Mmap::map(&file).ok()? };
+    let elf = object::File::parse(&*data).ok()?;
+    let sym = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))?;
+    let section = elf.section_by_index(sym.section_index()?).ok()?;
+    let bytes = section.data_range(sym.address(), len as u64).ok()??;
+    Some(bytes.to_vec())
 }
 
 /// The file offsets `[start, end)` of function `name` in the ELF file at `path`.

@@ -1,6 +1,11 @@
-//! CPython 3.11+'s location table (`co_linetable`): which source line each instruction of a code
-//! object came from. An instruction offset (in 2-byte code units from the start of the bytecode)
-//! is mapped by walking the table's entries, each covering 1–8 code units.
+//! A code object's line table (`co_linetable`): which source line each instruction came from.
+//! An instruction offset (in 2-byte code units from the start of the bytecode) is mapped by
+//! walking the table's entries.
+//!
+//! 3.10 ([`Format::Pairs`]): byte pairs, the bytes the entry covers (unsigned) and its line's
+//! change (signed; -128: no line).
+//!
+//! 3.11+ ([`Format::Locations`]): entries each covering 1–8 code units.
 //!
 //! Entry: a first byte `1 kkkk nnn` (kind k, n+1 code units), then by kind:
 //! - 15: no location; 14: long form (line delta as a signed varint, end-line delta, column+1,
@@ -10,9 +15,41 @@
 //! Varints are little-endian 6-bit groups, 0x40 marking that another follows; a signed varint
 //! keeps the sign in its lowest bit.
 
+/// The two formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Pairs,
+    Locations,
+}
+
 /// The line of the instruction at `offset` code units, or None when the table says it has no
 /// location (or the offset is past the table).
-pub fn line_at(table: &[u8], first_line: u32, offset: u32) -> Option<u32> {
+pub fn line_at(format: Format, table: &[u8], first_line: u32, offset: u32) -> Option<u32> {
+    match format {
+        Format::Pairs => pairs(table, first_line, offset),
+        Format::Locations => locations(table, first_line, offset),
+    }
+}
+
+fn pairs(table: &[u8], first_line: u32, offset: u32) -> Option<u32> {
+    let byte = u64::from(offset) * 2;
+    let (mut line, mut end) = (i64::from(first_line), 0u64);
+    for pair in table.as_chunks::<2>().0 {
+        let start = end;
+        end += u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let here = (delta != -128).then(|| {
+            line += i64::from(delta);
+            line
+        });
+        if (start..end).contains(&byte) {
+            return here.and_then(|l| u32::try_from(l).ok());
+        }
+    }
+    None
+}
+
+fn locations(table: &[u8], first_line: u32, offset: u32) -> Option<u32> {
     let mut line = i64::from(first_line);
     let mut at = 0u32;
     let mut i = 0usize;
@@ -82,13 +119,19 @@ fn svarint(table: &[u8], i: &mut usize) -> Option<i64> {
 mod tests {
     use super::*;
 
-    /// Every code object of a module compiled by the machine's own python3 (3.11 or later): the
-    /// line of each code unit as `co_lines()` gives it, against the decoder's.
+    /// Every code object of a module compiled by each interpreter on the machine: the line of
+    /// each code unit as `co_lines()` gives it, against the decoder's.
     #[test]
     fn lines_match_the_interpreters_own() {
+        for (version, python) in crate::python::interpreters() {
+            let format = crate::python::version::format_of(version).unwrap();
+            let checked = lines_match(&python, format);
+            assert!(checked > 100, "{python}: {checked} instructions checked");
+        }
+    }
+
+    fn lines_match(python: &str, format: Format) -> usize {
         const DUMP: &str = r#"
-import sys
-assert sys.version_info >= (3, 11), sys.version
 src = '''
 def f(a, b):
     x = [i * 2
@@ -120,10 +163,10 @@ for co in walk(compile(src, 'm.py', 'exec')):
     lines = ';'.join(f'{s},{e},{-1 if l is None else l}' for s, e, l in co.co_lines())
     print(co.co_firstlineno, co.co_linetable.hex(), lines)
 "#;
-        let out = std::process::Command::new("python3")
+        let out = std::process::Command::new(python)
             .args(["-c", DUMP])
             .output()
-            .expect("python3 (CPython 3.11 or later) on this machine");
+            .expect("the interpreter runs");
         assert!(
             out.status.success(),
             "{}",
@@ -149,28 +192,36 @@ for co in walk(compile(src, 'm.py', 'exec')):
                 let want = u32::try_from(v[2]).ok();
                 for byte in (v[0]..v[1]).step_by(2) {
                     assert_eq!(
-                        line_at(&table, first, byte as u32 / 2),
+                        line_at(format, &table, first, byte as u32 / 2),
                         want,
-                        "{row} at {byte}"
+                        "{python}: {row} at {byte}"
                     );
                     checked += 1;
                 }
             }
         }
-        assert!(checked > 100, "{checked} instructions checked:\n{text}");
+        checked
     }
 
     #[test]
     fn varints_and_kinds() {
         // Long form (14): +300 lines as a signed varint (600 = 0b1001011000: 0x58|0x40, 0x09).
         let table = [0x80 | (14 << 3), 0x58 | 0x40, 0x09, 0, 1, 1];
-        assert_eq!(line_at(&table, 10, 0), Some(310));
+        assert_eq!(line_at(Format::Locations, &table, 10, 0), Some(310));
         // No location (15) for two units, then one line down (11), one unit.
         let table = [0x80 | (15 << 3) | 1, 0x80 | (11 << 3), 4, 8];
-        assert_eq!(line_at(&table, 5, 1), None);
-        assert_eq!(line_at(&table, 5, 2), Some(6));
-        assert_eq!(line_at(&table, 5, 3), None, "past the table");
+        assert_eq!(line_at(Format::Locations, &table, 5, 1), None);
+        assert_eq!(line_at(Format::Locations, &table, 5, 2), Some(6));
+        assert_eq!(line_at(Format::Locations, &table, 5, 3), None, "past the table");
         // Negative delta (13): svarint 3 = -1.
-        assert_eq!(line_at(&[0x80 | (13 << 3), 3], 7, 0), Some(6));
+        assert_eq!(line_at(Format::Locations, &[0x80 | (13 << 3), 3], 7, 0), Some(6));
+    }
+
+    #[test]
+    fn pairs_with_no_line_and_negative_deltas() {
+        // 4 bytes on line 10+2, 2 bytes with no line, 6 bytes one line up (11).
+        let table = [4, 2, 2, 0x80, 6, 0xff];
+        let at = |unit| line_at(Format::Pairs, &table, 10, unit);
+        assert_eq!((at(0), at(1), at(2), at(3), at(5), at(6)), (Some(12), Some(12), None, Some(11), Some(11), None));
     }
 }

@@ -4,18 +4,17 @@
 
 use std::collections::HashMap;
 
-use tracer_common::PY_FRAME_ENTRY;
-
 use super::{
-    code::{self, CodeInfo, Layout},
+    code::{self, CodeInfo},
     interp::{self, Interpreter},
+    version::Version,
 };
 use crate::ingest::Frame;
 
 /// Per process: its interpreter and the code objects read so far.
 #[derive(Default)]
 pub struct Resolver {
-    interps: HashMap<u32, Option<(Interpreter, Layout)>>,
+    interps: HashMap<u32, Option<(Interpreter, Version)>>,
     codes: HashMap<(u32, u64), Option<CodeInfo>>,
 }
 
@@ -31,15 +30,17 @@ impl Resolver {
             .entry(tgid)
             .or_insert_with(|| {
                 let i = interp::detect(tgid)?;
-                let layout = Layout::of(i.version)?;
-                Some((i, layout))
+                let version = Version::of(&i).ok()?;
+                Some((i, version))
             })
             .clone();
-        let Some((interp, layout)) = found else {
+        let Some((interp, version)) = found else {
             return native.to_vec();
         };
+        let layout = version.layout;
         let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
-        for &[code, instr, flags] in raw.as_chunks::<3>().0 {
+        for step in version.steps(raw) {
+            let code = step.code;
             // Code objects are freed and their memory reused (an imported module's body, once
             // run): a cached copy is used only while the object still matches it.
             let head = code::head(tgid, &layout, code).ok();
@@ -53,15 +54,16 @@ impl Resolver {
             }
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
             let frame = match info {
-                Some(info) => {
-                    let start = code + layout.co_code_adaptive as u64;
-                    let offset = (instr.saturating_sub(start) / 2) as u32;
-                    Frame::python(&info.file, &info.function, info.line(offset), code)
-                }
+                Some(info) => Frame::python(
+                    &info.file,
+                    &info.function,
+                    step.offset.and_then(|o| info.line(o)),
+                    code,
+                ),
                 None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
             };
             groups.last_mut().expect("one group").push(frame);
-            if flags & PY_FRAME_ENTRY != 0 {
+            if step.entry {
                 groups.push(Vec::new());
             }
         }
