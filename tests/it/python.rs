@@ -186,3 +186,66 @@ fn a_script_started_through_a_wrapper_is_still_attributed() {
         assert_eq!(at(&r, "grow", "leaky_list", leak), (5 * ((1 << 20) + 1), 5));
     }
 }
+
+/// Each other CPython 3.10–3.13 on the machine (pyenv's, under `$PYENV_ROOT` or ~/.pyenv), one
+/// per minor version: (minor, path of its executable).
+fn other_interpreters() -> Vec<(u8, String)> {
+    let root = std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
+    let mut names: Vec<String> = std::fs::read_dir(format!("{root}/versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mine = python();
+    let mut found: Vec<(u8, String)> = Vec::new();
+    for name in names {
+        let Some(minor) = name.strip_prefix("3.").and_then(|r| r.split('.').next()) else {
+            continue;
+        };
+        let Ok(minor) = minor.parse::<u8>() else {
+            continue;
+        };
+        let exe = format!("{root}/versions/{name}/bin/python3.{minor}");
+        let new = !found.iter().any(|(m, _)| *m == minor);
+        if (10..=13).contains(&minor) && new && !mine.contains(&format!("python3.{minor}")) {
+            if std::path::Path::new(&exe).exists() {
+                found.push((minor, exe));
+            }
+        }
+    }
+    eprintln!("other CPython versions tested: {found:?}");
+    found
+}
+
+#[test]
+fn every_cpython_from_3_10_to_3_13_on_the_machine_is_attributed() {
+    let leak = line("leaky_list", "# LEAK");
+    for (minor, py) in other_interpreters() {
+        let path = script("leaky_list");
+        let Some(r) = run(&[&py, path.to_str().unwrap(), "6"]) else {
+            return;
+        };
+        assert_eq!(
+            at(&r, "grow", "leaky_list", leak),
+            (6 * ((1 << 20) + 1), 6),
+            "3.{minor}"
+        );
+        assert_eq!(
+            at(&r, "scratch", "leaky_list", line("leaky_list", "# CONTROL")),
+            (0, 0),
+            "3.{minor}"
+        );
+        // Threads: 3.10 knows its threads by pthread_t, which the kernel side reads as the fs
+        // base; later versions by native id.
+        let path = script("threads_leak");
+        let r = run(&[&py, path.to_str().unwrap()]).unwrap();
+        assert_eq!(
+            at(&r, "worker_leaks", "threads_leak", line("threads_leak", "# LEAK")),
+            (8 * ((512 << 10) + 1), 8),
+            "3.{minor}"
+        );
+    }
+}
