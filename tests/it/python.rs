@@ -249,3 +249,70 @@ fn every_cpython_from_3_10_to_3_13_on_the_machine_is_attributed() {
         );
     }
 }
+
+#[test]
+fn a_list_of_numpy_arrays_leaks_at_its_python_line() {
+    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
+    assert!(
+        pydeps.join("numpy").is_dir(),
+        "numpy in {} (scripts/setup.sh installs it)",
+        pydeps.display()
+    );
+    let py = python();
+    let path = script("numpy_list");
+    let env = format!("PYTHONPATH={}", pydeps.display());
+    let Some(r) = run(&["/usr/bin/env", &env, &py, path.to_str().unwrap(), "12"]) else {
+        return;
+    };
+    // Each array's data: 2^17 doubles, one block of exactly 1 MiB from numpy's allocator, made
+    // in numpy's own Python (`full`) called from the script's line.
+    let leak = line("numpy_list", "# LEAK");
+    let file = path.display().to_string();
+    let (bytes, blocks) = r.sum(|s| {
+        let frames = s["frames"].as_array().unwrap();
+        let mut python = frames.iter().filter(|f| f["module"] == "python");
+        let numpy = python.next().is_some_and(|f| {
+            f["function"] == "full" && f["file"].as_str().is_some_and(|p| p.ends_with("numeric.py"))
+        });
+        let caller = python.next().is_some_and(|f| {
+            f["function"] == "record" && f["file"] == file.as_str() && f["line"] == leak
+        });
+        s["kind"] == "heap" && numpy && caller
+    });
+    assert_eq!((bytes, blocks), (12 << 20, 12));
+    let control = line("numpy_list", "# CONTROL");
+    let (bytes, _) = r.sum(|s| {
+        s["kind"] == "heap"
+            && s["frames"].as_array().unwrap().iter().any(|f| {
+                f["function"] == "transient" && f["file"] == file.as_str() && f["line"] == control
+            })
+    });
+    assert!(bytes < 1 << 20, "the dropped arrays are freed: {bytes}");
+}
+
+#[test]
+fn pymalloc_arena_growth_is_attributed_to_the_line_that_made_it() {
+    let py = python();
+    let path = script("arena_growth");
+    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+        return;
+    };
+    // Arena maps (kind mmap) whose innermost Python frame is `function` of the script.
+    let arenas = |function: &str| {
+        r.sum(|s| s["kind"] == "mmap" && python_top(s).is_some_and(|(f, ..)| f == function))
+    };
+    // 120,000 tuples of 48 bytes and their ints of 32 (9.2 MiB) held: whole 1 MiB arenas mapped
+    // in hoard() (at its loop, for the ints, and at the append, for the tuples).
+    let (bytes, blocks) = arenas("hoard");
+    assert_eq!(bytes, blocks << 20, "whole arenas: {bytes}");
+    assert!((6..=10).contains(&blocks), "{blocks} arenas");
+    let leak = line("arena_growth", "# LEAK");
+    let (at_leak, _) = r.sum(|s| {
+        s["kind"] == "mmap" && python_top(s).is_some_and(|(f, _, l)| f == "hoard" && l == leak)
+    });
+    assert!(at_leak >= 3 << 20, "tuples' arenas at the append: {at_leak}");
+    // The same objects made and dropped: their arenas were unmapped (a few stay, holding
+    // objects made meanwhile), or reused by hoard().
+    let (bytes, _) = arenas("churn");
+    assert!(bytes <= 3 << 20, "churn's arenas are gone: {bytes}");
+}
