@@ -316,3 +316,24 @@ fn pymalloc_arena_growth_is_attributed_to_the_line_that_made_it() {
     let (bytes, _) = arenas("churn");
     assert!(bytes <= 3 << 20, "churn's arenas are gone: {bytes}");
 }
+
+#[test]
+fn device_memory_from_python_is_attributed_to_its_python_line() {
+    let cudart = fixture::fake_cuda().join("libcudart.so.13");
+    let py = python();
+    let path = script("cuda_leak");
+    let Some(r) = run(&[&py, path.to_str().unwrap(), cudart.to_str().unwrap()]) else {
+        return;
+    };
+    // Device records carry a raw stack, unwound in user space: the Python frames ride with it.
+    let device = |function: &str, marker: &str| {
+        let l = line("cuda_leak", marker);
+        r.sum(|s| {
+            s["kind"] == "device"
+                && python_top(s).is_some_and(|(f, _, at)| f == function && at == l)
+        })
+    };
+    assert_eq!(device("cache_activations", "# LEAK"), (5 * (2 << 20), 5));
+    assert_eq!(device("scratch_space", "# CONTROL"), (0, 0));
+    assert_eq!(r.0["totals"]["device"]["bytes"], 5 * (2 << 20));
+}

@@ -141,8 +141,14 @@ pub fn emit(ev: &Event) {
 /// the frames, and only the header and the used frames are copied into the ring buffer.
 #[inline(always)]
 pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
-    const HEADER: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    send_stack(stack, ev, leaf_caller);
+}
+
+/// As [`emit_with_stack`], the thread's Python frames already sent.
+#[inline(always)]
+fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
+    const HEADER: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
     let n = stack.n & (MAX_FRAMES * 2 - 1);
     let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };
     // SAFETY: `stack.record` is this CPU's record, filled by `capture` in this program run; the
@@ -162,6 +168,9 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 /// record with the frame-pointer walk's frames.
 #[inline(always)]
 pub fn emit_deep(regs: &UserRegs, ev: &Event) {
+    // The Python frames first, from one verifier state (after the raw-stack copy, each of its
+    // loop's exits would have the verifier walk them again: over its instruction limit).
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
     match deep(regs, ev) {
         Some(bytes) => {
             if EVENTS.output(bytes, DATA_FLAGS).is_err() {
@@ -169,7 +178,7 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event) {
             }
         }
         None => match capture(regs) {
-            Some(stack) => emit_with_stack(&stack, ev, 0),
+            Some(stack) => send_stack(&stack, ev, 0),
             None => emit(ev),
         },
     }
