@@ -243,7 +243,12 @@ fn every_cpython_from_3_10_to_3_13_on_the_machine_is_attributed() {
         let path = script("threads_leak");
         let r = run(&[&py, path.to_str().unwrap()]).unwrap();
         assert_eq!(
-            at(&r, "worker_leaks", "threads_leak", line("threads_leak", "# LEAK")),
+            at(
+                &r,
+                "worker_leaks",
+                "threads_leak",
+                line("threads_leak", "# LEAK")
+            ),
             (8 * ((512 << 10) + 1), 8),
             "3.{minor}"
         );
@@ -272,7 +277,10 @@ fn a_list_of_numpy_arrays_leaks_at_its_python_line() {
         let frames = s["frames"].as_array().unwrap();
         let mut python = frames.iter().filter(|f| f["module"] == "python");
         let numpy = python.next().is_some_and(|f| {
-            f["function"] == "full" && f["file"].as_str().is_some_and(|p| p.ends_with("numeric.py"))
+            f["function"] == "full"
+                && f["file"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with("numeric.py"))
         });
         let caller = python.next().is_some_and(|f| {
             f["function"] == "record" && f["file"] == file.as_str() && f["line"] == leak
@@ -310,7 +318,10 @@ fn pymalloc_arena_growth_is_attributed_to_the_line_that_made_it() {
     let (at_leak, _) = r.sum(|s| {
         s["kind"] == "mmap" && python_top(s).is_some_and(|(f, _, l)| f == "hoard" && l == leak)
     });
-    assert!(at_leak >= 3 << 20, "tuples' arenas at the append: {at_leak}");
+    assert!(
+        at_leak >= 3 << 20,
+        "tuples' arenas at the append: {at_leak}"
+    );
     // The same objects made and dropped: their arenas were unmapped (a few stay, holding
     // objects made meanwhile), or reused by hoard().
     let (bytes, _) = arenas("churn");
@@ -336,4 +347,37 @@ fn device_memory_from_python_is_attributed_to_its_python_line() {
     assert_eq!(device("cache_activations", "# LEAK"), (5 * (2 << 20), 5));
     assert_eq!(device("scratch_space", "# CONTROL"), (0, 0));
     assert_eq!(r.0["totals"]["device"]["bytes"], 5 * (2 << 20));
+}
+
+#[test]
+fn with_pythonmalloc_malloc_every_object_is_a_heap_block_and_the_report_says_so() {
+    let py = python();
+    let path = script("arena_growth");
+    let Some(r) = run(&[
+        "/usr/bin/env",
+        "PYTHONMALLOC=malloc",
+        &py,
+        path.to_str().unwrap(),
+    ]) else {
+        return;
+    };
+    // Each one-element tuple its own 48-byte malloc block at the append (a few reuse tuples
+    // from the interpreter's free list), plus one block: the list's array of pointers to them
+    // (8 bytes each, with room to grow). No arena maps anywhere in hoard().
+    let (bytes, blocks) = at(&r, "hoard", "arena_growth", line("arena_growth", "# LEAK"));
+    let tuples = blocks - 1;
+    let array = bytes - tuples * 48;
+    assert!(
+        tuples >= 110_000 && array >= tuples * 8 && array < tuples * 8 * 2,
+        "{bytes} {blocks}"
+    );
+    let arenas =
+        r.sum(|s| s["kind"] == "mmap" && python_top(s).is_some_and(|(f, ..)| f == "hoard"));
+    assert_eq!(arenas, (0, 0));
+    let env = &r.process(r.root_pid())["allocator_env"];
+    assert_eq!(
+        env[0],
+        serde_json::json!(["PYTHONMALLOC", "malloc"]),
+        "{env}"
+    );
 }

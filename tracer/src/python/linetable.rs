@@ -212,9 +212,16 @@ for co in walk(compile(src, 'm.py', 'exec')):
         let table = [0x80 | (15 << 3) | 1, 0x80 | (11 << 3), 4, 8];
         assert_eq!(line_at(Format::Locations, &table, 5, 1), None);
         assert_eq!(line_at(Format::Locations, &table, 5, 2), Some(6));
-        assert_eq!(line_at(Format::Locations, &table, 5, 3), None, "past the table");
+        assert_eq!(
+            line_at(Format::Locations, &table, 5, 3),
+            None,
+            "past the table"
+        );
         // Negative delta (13): svarint 3 = -1.
-        assert_eq!(line_at(Format::Locations, &[0x80 | (13 << 3), 3], 7, 0), Some(6));
+        assert_eq!(
+            line_at(Format::Locations, &[0x80 | (13 << 3), 3], 7, 0),
+            Some(6)
+        );
     }
 
     #[test]
@@ -222,6 +229,9 @@ for co in walk(compile(src, 'm.py', 'exec')):
         // 4 bytes on line 10+2, 2 bytes with no line, 6 bytes one line up (11).
         let table = [4, 2, 2, 0x80, 6, 0xff];
         let at = |unit| line_at(Format::Pairs, &table, 10, unit);
-        assert_eq!((at(0), at(1), at(2), at(3), at(5), at(6)), (Some(12), Some(12), None, Some(11), Some(11), None));
+        assert_eq!(
+            (at(0), at(1), at(2), at(3), at(5), at(6)),
+            (Some(12), Some(12), None, Some(11), Some(11), None)
+        );
     }
 }

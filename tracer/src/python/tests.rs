@@ -49,10 +49,8 @@ fn start(
     source: &str,
 ) -> (std::process::Child, std::path::PathBuf, String) {
     let tag = python.rsplit('/').next().unwrap_or(python);
-    let dir = std::env::temp_dir().join(format!(
-        "leaktracer-py-{}-{tag}-{name}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("leaktracer-py-{}-{tag}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join(name);
     std::fs::write(&script, source).unwrap();
@@ -91,7 +89,12 @@ fn code_objects_resolve(python: &str) {
         for pair in w["lines"].as_array().unwrap() {
             let offset = pair[0].as_u64().unwrap() as u32;
             let line = pair[1].as_u64().map(|l| l as u32);
-            assert_eq!(info.line(offset), line, "{python}: {} at {offset}", info.function);
+            assert_eq!(
+                info.line(offset),
+                line,
+                "{python}: {} at {offset}",
+                info.function
+            );
             checked += 1;
         }
     }
@@ -165,7 +168,11 @@ fn frames_are_walked(python: &str) {
         .iter()
         .map(|f| {
             let info = code::read(pid, &found, &version.layout, f.code).unwrap();
-            (info.function.clone(), f.offset.and_then(|o| info.line(o)), f.entry)
+            (
+                info.function.clone(),
+                f.offset.and_then(|o| info.line(o)),
+                f.entry,
+            )
         })
         .collect();
     // Innermost first. From 3.11, Python-to-Python calls share one evaluation, begun by the

@@ -309,7 +309,10 @@ fn task_fsbase() -> Result<u64, String> {
                     .members
                     .iter()
                     .find(|m| btf.resolve_name(*m).is_ok_and(|n| n == name))?;
-                Some((u64::from(m.bit_offset()) / 8, btf.resolve_chained_type(m).ok()?))
+                Some((
+                    u64::from(m.bit_offset()) / 8,
+                    btf.resolve_chained_type(m).ok()?,
+                ))
             };
             btf.resolve_types_by_name("task_struct")
                 .ok()
@@ -339,15 +342,29 @@ mod tests {
     #[test]
     fn shims_mark_the_frame_above_them_as_an_evaluations_first() {
         let raw = [
-            0x1000, 0x1000 + 192 + 8, 0, // h, unit 4
-            0x2000, 0x2000 + 192, 0, // <module>, unit 0
-            0x3000, 0, 3, // shim
+            0x1000,
+            0x1000 + 192 + 8,
+            0, // h, unit 4
+            0x2000,
+            0x2000 + 192,
+            0, // <module>, unit 0
+            0x3000,
+            0,
+            3, // shim
         ];
         assert_eq!(
             v(Frames::Shim { bytecode: 192 }).steps(&raw),
             [
-                Step { code: 0x1000, offset: Some(4), entry: false },
-                Step { code: 0x2000, offset: Some(0), entry: true },
+                Step {
+                    code: 0x1000,
+                    offset: Some(4),
+                    entry: false
+                },
+                Step {
+                    code: 0x2000,
+                    offset: Some(0),
+                    entry: true
+                },
             ]
         );
     }
@@ -359,8 +376,16 @@ mod tests {
         assert_eq!(
             v(Frames::Legacy).steps(&raw),
             [
-                Step { code: 0x1000, offset: Some(7), entry: true },
-                Step { code: 0x2000, offset: None, entry: true },
+                Step {
+                    code: 0x1000,
+                    offset: Some(7),
+                    entry: true
+                },
+                Step {
+                    code: 0x2000,
+                    offset: None,
+                    entry: true
+                },
             ]
         );
     }
@@ -371,8 +396,16 @@ mod tests {
         assert_eq!(
             v(Frames::Entry { bytecode: 184 }).steps(&raw),
             [
-                Step { code: 0x1000, offset: Some(1), entry: true },
-                Step { code: 0x2000, offset: None, entry: false },
+                Step {
+                    code: 0x1000,
+                    offset: Some(1),
+                    entry: true
+                },
+                Step {
+                    code: 0x2000,
+                    offset: None,
+                    entry: false
+                },
             ]
         );
     }
