@@ -101,3 +101,33 @@ fn collapsed_stacks_carry_the_exact_bytes() {
             .is_some_and(|(_, n)| n.parse::<u64>().is_ok())
     }));
 }
+
+#[test]
+fn sampled_heap_estimates_kept_bytes_and_matches_frees_of_recorded_blocks() {
+    let Some(t) = fixture::trace_fixture("sampled", &["--heap", "sampled"], &[]) else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(r.0["heap"]["mode"], "sampled");
+    assert_eq!(r.0["heap"]["sample_bytes"], 512 * 1024);
+    // Far above the interval: recorded surely, and counted as itself.
+    assert_eq!(r.site("heap", 0, "keep_big"), (16 << 20, 1));
+    // 4000 × 64 KiB (250 MiB): about 470 recorded, each standing for 557,738 bytes. The
+    // estimate's relative deviation is 4.3%; ±25% is almost 6 of them.
+    let (bytes, blocks) = r.site("heap", 0, "keep_blocks");
+    let want = 4000.0 * 65536.0;
+    assert!(
+        (bytes as f64 - want).abs() < 0.25 * want,
+        "{bytes} bytes from {blocks} recorded blocks, want about {want}"
+    );
+    assert_eq!(
+        bytes % 557_738,
+        0,
+        "each recorded block counts 557,738: {bytes}"
+    );
+    assert!((300..700).contains(&blocks), "{blocks}");
+    // Every recorded block of churn() was freed, and only recorded blocks' frees were sent.
+    assert_eq!(r.site("heap", 0, "churn"), (0, 0));
+    assert_eq!(r.losses()["unmatched_frees"], 0);
+    assert_eq!(r.losses()["sampled_full"], 0);
+}

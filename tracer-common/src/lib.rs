@@ -144,6 +144,11 @@ pub enum AllocFn {
 }
 
 impl AllocFn {
+    /// A malloc-family allocation (what `--heap sampled` samples).
+    pub fn is_heap_alloc(self) -> bool {
+        (Self::Malloc as u32..=Self::Pvalloc as u32).contains(&(self as u32))
+    }
+
     /// Decodes the wire value.
     pub fn from_u32(v: u32) -> Option<Self> {
         use AllocFn::*;
@@ -331,8 +336,11 @@ pub struct Pending {
     pub deferred: [Event; MAX_DEFERRED],
     /// Entries used in `deferred`.
     pub n_deferred: u64,
+    /// `--heap sampled`: bytes this thread allocates before its next sample point (drawn from
+    /// an exponential distribution whose mean is the sampling interval).
+    pub countdown: i64,
 }
-const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 8);
+const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16);
 
 /// Page-level events parked per allocator call (glibc's arena creation makes four).
 pub const MAX_DEFERRED: usize = 4;
@@ -356,10 +364,25 @@ pub enum Counter {
     /// SIGSTOPs for probing a new library that the kernel refused to send: that library was
     /// probed late, its first calls may be missing.
     StopFailed = 6,
+    /// `--heap sampled`: sampled allocations not entered in the sampled-address map (full):
+    /// their frees will not be matched.
+    SampledFull = 7,
 }
 
 /// Number of counter slots.
-pub const COUNTERS: u32 = 7;
+pub const COUNTERS: u32 = 8;
+
+/// `--heap sampled`: sampled heap blocks tracked at once, per machine (the `SAMPLED` map).
+pub const MAX_SAMPLED: u32 = 1 << 18;
+
+/// A sampled heap block: its process and address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SampledKey {
+    pub tgid: u64,
+    pub addr: u64,
+}
+const _: () = assert!(size_of::<SampledKey>() == 16);
 
 /// Processes whose CPython frames are walked at most (the `PY_CONFIG` map).
 pub const MAX_PY_PROCESSES: u32 = 4096;
@@ -427,4 +450,5 @@ mod user {
     // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
     unsafe impl aya::Pod for super::Pending {}
     unsafe impl aya::Pod for super::PyConfig {}
+    unsafe impl aya::Pod for super::SampledKey {}
 }

@@ -7,12 +7,13 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{AllocFn, Counter, EventKind, Pending};
+use tracer_common::{AllocFn, Counter, Event, EventKind, Pending};
 
 use crate::{
     pages::flush,
+    sampling,
     shared::{
-        PENDING, Stack, capture, count, emit, emit_deep, emit_with_stack, event, outermost_return,
+        PENDING, capture, count, emit, emit_deep, emit_with_stack, event, outermost_return,
         probe_regs, traced_current, untimed_event,
     },
 };
@@ -40,7 +41,14 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
         return 0;
     }
     match PENDING.current_or_create() {
-        Some(p) => start(p, func, sp, arg0, size),
+        Some(p) => {
+            // A new thread's first sample point.
+            let mean = sampling::interval();
+            if mean != 0 {
+                p.countdown = sampling::draw(mean);
+            }
+            start(p, func, sp, arg0, size)
+        }
         None => count(Counter::PendingFull),
     }
     0
@@ -142,11 +150,45 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     let rv: u64 = ctx.ret();
-    // One walk serves the allocation and the page-level events of this call (its caller's stack).
-    let stack = capture(&probe_regs(ctx.regs));
-    finish(stack.as_ref(), p, id, rv);
+    let mut ev = outcome(p, id, rv);
+    let mean = sampling::interval();
+    if mean != 0 {
+        ev = ev.and_then(|ev| sample(p, ev, mean, id));
+    }
+    // One walk serves the allocation and the page-level events of this call (its caller's stack);
+    // none when neither is sent.
+    let stack = if ev.is_some_and(|e| e.addr != 0) || p.n_deferred > 0 {
+        capture(&probe_regs(ctx.regs))
+    } else {
+        None
+    };
+    if let Some(ev) = ev {
+        match &stack {
+            Some(stack) if ev.addr != 0 => emit_with_stack(stack, &ev, 0),
+            _ => emit(&ev), // realloc(p, 0): a free, no stack needed
+        }
+    }
     flush(stack.as_ref(), p);
     0
+}
+
+/// `--heap sampled`: what is sent of an allocation event, if anything. A realloc's old block is
+/// released only when it was recorded, and its new block is recorded only when sampled.
+#[inline(always)]
+fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
+    let tgid = (id >> 32) as u32;
+    if ev.kind == EventKind::Realloc as u32 {
+        let old = ev.old_addr != 0 && sampling::forget(tgid, ev.old_addr);
+        let new = ev.addr != 0 && sampling::take(p, mean, tgid, ev.addr, ev.size);
+        if !old {
+            ev.old_addr = 0; // realloc(NULL, n): an allocation
+        }
+        if !new {
+            (ev.addr, ev.size) = (0, 0); // realloc(p, 0): a release
+        }
+        return (old || new).then_some(ev);
+    }
+    sampling::take(p, mean, tgid, ev.addr, ev.size).then_some(ev)
 }
 
 /// Return of `c10::alloc_cpu`: a tensor. Its callers are libtorch's, built without frame pointers:
@@ -163,6 +205,9 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     if rv != 0 {
         let mut ev = event(EventKind::Alloc, p.func, id);
         (ev.addr, ev.size) = (rv, p.size);
+        if sampling::interval() != 0 {
+            sampling::remember((id >> 32) as u32, rv); // tensors are all recorded
+        }
         emit_deep(&regs, &ev);
     }
     if p.n_deferred > 0 {
@@ -172,21 +217,18 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// The event a returning allocator call makes, if any.
 #[inline(always)]
-fn finish(stack: Option<&Stack>, p: &Pending, id: u64, rv: u64) {
-    let Some(func) = AllocFn::from_u32(p.func) else {
-        return;
-    };
+fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
+    let func = AllocFn::from_u32(p.func)?;
     let mut ev = match func {
-        AllocFn::Sbrk | AllocFn::Mremap => return, // only their deferred syscall event counts
+        AllocFn::Sbrk | AllocFn::Mremap => return None, // only their deferred syscall event counts
         AllocFn::PosixMemalign => {
             if rv as u32 != 0 {
-                return; // error code: nothing allocated, *memptr untouched
+                return None; // error code: nothing allocated, *memptr untouched
             }
             // SAFETY: user memory read that fails cleanly.
-            let Ok(addr) = (unsafe { bpf_probe_read_user(p.arg0 as *const u64) }) else {
-                return;
-            };
+            let addr = unsafe { bpf_probe_read_user(p.arg0 as *const u64) }.ok()?;
             let mut ev = event(EventKind::Alloc, p.func, id);
             ev.addr = addr;
             ev
@@ -194,7 +236,7 @@ fn finish(stack: Option<&Stack>, p: &Pending, id: u64, rv: u64) {
         AllocFn::Realloc | AllocFn::Reallocarray => {
             // NULL with a non-zero size is a failure: the old block is untouched.
             if rv == 0 && p.size != 0 {
-                return;
+                return None;
             }
             let mut ev = event(EventKind::Realloc, p.func, id);
             ev.old_addr = p.arg0;
@@ -203,7 +245,7 @@ fn finish(stack: Option<&Stack>, p: &Pending, id: u64, rv: u64) {
         }
         _ => {
             if rv == 0 {
-                return;
+                return None;
             }
             let mut ev = event(EventKind::Alloc, p.func, id);
             ev.addr = rv;
@@ -211,10 +253,7 @@ fn finish(stack: Option<&Stack>, p: &Pending, id: u64, rv: u64) {
         }
     };
     ev.size = p.size;
-    match stack {
-        Some(stack) if ev.addr != 0 => emit_with_stack(stack, &ev, 0),
-        _ => emit(&ev), // realloc(p, 0): a free, no stack needed
-    }
+    Some(ev)
 }
 
 /// `free(ptr)`, attached past its null test where that instruction is emulated (see
@@ -236,6 +275,10 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         Some(_) => {} // an entry means a traced thread
         None if traced_current().is_none() => return 0,
         None => {}
+    }
+    // `--heap sampled`: only recorded blocks are released.
+    if sampling::interval() != 0 && !sampling::forget((id >> 32) as u32, ptr) {
+        return 0;
     }
     let mut ev = untimed_event(EventKind::Free, AllocFn::Free as u32, id);
     ev.old_addr = ptr;

@@ -15,6 +15,8 @@ mod process;
 #[cfg(target_arch = "bpf")]
 mod python;
 #[cfg(target_arch = "bpf")]
+mod sampling;
+#[cfg(target_arch = "bpf")]
 mod shared;
 #[cfg(target_arch = "bpf")]
 mod task_storage;

@@ -1,7 +1,9 @@
 //! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
 //! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
-//! leaktracer's programs, and with leaktracer's programs but `free` probed at its first instruction
-//! (the single-step cost that probe placement removes). Figures are printed, never asserted.
+//! leaktracer's programs (`--heap full` and `--heap sampled`), with leaktracer's programs but
+//! `free` probed at its first instruction (the single-step cost that probe placement removes), and
+//! with bcc's memleak on the same workload when it is installed. Figures are printed, never
+//! asserted.
 
 use std::time::Instant;
 
@@ -49,7 +51,9 @@ enum Config {
     Untraced,
     Floor,
     Leaktracer,
+    Sampled,
     FreeAtEntry,
+    Memleak,
 }
 
 impl Config {
@@ -57,8 +61,10 @@ impl Config {
         match self {
             Config::Untraced => "untraced",
             Config::Floor => "bare probes (floor)",
-            Config::Leaktracer => "leaktracer",
+            Config::Leaktracer => "leaktracer (--heap full)",
+            Config::Sampled => "leaktracer --heap sampled",
             Config::FreeAtEntry => "leaktracer, free probed at +0",
+            Config::Memleak => "bcc memleak (memleak-bpfcc -p)",
         }
     }
 }
@@ -69,16 +75,24 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
     if cpus() > 1 {
         pin_to(0); // before any thread starts: the tracer's threads inherit it
     }
-    let configs = [
+    let memleak = memleak::find();
+    if memleak.is_none() {
+        println!("bcc memleak: not installed (scripts/bench.sh installs it): its row is left out");
+    }
+    let mut configs = vec![
         Config::Untraced,
         Config::Floor,
         Config::Leaktracer,
+        Config::Sampled,
         Config::FreeAtEntry,
     ];
+    if memleak.is_some() {
+        configs.push(Config::Memleak);
+    }
     let mut results: Vec<(Config, Vec<f64>)> = configs.iter().map(|c| (*c, Vec::new())).collect();
     for _ in 0..rounds {
         for (config, samples) in &mut results {
-            samples.push(measure(*config, pairs)?);
+            samples.push(measure(*config, pairs, memleak.as_deref())?);
         }
     }
     let median = |c: Config| {
@@ -100,22 +114,39 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
             all.join(", ")
         );
     }
-    let (untraced, floor, lt, entry) = (
+    let (untraced, floor, lt, sampled, entry) = (
         median(Config::Untraced),
         median(Config::Floor),
         median(Config::Leaktracer),
+        median(Config::Sampled),
         median(Config::FreeAtEntry),
     );
     println!("  leaktracer / floor                {:>10.2}x", lt / floor);
+    println!(
+        "  leaktracer sampled / floor        {:>10.2}x",
+        sampled / floor
+    );
     println!(
         "  (leaktracer - untraced) / (floor - untraced) {:.2}x",
         (lt - untraced) / (floor - untraced)
     );
     println!("  free at +0 / chosen offset        {:>10.2}x", entry / lt);
+    if memleak.is_some() {
+        let ml = median(Config::Memleak);
+        println!("  memleak / floor                   {:>10.2}x", ml / floor);
+        println!(
+            "  (leaktracer - untraced) / (memleak - untraced) {:.2}x",
+            (lt - untraced) / (ml - untraced)
+        );
+        println!(
+            "  (leaktracer sampled - untraced) / (memleak - untraced) {:.2}x",
+            (sampled - untraced) / (ml - untraced)
+        );
+    }
     Ok(0)
 }
 
-fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
+fn measure(config: Config, pairs: u64, memleak: Option<&std::path::Path>) -> Result<f64, Error> {
     let out = std::env::temp_dir().join(format!("leaktracer-bench-{}.txt", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
     let argv = vec![
@@ -138,10 +169,14 @@ fn measure(config: Config, pairs: u64) -> Result<f64, Error> {
             launch::wait(pid);
         }
         Config::Floor => bare(&argv)?,
-        Config::Leaktracer | Config::FreeAtEntry => {
-            let args =
-                ReportArgs::from_flags(&["--top", "1", "--json", "-o", "/dev/null", "--no-store"])
-                    .map_err(|e| anyhow::anyhow!("bench options: {e}"))?;
+        Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
+        Config::Leaktracer | Config::FreeAtEntry | Config::Sampled => {
+            let mut flags = vec!["--top", "1", "--json", "-o", "/dev/null", "--no-store"];
+            if config == Config::Sampled {
+                flags.extend(["--heap", "sampled"]);
+            }
+            let args = ReportArgs::from_flags(&flags)
+                .map_err(|e| anyhow::anyhow!("bench options: {e}"))?;
             session::run(Target::Launch(argv), args)?;
         }
     }
@@ -162,4 +197,54 @@ fn bare(argv: &[String]) -> Result<(), Error> {
     launch::wait(pid);
     drop(probes);
     Ok(())
+}
+
+/// bcc's memleak, the peer: attached to the held workload before it runs.
+mod memleak {
+    use std::{
+        io::{BufRead, BufReader},
+        path::{Path, PathBuf},
+        process::{Command, Stdio},
+    };
+
+    use crate::{error::Error, launch};
+
+    /// `memleak-bpfcc` on the PATH.
+    pub fn find() -> Option<PathBuf> {
+        std::env::var_os("PATH")?
+            .to_str()?
+            .split(':')
+            .map(|d| Path::new(d).join("memleak-bpfcc"))
+            .find(|p| p.is_file())
+    }
+
+    /// Runs the workload `argv` under `memleak -p`, started once memleak says it is attached.
+    pub fn run(memleak: &Path, argv: &[String]) -> Result<(), Error> {
+        let child = launch::spawn_held(argv)?;
+        let pid = child.pid();
+        let mut ml = Command::new(memleak)
+            .args(["-p", &pid.to_string(), "60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", memleak.display()))?;
+        let mut out = BufReader::new(ml.stdout.take().expect("piped"));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap_or(0) == 0 {
+                let _ = ml.kill();
+                return Err(anyhow::anyhow!("memleak exited before attaching").into());
+            }
+            if line.starts_with("Attaching to pid") {
+                break;
+            }
+        }
+        let pid = child.release()?;
+        launch::wait(pid);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(ml.id() as i32, libc::SIGINT) };
+        let _ = ml.wait();
+        Ok(())
+    }
 }

@@ -158,10 +158,35 @@ pub enum Command {
         /// the page's load), until Ctrl-C.
         #[arg(long, value_name = "ADDR", requires = "api")]
         serve: Option<String>,
+        /// Measure an allocation storm instead: 1, 2 and 4 threads allocating as fast as they
+        /// can under --heap full and sampled: the event rate, losses, and the ledger after.
+        #[arg(long, conflicts_with_all = ["api", "verdicts", "rss"])]
+        storm: bool,
+        /// Seconds per storm.
+        #[arg(long, default_value_t = 3.0, requires = "storm")]
+        seconds: f64,
+        /// Measure the tracer's memory instead, with BLOCKS allocations outstanding across 10,000
+        /// stacks.
+        #[arg(long, conflicts_with_all = ["api", "verdicts"])]
+        rss: bool,
+        /// Allocations held with --rss.
+        #[arg(long, default_value_t = 1_000_000, requires = "rss")]
+        blocks: u64,
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]
     BenchWorkload { pairs: u64, file: PathBuf },
+    /// The storm's workload (internal): THREADS threads for SECONDS, pairs made written to FILE.
+    #[command(hide = true)]
+    BenchStorm {
+        threads: usize,
+        seconds: f64,
+        file: PathBuf,
+    },
+    /// The memory benchmark's workload (internal): BLOCKS allocations kept across 10,000
+    /// stacks, their number written to FILE.
+    #[command(hide = true)]
+    BenchHold { blocks: u64, file: PathBuf },
 }
 
 /// Report options shared by `run` and `attach`.
@@ -191,10 +216,18 @@ pub struct ReportArgs {
     /// entries instead of every --sample seconds, so verdicts and slopes are per step.
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
-    /// Trace device memory (CUDA) and pages (mmap, brk) only: no malloc-family or PyTorch CPU
-    /// tensor probes. Much cheaper for allocation-heavy programs; heap-level kinds, their verdicts
-    /// and allocator retention are then absent.
-    #[arg(long)]
+    /// What is traced of the heap (the malloc family and PyTorch's CPU tensors): `full` records
+    /// every allocation; `sampled` records allocations with probability proportional to their
+    /// size (one sample point every --sample-bytes bytes on average, decided in the kernel;
+    /// tensors are all recorded) and reports heap bytes scaled up without bias; `off` probes no
+    /// heap function: device memory (CUDA) and pages (mmap, brk) only, the cheapest.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
+    pub heap: HeapMode,
+    /// Mean bytes between sample points with --heap sampled.
+    #[arg(long, value_name = "BYTES", default_value_t = 512 * 1024)]
+    pub sample_bytes: u64,
+    /// Same as --heap off.
+    #[arg(long, hide = true)]
     pub no_heap: bool,
     /// Native stacks only: do not walk the Python frames of CPython processes.
     #[arg(long)]
@@ -291,7 +324,36 @@ impl HistoryArgs {
     }
 }
 
+/// `--heap`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HeapMode {
+    Off,
+    Sampled,
+    Full,
+}
+
 impl ReportArgs {
+    /// The heap mode, `--no-heap` folded in.
+    pub fn heap_mode(&self) -> HeapMode {
+        if self.no_heap {
+            HeapMode::Off
+        } else {
+            self.heap
+        }
+    }
+
+    /// The heap mode as the report states it.
+    pub fn heap_tracing(&self) -> crate::report::HeapTracing {
+        let mode = self.heap_mode();
+        crate::report::HeapTracing {
+            mode,
+            sample_bytes: (mode == HeapMode::Sampled).then_some(self.sample_bytes),
+        }
+    }
+
     /// The options as parsed from `flags` alone (clap's own defaults for the rest), for sessions
     /// started from code (benchmarks, tests).
     pub fn from_flags(flags: &[&str]) -> Result<Self, String> {
@@ -316,6 +378,12 @@ impl ReportArgs {
         }
         if self.top == 0 {
             return Err("--top must be at least 1".into());
+        }
+        if self.heap_mode() == HeapMode::Sampled && !(4096..=1 << 40).contains(&self.sample_bytes) {
+            return Err(format!(
+                "--sample-bytes must be between 4096 and 2^40, got {}",
+                self.sample_bytes
+            ));
         }
         if !(self.sample.is_finite() && self.sample >= 0.01) {
             return Err(format!(

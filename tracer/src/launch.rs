@@ -99,6 +99,11 @@ pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
 }
 
 impl HeldChild {
+    /// The child's pid (the command's, once released).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The resolved path the child will exec.
     pub fn program(&self) -> &Path {
         &self.program

@@ -17,4 +17,5 @@ pub mod report;
 pub mod serve;
 pub mod session;
 pub mod store;
+pub mod stress;
 pub mod symbolize;

@@ -36,6 +36,24 @@ fn main() {
         } => stored(store, list, run, snapshot, top, json, &exports),
         Command::Bench { verdicts: true, .. } => finish(tracer::analysis::bench::run()),
         Command::Bench {
+            storm: true,
+            seconds,
+            ..
+        } => {
+            if !(seconds.is_finite() && (0.5..=600.0).contains(&seconds)) {
+                usage("--seconds must be between 0.5 and 600");
+            }
+            finish(tracer::stress::storm(seconds))
+        }
+        Command::Bench {
+            rss: true, blocks, ..
+        } => {
+            if !(10_000..=100_000_000).contains(&blocks) {
+                usage("--blocks must be between 10000 and 100000000");
+            }
+            finish(tracer::stress::rss_bench(blocks))
+        }
+        Command::Bench {
             api: true, serve, ..
         } => finish(tracer::api::bench::run(serve.as_deref())),
         Command::Bench { pairs, rounds, .. } => {
@@ -44,13 +62,19 @@ fn main() {
             }
             finish(tracer::bench::run(pairs, rounds))
         }
+        Command::BenchStorm {
+            threads,
+            seconds,
+            file,
+        } => workload_result(
+            &file,
+            tracer::stress::storm_workload(threads.clamp(1, 64), seconds),
+        ),
+        Command::BenchHold { blocks, file } => {
+            workload_result(&file, tracer::stress::hold_workload(blocks))
+        }
         Command::BenchWorkload { pairs, file } => {
-            let ns = tracer::bench::workload(pairs.max(1));
-            if let Err(e) = std::fs::write(&file, format!("{ns}\n")) {
-                eprintln!("leaktracer: writing {}: {e}", file.display());
-                std::process::exit(exit::FAILURE);
-            }
-            std::process::exit(0);
+            workload_result(&file, tracer::bench::workload(pairs.max(1)))
         }
         Command::Run { report, command } => (Target::Launch(command), report),
         Command::Check {
@@ -247,4 +271,13 @@ fn init_logging(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// Writes a benchmark workload's result and exits.
+fn workload_result(file: &std::path::Path, value: impl std::fmt::Display) -> ! {
+    if let Err(e) = std::fs::write(file, format!("{value}\n")) {
+        eprintln!("leaktracer: writing {}: {e}", file.display());
+        std::process::exit(exit::FAILURE);
+    }
+    std::process::exit(0);
 }

@@ -71,8 +71,10 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if let Some(step) = &args.step_symbol {
         probes.set_step_symbol(step);
     }
-    if args.no_heap {
-        probes.skip_heap();
+    match args.heap_mode() {
+        crate::cli::HeapMode::Off => probes.skip_heap(),
+        crate::cli::HeapMode::Sampled => probes.sample_heap(args.sample_bytes)?,
+        crate::cli::HeapMode::Full => {}
     }
     if args.no_python_stacks {
         probes.skip_python();
@@ -599,6 +601,7 @@ fn make_report(
         analysis: src.analysis,
         warmup_s: args.warmup,
         per_step: args.step_symbol.is_some(),
+        heap: args.heap_tracing(),
     };
     report::build(ledger, sym, &cx)
 }

@@ -97,6 +97,7 @@ pub(crate) fn report_of(ledger: &Ledger, analysis: &Analysis, top: usize) -> rep
         analysis,
         warmup_s: 0.0,
         per_step: false,
+        heap: Default::default(),
     };
     report::build(ledger, &mut sym, &cx)
 }

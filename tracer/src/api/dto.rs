@@ -85,7 +85,8 @@ impl Health {
             + l.traced_full
             + l.stack_errors
             + l.stack_table_full
-            + l.undecodable;
+            + l.undecodable
+            + l.sampled_full;
         Self {
             live: true,
             final_report: r.final_report,

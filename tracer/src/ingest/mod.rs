@@ -3,6 +3,7 @@
 //! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
 
 pub mod maps;
+mod sampled;
 mod stacks;
 mod unwind;
 
@@ -90,6 +91,8 @@ pub struct Fill {
     pub pending: u64,
     /// Distinct stacks interned by ingest.
     pub stacks: u64,
+    /// `--heap sampled`: recorded blocks in the kernel's table (SAMPLED).
+    pub sampled: u64,
 }
 
 /// Inputs are sent in batches: one channel operation per drained chunk, not per event.
@@ -102,10 +105,13 @@ pub struct KernelChannels {
     stats: PerCpuArray<MapData, u64>,
     pending: aya::maps::HashMap<MapData, u64, tracer_common::Pending>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// `--heap sampled`: the mean sampling interval in bytes (0: every allocation is recorded).
+    heap_sampling: u64,
+    sampled: aya::maps::HashMap<MapData, tracer_common::SampledKey, u64>,
 }
 
 impl KernelChannels {
-    pub(crate) fn take(bpf: &mut aya::Ebpf) -> Result<Self, Error> {
+    pub(crate) fn take(bpf: &mut aya::Ebpf, heap_sampling: u64) -> Result<Self, Error> {
         let mut map = |name: &str| {
             bpf.take_map(name)
                 .ok_or_else(|| anyhow::anyhow!("map {name} missing"))
@@ -116,6 +122,8 @@ impl KernelChannels {
             PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
         let pending = aya::maps::HashMap::try_from(map("SYS_PENDING")?)
             .map_err(|e| anyhow::anyhow!("SYS_PENDING: {e}"))?;
+        let sampled = aya::maps::HashMap::try_from(map("SAMPLED")?)
+            .map_err(|e| anyhow::anyhow!("SAMPLED: {e}"))?;
         let logger = match aya_log::EbpfLogger::init(bpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -128,6 +136,8 @@ impl KernelChannels {
             stats,
             pending,
             logger,
+            heap_sampling,
+            sampled,
         })
     }
 }
@@ -146,6 +156,8 @@ pub async fn run(
         stats,
         pending,
         logger,
+        heap_sampling,
+        sampled,
     } = ch;
     let mut ticks = 0u64;
     let mut ring = register(events)?;
@@ -156,6 +168,8 @@ pub async fn run(
     let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
     let mut decoder = Decoder {
         probe: Some(probe.clone()),
+        heap_sampling,
+        sampled: sampled::SampledBlocks::new(sampled),
         ..Decoder::default()
     };
     // Data records never wake us (DATA_FLAGS in tracer-ebpf); only process events do. Poll: rarely
@@ -199,6 +213,7 @@ pub async fn run(
                     let fill = Fill {
                         pending: pending.keys().count() as u64,
                         stacks: decoder.stacks.held() as u64,
+                        sampled: decoder.sampled.held() as u64,
                     };
                     tx.send(vec![Input::Fill(fill)]).await?;
                 }
@@ -259,6 +274,9 @@ struct Decoder {
     /// Per thread: the Python frames (raw triples) sent for its next record with a stack.
     py_pending: HashMap<u32, Vec<u64>>,
     python: crate::python::resolve::Resolver,
+    /// `--heap sampled`: the mean interval; recorded heap blocks stand for more bytes.
+    heap_sampling: u64,
+    sampled: sampled::SampledBlocks,
 }
 
 impl Decoder {
@@ -410,13 +428,28 @@ impl Decoder {
             EventKind::Fork => read_command(ev.aux as u32),
             _ => None,
         };
+        let func = AllocFn::from_u32(ev.func);
+        let heap = func.is_some_and(AllocFn::is_heap_alloc);
+        if self.heap_sampling != 0
+            && (heap || matches!(func, Some(AllocFn::Free | AllocFn::C10AllocCpu)))
+        {
+            self.sampled.observe(kind, ev);
+        }
+        let sampled = self.heap_sampling != 0
+            && heap
+            && matches!(kind, EventKind::Alloc | EventKind::Realloc);
+        let size = if sampled {
+            unsampled(ev.size, self.heap_sampling)
+        } else {
+            ev.size
+        };
         out.push(Input::Event(Decoded {
             kind,
             func: AllocFn::from_u32(ev.func),
             tgid: ev.tgid,
             ts_ns: ev.ts_ns,
             addr: ev.addr,
-            size: ev.size,
+            size,
             old_addr: ev.old_addr,
             old_size: ev.old_size,
             aux: ev.aux,
@@ -433,6 +466,7 @@ impl Decoder {
         let held = ev.old_size == STOPPED_FOR_PROBES;
         match kind {
             EventKind::Exec => {
+                self.sampled.forget(ev.tgid);
                 self.python.forget(ev.tgid);
                 self.stacks.forget(ev.tgid); // same addresses, different code now
                 self.unwinders.forget(ev.tgid);
@@ -443,6 +477,7 @@ impl Decoder {
                 self.maps.refresh(ev.tgid)
             }
             EventKind::Exit => {
+                self.sampled.forget(ev.tgid);
                 self.python.forget(ev.tgid);
                 self.maps.forget(ev.tgid);
                 self.unwinders.forget(ev.tgid);
@@ -515,6 +550,18 @@ impl Decoder {
     }
 }
 
+/// What a recorded block of `size` bytes stands for under `--heap sampled` with a mean interval
+/// of `mean` bytes: it was recorded with probability p = 1 − e^(−size/mean), so it counts as
+/// size/p bytes (the unbiased estimate: expected recorded bytes over recorded blocks equal the
+/// bytes allocated).
+pub fn unsampled(size: u64, mean: u64) -> u64 {
+    if size == 0 || mean == 0 {
+        return size;
+    }
+    let p = -(-(size as f64) / mean as f64).exp_m1();
+    (size as f64 / p).round() as u64
+}
+
 /// The command line of a live process, NUL separators turned into spaces.
 pub fn read_command(pid: u32) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -557,4 +604,22 @@ pub fn read_allocator_env(pid: u32) -> Vec<(String, String)> {
             Some((name.to_string(), String::from_utf8_lossy(v).into_owned()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsampled;
+
+    #[test]
+    fn sampled_blocks_stand_for_size_over_their_probability() {
+        let mean = 512 << 10;
+        // 64 KiB: recorded with p = 1 − e^(−1/8) = 0.117503…, so it stands for 557,738 bytes.
+        assert_eq!(unsampled(64 << 10, mean), 557_738);
+        // Far above the interval: always recorded, counts as itself.
+        assert_eq!(unsampled(64 << 20, mean), 64 << 20);
+        // Tiny blocks stand for about one interval each.
+        assert_eq!(unsampled(16, mean), mean + 8);
+        assert_eq!(unsampled(0, mean), 0);
+        assert_eq!(unsampled(100, 0), 100, "no sampling");
+    }
 }

@@ -257,6 +257,8 @@ pub struct Probes {
     step_symbol: Option<String>,
     /// `--no-heap`: the malloc family and PyTorch's CPU allocator are not probed.
     no_heap: bool,
+    /// `--heap sampled`: the mean interval in bytes (0: every allocation).
+    heap_sampling: u64,
 }
 
 impl Probes {
@@ -399,6 +401,7 @@ impl Probes {
             checked: Default::default(),
             step_symbol: None,
             no_heap: false,
+            heap_sampling: 0,
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -593,6 +596,22 @@ impl Probes {
         self.no_heap = true;
     }
 
+    /// `--heap sampled`: the kernel side records heap allocations at sample points `mean` bytes
+    /// apart on average (tensors all), and frees of recorded blocks only.
+    pub fn sample_heap(&mut self, mean: u64) -> Result<(), Error> {
+        let map = self
+            .bpf
+            .map_mut("HEAP_SAMPLING")
+            .ok_or_else(|| anyhow::anyhow!("no HEAP_SAMPLING map"))?;
+        let mut sampling = aya::maps::Array::<_, u64>::try_from(map)
+            .map_err(|e| anyhow::anyhow!("HEAP_SAMPLING map: {e}"))?;
+        sampling
+            .set(0, &mean, 0)
+            .map_err(|e| anyhow::anyhow!("HEAP_SAMPLING map: {e}"))?;
+        self.heap_sampling = mean;
+        Ok(())
+    }
+
     /// Whether heap probes are left out (`--no-heap`).
     pub fn heap_skipped(&self) -> bool {
         self.no_heap
@@ -665,7 +684,7 @@ impl Probes {
 
     /// Hands the event ring buffer, the counters and the log buffer to the consumer.
     pub fn take_channels(&mut self) -> Result<crate::ingest::KernelChannels, Error> {
-        crate::ingest::KernelChannels::take(&mut self.bpf)
+        crate::ingest::KernelChannels::take(&mut self.bpf, self.heap_sampling)
     }
 }
 

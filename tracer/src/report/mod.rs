@@ -131,6 +131,10 @@ pub struct Losses {
     pub unmatched_device_frees: u64,
     /// SIGSTOPs for probing new code that the kernel refused to send (that code was probed late).
     pub stop_failed: u64,
+    /// `--heap sampled`: recorded blocks the kernel's sampled-address table had no room for
+    /// (their frees are not matched).
+    #[serde(default)]
+    pub sampled_full: u64,
     /// Not a loss: allocator calls made inside another (realloc → malloc), accounted by the outer.
     pub nested_calls: u64,
 }
@@ -170,6 +174,11 @@ fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
             ledger.fill.stacks,
             crate::ingest::STACK_CAPACITY as u64,
         ),
+        fill(
+            "sampled blocks",
+            ledger.fill.sampled,
+            u64::from(tracer_common::MAX_SAMPLED),
+        ),
     ]
 }
 
@@ -199,6 +208,28 @@ pub struct Report {
     pub verdicts_per: Cow<'static, str>,
     /// Step boundaries seen (entries of the step function).
     pub steps: u64,
+    /// What was traced of the heap.
+    #[serde(default)]
+    pub heap: HeapTracing,
+}
+
+/// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
+/// absent, not zero), or `sampled` with the mean interval in bytes (heap bytes are then
+/// estimates, scaled from the blocks recorded; blocks count the recorded ones).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeapTracing {
+    pub mode: crate::cli::HeapMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_bytes: Option<u64>,
+}
+
+impl Default for HeapTracing {
+    fn default() -> Self {
+        Self {
+            mode: crate::cli::HeapMode::Full,
+            sample_bytes: None,
+        }
+    }
 }
 
 /// What the report needs besides the ledger.
@@ -215,6 +246,7 @@ pub struct Context<'a> {
     pub warmup_s: f64,
     /// Verdicts are sampled per step (`--step-symbol`), not per second.
     pub per_step: bool,
+    pub heap: HeapTracing,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
@@ -313,6 +345,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         events: ledger.events,
         verdicts_per: if cx.per_step { "step" } else { "second" }.into(),
         steps: ledger.steps,
+        heap: cx.heap,
     }
 }
 
@@ -413,6 +446,7 @@ fn losses(ledger: &Ledger) -> Losses {
         return_without_entry: k.get(Counter::ReturnWithoutEntry),
         nested_calls: k.get(Counter::Nested),
         stop_failed: k.get(Counter::StopFailed),
+        sampled_full: k.get(Counter::SampledFull),
         stack_table_full: ledger.ingest.stack_table_full,
         undecodable: ledger.ingest.undecodable,
         ..Losses::default()

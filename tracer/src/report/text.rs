@@ -24,10 +24,22 @@ pub fn text(r: &Report) -> String {
         r.elapsed_s, r.events
     );
     let _ = writeln!(s, "outstanding: {}", kinds(&r.totals));
+    match (r.heap.mode, r.heap.sample_bytes) {
+        (crate::cli::HeapMode::Sampled, Some(b)) => {
+            let _ = writeln!(
+                s,
+                "heap: sampled, one point every {b} bytes on average: heap bytes are estimates"
+            );
+        }
+        (crate::cli::HeapMode::Off, _) => {
+            let _ = writeln!(s, "heap: not traced (--heap off)");
+        }
+        _ => {}
+    }
     let l = &r.losses;
     let _ = writeln!(
         s,
-        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} stop_failed={} | unmatched: frees={} unmap_bytes={} reused_addresses={} device_frees={}",
+        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} stop_failed={} sampled_full={} | unmatched: frees={} unmap_bytes={} reused_addresses={} device_frees={}",
         l.ringbuf_full,
         l.pending_full,
         l.traced_full,
@@ -36,6 +48,7 @@ pub fn text(r: &Report) -> String {
         l.stack_table_full,
         l.undecodable,
         l.stop_failed,
+        l.sampled_full,
         l.unmatched_frees,
         l.unmatched_unmap_bytes,
         l.reused_addresses,

@@ -1,0 +1,237 @@
+//! Load benchmarks, figures printed and never asserted:
+//! - `bench --storm`: threads allocating and freeing as fast as they can under leaktracer: the
+//!   event rate it keeps up with, what it lost past that (counted by reason), and whether the
+//!   ledger is still right for what it saw.
+//! - `bench --rss`: the tracer's memory with 1M allocations outstanding across 10k stacks.
+//!
+//! Their workloads run in this binary (hidden commands), traced by a session in this process.
+
+use std::{
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    cli::ReportArgs,
+    error::Error,
+    report::Report,
+    session::{self, Target},
+};
+
+/// The storm's workload: `threads` threads doing malloc(64)+free pairs for `seconds`; returns the
+/// pairs made.
+pub fn storm_workload(threads: usize, seconds: f64) -> u64 {
+    let stop = AtomicBool::new(false);
+    let pairs = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..256 {
+                        storm_pair();
+                    }
+                    n += 256;
+                }
+                pairs.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+    });
+    pairs.load(Ordering::Relaxed)
+}
+
+#[inline(never)]
+fn storm_pair() {
+    // SAFETY: plain libc allocation and release; black_box keeps the pair from being elided.
+    unsafe {
+        let p = std::hint::black_box(libc::malloc(64));
+        libc::free(p);
+    }
+}
+
+/// One traced run of a workload of this binary: the final report, the seconds it took and what
+/// the workload wrote to its result file.
+fn traced(workload: &[&str], heap: &str) -> Result<(Report, f64, String), Error> {
+    let out = std::env::temp_dir().join(format!("leaktracer-stress-{}.txt", std::process::id()));
+    let report =
+        std::env::temp_dir().join(format!("leaktracer-stress-{}.json", std::process::id()));
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
+    let mut argv = vec![exe.display().to_string()];
+    argv.extend(workload.iter().map(|s| s.to_string()));
+    argv.push(out.display().to_string());
+    let flags = [
+        "--top",
+        "5",
+        "--json",
+        "-o",
+        report.to_str().expect("utf-8 temp path"),
+        "--no-store",
+        "--heap",
+        heap,
+    ];
+    let args = ReportArgs::from_flags(&flags).map_err(|e| anyhow::anyhow!("options: {e}"))?;
+    let start = Instant::now();
+    session::run(Target::Launch(argv), args)?;
+    let secs = start.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(&report).map_err(|e| anyhow::anyhow!("report: {e}"))?;
+    let last = text.lines().last().unwrap_or_default();
+    let r: Report = serde_json::from_str(last).map_err(|e| anyhow::anyhow!("report: {e}"))?;
+    let result = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&report);
+    Ok((r, secs, result.trim().to_string()))
+}
+
+/// `bench --storm`: 1, 2 and 4 threads for `seconds` each, `--heap full` and `sampled`.
+pub fn storm(seconds: f64) -> Result<i32, Error> {
+    crate::probes::detach_in_foreground();
+    println!(
+        "allocation storm: threads doing malloc(64)+free for {seconds} s each, {} CPUs",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "  {:<8} {:>7} {:>14} {:>14} {:>12} {:>10}  ledger",
+        "heap", "threads", "probe hits/s", "records/s", "lost", "untraced/s"
+    );
+    for heap in ["full", "sampled"] {
+        for threads in [1usize, 2, 4] {
+            let t0 = Instant::now();
+            let untraced =
+                storm_workload(threads, seconds.min(2.0)) as f64 / t0.elapsed().as_secs_f64();
+            let (r, _, made) = traced(
+                &["bench-storm", &threads.to_string(), &seconds.to_string()],
+                heap,
+            )?;
+            let pairs: f64 = made.parse().unwrap_or(0.0);
+            let l = &r.losses;
+            let lost = l.ringbuf_full + l.pending_full + l.stack_errors + l.sampled_full;
+            // Every pair was freed: what the ledger still holds at the storm's site is what
+            // losses left unmatched (0 when nothing was lost).
+            let held: u64 = r
+                .stacks
+                .iter()
+                .filter(|s| {
+                    s.frames.iter().any(|f| {
+                        f.function
+                            .as_deref()
+                            .is_some_and(|n| n.contains("storm_pair"))
+                    })
+                })
+                .map(|s| s.bytes)
+                .sum();
+            println!(
+                "  {:<8} {:>7} {:>14.0} {:>14.0} {:>12} {:>10.0}  {} bytes held at storm_pair{}",
+                heap,
+                threads,
+                // Each pair is three probe hits: malloc's entry and return, free's entry.
+                3.0 * pairs / seconds,
+                r.events as f64 / seconds,
+                lost,
+                2.0 * untraced,
+                held,
+                if lost == 0 && held == 0 {
+                    " (exact)"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// The RSS workload: `blocks` malloc(64) blocks kept, spread evenly over 10,000 call stacks (100
+/// middle functions × 100 leaf functions).
+pub fn hold_workload(blocks: u64) -> u64 {
+    let mut kept: Vec<usize> = Vec::with_capacity(blocks as usize);
+    let per = blocks / 10_000;
+    for m in 0..100 {
+        for l in 0..100 {
+            MIDS[m](l, per, &mut kept);
+        }
+    }
+    kept.len() as u64
+}
+
+type Leaf = fn(u64, &mut Vec<usize>);
+type Mid = fn(usize, u64, &mut Vec<usize>);
+
+#[inline(never)]
+fn leaf<const L: usize>(n: u64, kept: &mut Vec<usize>) {
+    for _ in 0..n {
+        // SAFETY: a plain allocation, kept (never freed: the workload exits holding it).
+        kept.push(unsafe { std::hint::black_box(libc::malloc(64)) } as usize);
+    }
+    std::hint::black_box(L);
+}
+
+#[inline(never)]
+fn mid<const M: usize>(l: usize, n: u64, kept: &mut Vec<usize>) {
+    LEAVES[l](n, kept);
+    std::hint::black_box(M);
+}
+
+macro_rules! table {
+    ($f:ident, $t:ty, $($n:literal)*) => { [$($f::<$n> as $t),*] };
+}
+
+macro_rules! hundred {
+    ($f:ident, $t:ty) => {
+        table!($f, $t,
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+            61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89
+            90 91 92 93 94 95 96 97 98 99)
+    };
+}
+
+static LEAVES: [Leaf; 100] = hundred!(leaf, Leaf);
+static MIDS: [Mid; 100] = hundred!(mid, Mid);
+
+/// The tracer's resident memory now and at its peak (VmRSS, VmHWM), in bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `bench --rss`: the tracer's peak memory while 1M allocations across 10k stacks are outstanding.
+pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
+    crate::probes::detach_in_foreground();
+    let (before, _) = rss();
+    let (r, secs, made) = traced(&["bench-hold", &blocks.to_string()], "full")?;
+    let (_, peak) = rss();
+    let heap = r.totals.heap;
+    let stacks = r
+        .map_fill
+        .iter()
+        .find(|f| f.name == "distinct stacks")
+        .map_or(0, |f| f.used);
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    println!(
+        "tracer memory with {made} allocations outstanding (malloc(64), 10,000 stacks), in {secs:.1} s:"
+    );
+    println!(
+        "  outstanding heap blocks in the ledger {:>12}",
+        heap.blocks
+    );
+    println!("  distinct stacks interned              {stacks:>12}");
+    println!(
+        "  tracer RSS before the run             {:>9.1} MiB",
+        mib(before)
+    );
+    println!(
+        "  tracer peak RSS (VmHWM)               {:>9.1} MiB",
+        mib(peak)
+    );
+    println!("  goal                                  {:>9.1} MiB", 150.0);
+    Ok(0)
+}
