@@ -1,7 +1,7 @@
 //! `harness bench --leaktracer PATH`: leaktracer's overhead on each scenario, as whole-process wall
 //! time (libtorch's start-up included: a million allocator calls before the first step) of the
-//! leaky variant untraced, traced with every kind, and traced with device memory and pages only
-//! (`--no-heap`), side by side, the median of `--rounds` runs each.
+//! leaky variant untraced and traced in each heap mode (`--heap full`, `sampled`, `off`: device
+//! memory and pages only), side by side, the median of `--rounds` runs each.
 
 use std::{
     path::Path,
@@ -56,21 +56,24 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
         "wall time per run, median of {rounds}, {steps} steps (leaky variant, libtorch start-up included):"
     );
     println!(
-        "{:<4} {:>10} {:>18} {:>22}",
-        "", "untraced", "all kinds", "device + pages only"
+        "{:<4} {:>10} {:>20} {:>20} {:>20}",
+        "", "untraced", "--heap full", "--heap sampled", "--heap off"
     );
+    let pct = |t: f64, base: f64| format!("{t:.2}s ({:+.1}%)", (t / base - 1.0) * 100.0);
     for s in SCENARIOS {
-        let mut m = [Vec::new(), Vec::new(), Vec::new()];
+        let mut m = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..rounds {
             m[0].push(timed(Command::new(&harness).args(args(s)))?);
-            m[1].push(timed(&mut traced(&[], s))?);
-            m[2].push(timed(&mut traced(&["--no-heap"], s))?);
+            m[1].push(timed(&mut traced(&["--heap", "full"], s))?);
+            m[2].push(timed(&mut traced(&["--heap", "sampled"], s))?);
+            m[3].push(timed(&mut traced(&["--heap", "off"], s))?);
         }
-        let [base, all, pages] = m.map(median);
+        let [base, full, sampled, off] = m.map(median);
         println!(
-            "{s:<4} {base:>9.2}s {all:>9.2}s ({:>4.1}×) {pages:>13.2}s ({:>4.1}×)",
-            all / base,
-            pages / base
+            "{s:<4} {base:>9.2}s {:>20} {:>20} {:>20}",
+            pct(full, base),
+            pct(sampled, base),
+            pct(off, base)
         );
     }
     Ok(String::new())

@@ -134,3 +134,26 @@ fn no_libc_in_target_is_refused() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no libc"), "{err}");
 }
+
+#[test]
+fn bad_heap_mode_ring_size_or_sample_interval_is_a_usage_error() {
+    for args in [
+        &["--heap", "some"][..],
+        &["--ring-mb", "3"],
+        &["--ring-mb", "2048"],
+        &["--heap", "sampled", "--sample-bytes", "100"],
+    ] {
+        let out = tests::fixture::leaktracer_cmd()
+            .arg("run")
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--heap") || err.contains("--ring-mb") || err.contains("--sample-bytes"),
+            "{args:?}: {err}"
+        );
+    }
+}

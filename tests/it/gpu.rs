@@ -43,13 +43,14 @@ fn trace_gpu_with(extra: &[&str], scenario: &str, env: &[(&str, &str)]) -> Optio
     Some(t)
 }
 
-/// --no-heap: the same device bytes per site, and not one heap probe or heap byte.
+/// --heap off: the same device bytes per site, and not one heap probe or heap byte.
 #[test]
 fn no_heap_traces_device_memory_and_pages_only() {
-    let Some(t) = trace_gpu_with(&["--no-heap"], "runtime", &[]) else {
+    let Some(t) = trace_gpu_with(&["--heap", "off"], "runtime", &[]) else {
         return;
     };
     let r = t.last();
+    assert_eq!(r.0["heap"]["mode"], "off");
     assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
     assert_eq!(r.0["totals"]["heap"]["bytes"], 0);
     assert_eq!(r.0["totals"]["heap"]["blocks"], 0);

@@ -94,7 +94,8 @@ impl EventKind {
 }
 
 /// The allocator entry point behind an event (`Event::func`). Also the program's pending tag.
-#[repr(u32)]
+/// One byte: every outstanding block user space keeps carries one.
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AllocFn {
     Malloc = 1,

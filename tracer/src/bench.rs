@@ -218,7 +218,7 @@ mod memleak {
             .find(|p| p.is_file())
     }
 
-    /// Runs the workload `argv` under `memleak -p`, started once memleak says it is attached.
+    /// Runs the workload `argv` under `memleak -p`, started once memleak has attached.
     pub fn run(memleak: &Path, argv: &[String]) -> Result<(), Error> {
         let child = launch::spawn_held(argv)?;
         let pid = child.pid();
@@ -240,6 +240,8 @@ mod memleak {
                 break;
             }
         }
+        // memleak says so just before it attaches its twenty-odd probes: give it the time.
+        std::thread::sleep(std::time::Duration::from_secs(2));
         let pid = child.release()?;
         launch::wait(pid);
         // SAFETY: signalling our own child.

@@ -172,6 +172,9 @@ pub enum Command {
         /// Allocations held with --rss.
         #[arg(long, default_value_t = 1_000_000, requires = "rss")]
         blocks: u64,
+        /// One run of --rss (internal): BLOCKS and the ring's MiB.
+        #[arg(long, num_args = 2, value_names = ["BLOCKS", "RING_MB"], hide = true)]
+        rss_one: Option<Vec<u64>>,
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]
@@ -223,6 +226,11 @@ pub struct ReportArgs {
     /// heap function: device memory (CUDA) and pages (mmap, brk) only, the cheapest.
     #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
     pub heap: HeapMode,
+    /// MiB of the kernel's event ring (a power of two from 1 to 1024): what bursts are buffered
+    /// in while user space catches up. Its pages are mapped twice (for wrap-around), so RSS
+    /// shows it double.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub ring_mb: u32,
     /// Mean bytes between sample points with --heap sampled.
     #[arg(long, value_name = "BYTES", default_value_t = 512 * 1024)]
     pub sample_bytes: u64,
@@ -378,6 +386,12 @@ impl ReportArgs {
         }
         if self.top == 0 {
             return Err("--top must be at least 1".into());
+        }
+        if !(self.ring_mb.is_power_of_two() && self.ring_mb <= 1024) {
+            return Err(format!(
+                "--ring-mb must be a power of two from 1 to 1024, got {}",
+                self.ring_mb
+            ));
         }
         if self.heap_mode() == HeapMode::Sampled && !(4096..=1 << 40).contains(&self.sample_bytes) {
             return Err(format!(

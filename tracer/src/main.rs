@@ -46,6 +46,9 @@ fn main() {
             finish(tracer::stress::storm(seconds))
         }
         Command::Bench {
+            rss_one: Some(one), ..
+        } => finish(tracer::stress::rss_one(one[0], one[1] as u32)),
+        Command::Bench {
             rss: true, blocks, ..
         } => {
             if !(10_000..=100_000_000).contains(&blocks) {

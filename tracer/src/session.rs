@@ -67,7 +67,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if let Target::Attach { pid, .. } = &target {
         check_pid(*pid)?;
     }
-    let mut probes = Probes::load(Mode::Full)?;
+    let mut probes = Probes::load_with_ring(Mode::Full, args.ring_mb << 20)?;
     if let Some(step) = &args.step_symbol {
         probes.set_step_symbol(step);
     }
@@ -179,7 +179,9 @@ async fn trace(
     let mut on_demand =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
             .map_err(|e| anyhow::anyhow!("SIGUSR1 handler: {e}"))?;
-    let (tx, mut rx) = mpsc::channel(256);
+    // Decoded batches waiting for the ledger: the kernel's ring is the buffer for bursts, this
+    // only smooths (64 × 1024 events: a few MiB).
+    let (tx, mut rx) = mpsc::channel(64);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hold_tx, hold_rx) = mpsc::channel(64);
     let started = Instant::now();

@@ -53,7 +53,7 @@ fn storm_pair() {
 
 /// One traced run of a workload of this binary: the final report, the seconds it took and what
 /// the workload wrote to its result file.
-fn traced(workload: &[&str], heap: &str) -> Result<(Report, f64, String), Error> {
+fn traced(workload: &[&str], heap: &str, ring_mb: u32) -> Result<(Report, f64, String), Error> {
     let out = std::env::temp_dir().join(format!("leaktracer-stress-{}.txt", std::process::id()));
     let report =
         std::env::temp_dir().join(format!("leaktracer-stress-{}.json", std::process::id()));
@@ -61,6 +61,7 @@ fn traced(workload: &[&str], heap: &str) -> Result<(Report, f64, String), Error>
     let mut argv = vec![exe.display().to_string()];
     argv.extend(workload.iter().map(|s| s.to_string()));
     argv.push(out.display().to_string());
+    let ring = ring_mb.to_string();
     let flags = [
         "--top",
         "5",
@@ -70,6 +71,8 @@ fn traced(workload: &[&str], heap: &str) -> Result<(Report, f64, String), Error>
         "--no-store",
         "--heap",
         heap,
+        "--ring-mb",
+        &ring,
     ];
     let args = ReportArgs::from_flags(&flags).map_err(|e| anyhow::anyhow!("options: {e}"))?;
     let start = Instant::now();
@@ -103,6 +106,7 @@ pub fn storm(seconds: f64) -> Result<i32, Error> {
             let (r, _, made) = traced(
                 &["bench-storm", &threads.to_string(), &seconds.to_string()],
                 heap,
+                64,
             )?;
             let pairs: f64 = made.parse().unwrap_or(0.0);
             let l = &r.losses;
@@ -190,26 +194,50 @@ macro_rules! hundred {
 static LEAVES: [Leaf; 100] = hundred!(leaf, Leaf);
 static MIDS: [Mid; 100] = hundred!(mid, Mid);
 
-/// The tracer's resident memory now and at its peak (VmRSS, VmHWM), in bytes.
-fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+/// `bench --rss`: the tracer's peak memory while 1M allocations across 10k stacks are
+/// outstanding, with the default event ring (64 MiB) and a 16 MiB one. Each run is its own
+/// process (`bench-rss-one`), so each peak is its own.
+pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
+    println!(
+        "tracer memory with {blocks} allocations outstanding (malloc(64) across 10,000 stacks):"
+    );
+    println!(
+        "  {:>8} {:>14} {:>9} {:>13} {:>13} {:>10}",
+        "ring MiB", "blocks held", "stacks", "peak RSS MiB", "anon MiB", "ring+files"
+    );
+    for ring in [64u32, 16] {
+        let status = std::process::Command::new(&exe)
+            .args(["bench", "--rss-one", &blocks.to_string(), &ring.to_string()])
+            .status()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", exe.display()))?;
+        if !status.success() {
+            return Err(anyhow::anyhow!("the run with a {ring} MiB ring failed").into());
+        }
+    }
+    println!("  goal: 150 MB peak RSS");
+    Ok(0)
 }
 
-/// `bench --rss`: the tracer's peak memory while 1M allocations across 10k stacks are outstanding.
-pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
+/// One row of [`rss_bench`], in a fresh process.
+pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
     crate::probes::detach_in_foreground();
-    let (before, _) = rss();
-    let (r, secs, made) = traced(&["bench-hold", &blocks.to_string()], "full")?;
-    let (_, peak) = rss();
-    let heap = r.totals.heap;
+    // The peak's make-up: anonymous memory (the ledger, the analysis) and mapped kernel buffers
+    // (the event ring, mapped twice) with the binary, sampled every 50 ms while the run lasts.
+    let done = AtomicBool::new(false);
+    let (anon, mapped) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (r, _, _) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                anon.fetch_max(status("RssAnon"), Ordering::Relaxed);
+                mapped.fetch_max(status("RssFile") + status("RssShmem"), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let out = traced(&["bench-hold", &blocks.to_string()], "full", ring_mb);
+        done.store(true, Ordering::Relaxed);
+        out
+    })?;
     let stacks = r
         .map_fill
         .iter()
@@ -217,21 +245,23 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
         .map_or(0, |f| f.used);
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!(
-        "tracer memory with {made} allocations outstanding (malloc(64), 10,000 stacks), in {secs:.1} s:"
+        "  {:>8} {:>14} {:>9} {:>13.1} {:>13.1} {:>10.1}",
+        ring_mb,
+        r.totals.heap.blocks,
+        stacks,
+        mib(status("VmHWM")),
+        mib(anon.load(Ordering::Relaxed)),
+        mib(mapped.load(Ordering::Relaxed)),
     );
-    println!(
-        "  outstanding heap blocks in the ledger {:>12}",
-        heap.blocks
-    );
-    println!("  distinct stacks interned              {stacks:>12}");
-    println!(
-        "  tracer RSS before the run             {:>9.1} MiB",
-        mib(before)
-    );
-    println!(
-        "  tracer peak RSS (VmHWM)               {:>9.1} MiB",
-        mib(peak)
-    );
-    println!("  goal                                  {:>9.1} MiB", 150.0);
     Ok(0)
+}
+
+/// A field of /proc/self/status in bytes (VmRSS, VmHWM, RssAnon…).
+fn status(name: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }

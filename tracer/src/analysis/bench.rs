@@ -55,7 +55,7 @@ pub(crate) fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
             })
             .collect();
         ledger.apply(Input::Stack {
-            id: StackId(id),
+            id: StackId::new(id),
             frames,
             truncated: false,
         });
@@ -72,7 +72,7 @@ pub(crate) fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
                 old_addr: 0,
                 old_size: 0,
                 aux: 0,
-                stack: Some(StackId(id)),
+                stack: Some(StackId::new(id)),
                 command: None,
                 env: None,
             }));

@@ -210,18 +210,15 @@ pub async fn run(
                 // Counting the in-flight table walks it: once a second is enough.
                 ticks += 1;
                 if ticks % 5 == 1 {
-                    let fill = Fill {
-                        pending: pending.keys().count() as u64,
-                        stacks: decoder.stacks.held() as u64,
-                        sampled: decoder.sampled.held() as u64,
-                    };
-                    tx.send(vec![Input::Fill(fill)]).await?;
+                    tx.send(vec![Input::Fill(decoder.fill(&pending))]).await?;
                 }
             }
             _ = stop.changed() => break,
         }
     }
     decoder.drain(ring.get_mut(), &tx).await?;
+    // The final report's table fill: counted once more, after the last events.
+    tx.send(vec![Input::Fill(decoder.fill(&pending))]).await?;
     if let Some(l) = logs.as_mut() {
         l.get_mut().flush();
     }
@@ -280,6 +277,15 @@ struct Decoder {
 }
 
 impl Decoder {
+    /// How full the tables are (counting the in-flight table walks it).
+    fn fill(&self, pending: &aya::maps::HashMap<MapData, u64, tracer_common::Pending>) -> Fill {
+        Fill {
+            pending: pending.keys().count() as u64,
+            stacks: self.stacks.held() as u64,
+            sampled: self.sampled.held() as u64,
+        }
+    }
+
     async fn drain(
         &mut self,
         ring: &mut RingBuf<MapData>,

@@ -17,9 +17,21 @@ pub const PY_MARKER: u64 = u64::MAX;
 /// Interned stacks kept before new ones are refused (and counted).
 pub(crate) const MAX_STACKS: usize = 1 << 20;
 
-/// An interned stack. 0 is never used.
+/// An interned stack, numbered from 1 (so that an `Option<StackId>` is four bytes: a million
+/// outstanding blocks each carry one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub struct StackId(pub u32);
+pub struct StackId(std::num::NonZeroU32);
+
+impl StackId {
+    /// Stack number `n` (from 1).
+    pub fn new(n: u32) -> Self {
+        Self(std::num::NonZeroU32::new(n).expect("stack ids start at 1"))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+}
 
 /// One frame: a return address resolved to the file that contains it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -114,7 +126,7 @@ impl Interner {
             .iter()
             .map(|f| (f.module.clone(), f.offset))
             .collect();
-        let next = StackId(self.normalized.len() as u32 + 1);
+        let next = StackId::new(self.normalized.len() as u32 + 1);
         let mut fresh = false;
         let id = *self.normalized.entry(norm).or_insert_with(|| {
             fresh = true;

@@ -1,6 +1,7 @@
 //! The single owner of tracing state: processes and their outstanding allocations, the stack table,
 //! and every loss counter. Fed in order by ingest; queried for aggregates by the report.
 
+mod blocks;
 mod device;
 mod process;
 mod regions;

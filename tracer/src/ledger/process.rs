@@ -1,8 +1,6 @@
 //! One traced process's outstanding memory: heap blocks, anonymous mappings and the brk heap, each
 //! with its origin. Exact semantics of realloc, munmap, mremap and brk live here.
 
-use rustc_hash::FxHashMap;
-
 use serde::Serialize;
 use tracer_common::AllocFn;
 
@@ -51,7 +49,7 @@ pub struct Process {
     pub started_ns: u64,
     pub exited_ns: Option<u64>,
     pub execs: u32,
-    pub heap: FxHashMap<u64, Block>,
+    pub heap: super::blocks::Blocks,
     pub mmaps: Regions,
     pub brk: Brk,
     /// CUDA memory (not inherited at fork).

@@ -143,7 +143,7 @@ mod tests {
 
     fn o(stack: u32) -> Origin {
         Origin {
-            stack: Some(StackId(stack)),
+            stack: Some(StackId::new(stack)),
             ts_ns: 0,
             func: None,
             inherited: false,

@@ -22,7 +22,7 @@ fn ev(kind: EventKind, func: AllocFn) -> Decoded {
         old_addr: 0,
         old_size: 0,
         aux: 0,
-        stack: Some(StackId(1)),
+        stack: Some(StackId::new(1)),
         command: None,
         env: None,
     }
@@ -32,7 +32,7 @@ fn alloc(func: AllocFn, addr: u64, size: u64, stack: u32) -> Input {
     Input::Event(Decoded {
         addr,
         size,
-        stack: Some(StackId(stack)),
+        stack: Some(StackId::new(stack)),
         ..ev(EventKind::Alloc, func)
     })
 }
@@ -48,7 +48,7 @@ fn realloc(old: u64, new: u64, size: u64, stack: u32) -> Input {
         old_addr: old,
         addr: new,
         size,
-        stack: Some(StackId(stack)),
+        stack: Some(StackId::new(stack)),
         ..ev(EventKind::Realloc, AllocFn::Realloc)
     })
 }
@@ -58,7 +58,7 @@ fn mmap(addr: u64, len: u64, prot: u64, stack: u32) -> Input {
         addr,
         size: len,
         aux,
-        stack: Some(StackId(stack)),
+        stack: Some(StackId::new(stack)),
         ..ev(EventKind::Mmap, AllocFn::Mmap)
     })
 }
@@ -80,7 +80,7 @@ fn mprotect(addr: u64, len: u64, prot: u64) -> Input {
 fn brk(result: u64, stack: u32) -> Input {
     Input::Event(Decoded {
         addr: result,
-        stack: Some(StackId(stack)),
+        stack: Some(StackId::new(stack)),
         ..ev(EventKind::Brk, AllocFn::Brk)
     })
 }
@@ -95,7 +95,7 @@ fn ledger(inputs: Vec<Input>) -> Ledger {
             addr: s,
         }]);
         l.apply(Input::Stack {
-            id: StackId(s as u32),
+            id: StackId::new(s as u32),
             frames,
             truncated: false,
         });
@@ -108,7 +108,7 @@ fn ledger(inputs: Vec<Input>) -> Ledger {
 fn of(l: &Ledger, kind: Kind, stack: u32) -> (u64, u64) {
     l.groups()
         .iter()
-        .filter(|g| g.kind == kind && g.stack == Some(StackId(stack)))
+        .filter(|g| g.kind == kind && g.stack == Some(StackId::new(stack)))
         .fold((0, 0), |(b, n), g| (b + g.bytes, n + g.blocks))
 }
 
@@ -177,7 +177,7 @@ fn partial_munmap_and_mremap() {
             old_size: 4 * 4096,
             addr: 0x200000,
             size: 16 * 4096,
-            stack: Some(StackId(3)),
+            stack: Some(StackId::new(3)),
             ..ev(EventKind::Mremap, AllocFn::Mremap)
         }),
     ]);
@@ -225,7 +225,7 @@ fn fork_copies_outstanding_as_inherited_and_child_frees_match() {
         tgid: 200,
         addr: 0x30,
         size: 7,
-        stack: Some(StackId(2)),
+        stack: Some(StackId::new(2)),
         ..ev(EventKind::Alloc, AllocFn::Malloc)
     }));
     let child: Vec<_> = l.groups().into_iter().filter(|g| g.pid == 200).collect();
@@ -319,7 +319,7 @@ fn failures_are_counted_per_stack_function_and_code() {
         Input::Event(Decoded {
             size,
             aux: code,
-            stack: Some(StackId(stack)),
+            stack: Some(StackId::new(stack)),
             ..ev(EventKind::AllocFailed, AllocFn::CudaMalloc)
         })
     };

@@ -363,6 +363,11 @@ impl Probes {
     /// Loads the object with the tracepoint field offsets of this kernel and attaches the page-level
     /// and process tracepoints. Heap probes come with [`Probes::attach_heap`].
     pub fn load(mode: Mode) -> Result<Self, Error> {
+        Self::load_with_ring(mode, tracer_common::RINGBUF_BYTES)
+    }
+
+    /// As [`Probes::load`] with an event ring of `ring_bytes` (a power of two, a page or more).
+    pub fn load_with_ring(mode: Mode, ring_bytes: u32) -> Result<Self, Error> {
         check_environment()?;
         let tracefs = tracefs::ensure_mounted()?;
         let off = |cat, name, field, default| {
@@ -377,6 +382,7 @@ impl Probes {
             .override_global("NEWTASK_PID_OFF", &newtask_pid, true)
             .override_global("NEWTASK_FLAGS_OFF", &newtask_flags, true)
             .override_global("EXIT_GROUP_DEAD_OFF", &exit_group_dead, true)
+            .map_max_entries("EVENTS", ring_bytes)
             .load(OBJECT)
             .map_err(load_error)?;
         let traced = BpfHashMap::try_from(

@@ -483,7 +483,7 @@ mod tests {
             old_addr: old,
             old_size: 0,
             aux: 0,
-            stack: Some(StackId(7)),
+            stack: Some(StackId::new(7)),
             command: None,
             env: None,
         })
@@ -502,7 +502,7 @@ mod tests {
         }]
         .into();
         ledger.apply(Input::Stack {
-            id: StackId(7),
+            id: StackId::new(7),
             frames,
             truncated: false,
         });
