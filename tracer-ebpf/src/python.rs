@@ -23,6 +23,34 @@ pub static PY_CONFIG: HashMap<u32, PyConfig> = HashMap::with_max_entries(MAX_PY_
 #[map]
 static PY_RECORD: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
+/// The walks' loop state. It lives in a map, not in registers (as the native walk's does, see
+/// unwind.rs): map loads are unknown scalars to the verifier, so iterations look alike and prune.
+/// In registers, each iteration was a state of its own, and this walk, verified again in every
+/// program that sends a stack, took the kernel five seconds to load.
+#[repr(C)]
+struct PyWalk {
+    tstate: u64,
+    frame: u64,
+    n: u64,
+    /// The current frame's first 128 bytes.
+    words: [u64; 16],
+}
+
+#[map]
+static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn get(p: *const u64) -> u64 {
+    // SAFETY: `p` points into this CPU's PY_WALK entry.
+    unsafe { core::ptr::read_volatile(p) }
+}
+
+#[inline(always)]
+fn set(p: *mut u64, v: u64) {
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(p, v) }
+}
+
 #[inline(always)]
 fn word(addr: u64) -> u64 {
     // SAFETY: user memory read that fails cleanly (0 then).
@@ -52,20 +80,30 @@ pub fn emit_frames(id: u64) -> u32 {
     } else {
         word(cfg.runtime + cfg.runtime_tstate_current)
     };
+    let Some(w) = PY_WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch entry, used only while this program runs.
+    let w = unsafe { &mut *w };
     if tstate == 0 || !owner(tstate) {
-        tstate = word(word(cfg.runtime + cfg.runtime_main_interp) + cfg.interp_threads_head);
-        let mut found = false;
+        set(
+            &mut w.tstate,
+            word(word(cfg.runtime + cfg.runtime_main_interp) + cfg.interp_threads_head),
+        );
+        set(&mut w.n, 0); // 1 once found
         for _ in 0..MAX_PY_THREADS {
-            if tstate == 0 {
+            let t = get(&w.tstate);
+            if t == 0 {
                 break;
             }
-            if owner(tstate) {
-                found = true;
+            if owner(t) {
+                set(&mut w.n, 1);
                 break;
             }
-            tstate = word(tstate + cfg.tstate_next);
+            set(&mut w.tstate, word(t + cfg.tstate_next));
         }
-        if !found {
+        tstate = get(&w.tstate);
+        if tstate == 0 || get(&w.n) == 0 {
             return 0;
         }
     }
@@ -79,7 +117,6 @@ pub fn emit_frames(id: u64) -> u32 {
     let Some(rec) = PY_RECORD.get_ptr_mut(0) else {
         return 0;
     };
-    let mut n = 0usize;
     // Word indexes of the fields in a frame's first 128 bytes, read at once (one probe read a
     // frame, not four: each read costs about 100 ns).
     let (code_w, instr_w, prev_w) = (
@@ -91,24 +128,36 @@ pub fn emit_frames(id: u64) -> u32 {
         (cfg.frame_entry / 8) as usize & 15,
         (cfg.frame_entry % 8) * 8,
     );
-    for i in 0..MAX_PY_FRAMES {
-        if frame == 0 {
+    set(&mut w.frame, frame);
+    set(&mut w.n, 0);
+    for _ in 0..MAX_PY_FRAMES {
+        let (frame, i) = (get(&w.frame), get(&w.n));
+        if frame == 0 || i >= MAX_PY_FRAMES as u64 {
             break;
         }
-        // SAFETY: user memory read that fails cleanly.
-        let Ok(w) = (unsafe { bpf_probe_read_user(frame as *const [u64; 16]) }) else {
+        // SAFETY: user memory read into this CPU's entry, failing cleanly.
+        let read = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                w.words.as_mut_ptr().cast(),
+                128,
+                frame as *const _,
+            )
+        };
+        if read != 0 {
             break;
-        };
+        }
+        let words = &w.words;
         let f = PyFrame {
-            code: w[code_w],
-            instr: w[instr_w],
-            flags: (w[entry_w] >> entry_shift) & 0xff,
+            code: words[code_w],
+            instr: words[instr_w],
+            flags: (words[entry_w] >> entry_shift) & 0xff,
         };
-        // SAFETY: `rec` is this CPU's record; `i` < MAX_PY_FRAMES.
-        unsafe { (*rec).frames[i] = f };
-        n = i + 1;
-        frame = w[prev_w];
+        // SAFETY: `rec` is this CPU's record; the index is masked below MAX_PY_FRAMES.
+        unsafe { (*rec).frames[(i as usize) & (MAX_PY_FRAMES - 1)] = f };
+        set(&mut w.n, i + 1);
+        set(&mut w.frame, words[prev_w]);
     }
+    let (frame, n) = (get(&w.frame), get(&w.n) as usize);
     let mut ev = untimed_event(EventKind::PyFrames, 0, id);
     ev.aux = n as u64;
     ev.size = u64::from(frame != 0);
