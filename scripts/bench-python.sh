@@ -2,7 +2,8 @@
 # Python stacks' cost: nanoseconds per allocation of a pure-Python loop (1 KiB bytearrays, each a
 # malloc and a free) at call depths 1, 8 and 32: untraced, traced without the Python walk
 # (--no-python-stacks), and traced with it; the walk's own cost per event is the difference of the
-# last two. Median of 5 runs each.
+# last two. Then the same loop per heap mode (--heap sampled and off, Python walk on): what a user
+# keeping the tracer attached pays. Median of 5 runs each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,6 +22,7 @@ measure() { # mode depth
       untraced) "$py" "$work" "$2" "$n" ;;
       native) ./target/release/leaktracer run --no-store --no-python-stacks -o /dev/null -- "$py" "$work" "$2" "$n" 2>/dev/null ;;
       python) ./target/release/leaktracer run --no-store -o /dev/null -- "$py" "$work" "$2" "$n" 2>/dev/null ;;
+      sampled|off) ./target/release/leaktracer run --no-store --heap "$1" -o /dev/null -- "$py" "$work" "$2" "$n" 2>/dev/null ;;
     esac
   done | median
 }
@@ -31,4 +33,11 @@ for depth in 1 8 32; do
   awk -v d="$depth" -v u="$u" -v n="$nat" -v p="$p" 'BEGIN {
     # Each allocation is two events (malloc, free): the walk runs at the malloc only.
     printf "%-7d %10.0f %14.0f %14.0f %16.0f %11.2fx\n", d, u, n, p, p - n, p / u }'
+done
+printf '\nper heap mode, with the Python walk (ns per allocation, overhead against untraced)\n'
+printf '%-7s %10s %18s %18s\n' depth untraced '--heap sampled' '--heap off'
+for depth in 1 8 32; do
+  u=$(measure untraced "$depth"); s=$(measure sampled "$depth"); o=$(measure off "$depth")
+  awk -v d="$depth" -v u="$u" -v s="$s" -v o="$o" 'BEGIN {
+    printf "%-7d %10.0f %10.0f %6.2fx %10.0f %6.2fx\n", d, u, s, s / u, o, o / u }'
 done

@@ -114,9 +114,9 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
 }
 
 /// Data records never wake the consumer: user space polls every 50 ms and drains everything. A
-/// wakeup is an inter-processor interrupt, and one per record costs more than the record (64 MiB of
-/// ring at ~200 bytes a record would take over 6 million records/s to fill between two polls;
-/// a full ring is counted as `ringbuf_full`, never silent).
+/// wakeup is an inter-processor interrupt, and one per record costs more than the record (the
+/// default 16 MiB of ring at ~100 bytes a record takes over 3 million records/s to fill between
+/// two polls; a full ring is counted as `ringbuf_full`, never silent).
 pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 
 /// Sends a record without a stack, waking the consumer now (process lifecycle events).

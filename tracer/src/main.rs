@@ -14,6 +14,29 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+unsafe extern "C" {
+    /// mimalloc's option setter (its C API; the option numbers are those of its v3 header).
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+
+/// Memory the tracer frees goes back to the kernel at once, and arenas are committed as used:
+/// a ledger table that grows leaves its old buckets behind, and by default mimalloc keeps them
+/// (a million outstanding blocks cost about 40 MiB more resident memory that way). Set before
+/// mimalloc reserves its first arena: in a constructor ordered before its own (priority 101).
+#[used]
+#[unsafe(link_section = ".init_array.00100")]
+static RETURN_FREED_MEMORY: extern "C" fn() = return_freed_memory;
+
+extern "C" fn return_freed_memory() {
+    const ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
+    const PURGE_DELAY: std::ffi::c_int = 15;
+    // SAFETY: plain option stores, before the threads that allocate start.
+    unsafe {
+        mi_option_set(ARENA_EAGER_COMMIT, 0);
+        mi_option_set(PURGE_DELAY, 0);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);

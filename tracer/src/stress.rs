@@ -106,7 +106,7 @@ pub fn storm(seconds: f64) -> Result<i32, Error> {
             let (r, _, made) = traced(
                 &["bench-storm", &threads.to_string(), &seconds.to_string()],
                 heap,
-                64,
+                crate::cli::DEFAULT_RING_MB,
             )?;
             let pairs: f64 = made.parse().unwrap_or(0.0);
             let l = &r.losses;
@@ -195,7 +195,7 @@ static LEAVES: [Leaf; 100] = hundred!(leaf, Leaf);
 static MIDS: [Mid; 100] = hundred!(mid, Mid);
 
 /// `bench --rss`: the tracer's peak memory while 1M allocations across 10k stacks are
-/// outstanding, with the default event ring (64 MiB) and a 16 MiB one. Each run is its own
+/// outstanding, with the default event ring (16 MiB) and a 64 MiB one. Each run is its own
 /// process (`bench-rss-one`), so each peak is its own.
 pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
@@ -206,7 +206,7 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
         "  {:>8} {:>14} {:>9} {:>13} {:>13} {:>10}",
         "ring MiB", "blocks held", "stacks", "peak RSS MiB", "anon MiB", "ring+files"
     );
-    for ring in [64u32, 16] {
+    for ring in [crate::cli::DEFAULT_RING_MB, 64] {
         let status = std::process::Command::new(&exe)
             .args(["bench", "--rss-one", &blocks.to_string(), &ring.to_string()])
             .status()
@@ -242,7 +242,7 @@ pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
         .map_fill
         .iter()
         .find(|f| f.name == "distinct stacks")
-        .map_or(0, |f| f.used);
+        .map_or(0, |f| f.peak.unwrap_or(f.used));
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!(
         "  {:>8} {:>14} {:>9} {:>13.1} {:>13.1} {:>10.1}",

@@ -13,7 +13,7 @@ export interface Health {
   steps: number;
   losses: Record<string, number>;
   dropped: number;
-  map_fill: { name: string; used: number; capacity: number }[];
+  map_fill: { name: string; used: number; capacity: number; peak?: number }[];
   libraries: { path: string; roles: string[]; when: string }[];
 }
 

@@ -58,18 +58,19 @@ function renderStatus(u: Update | Health & { totals?: Record<string, number> }):
 function renderHealth(h: Health): void {
   const banner = byId('banner');
   const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && k !== 'nested_calls' && k !== 'unmatched_frees');
-  const full = h.map_fill.filter((f) => f.used * 5 >= f.capacity * 4);
+  const most = (f: Health['map_fill'][number]): number => Math.max(f.used, f.peak ?? 0);
+  const full = h.map_fill.filter((f) => most(f) * 5 >= f.capacity * 4);
   banner.hidden = h.dropped === 0 && full.length === 0;
   fill(
     banner,
     h.dropped > 0 ? el('strong', {}, `${count(h.dropped)} events were lost`) : null,
     h.dropped > 0 ? ': bytes shown are a lower bound. ' : null,
     lost.map(([k, n]) => `${k.replace(/_/g, ' ')} ${count(n)}`).join(', '),
-    ...full.map((f) => el('div', {}, `The ${f.name} table is ${Math.floor((f.used * 100) / f.capacity)}% full: past it, events are dropped.`)),
+    ...full.map((f) => el('div', {}, `The ${f.name} table reached ${Math.floor((most(f) * 100) / f.capacity)}% full: past it, events are dropped.`)),
   );
   fill(
     byId('tables'),
-    ...h.map_fill.map((f) => el('li', {}, `${f.name}: ${count(f.used)} of ${count(f.capacity)}`)),
+    ...h.map_fill.map((f) => el('li', {}, `${f.name}: ${count(f.used)} of ${count(f.capacity)}${f.peak !== undefined ? ` (at most ${count(f.peak)})` : ''}`)),
   );
   fill(
     byId('libraries'),

@@ -47,6 +47,8 @@ pub struct FillDto {
     pub name: String,
     pub used: u64,
     pub capacity: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -103,6 +105,7 @@ impl Health {
                     name: f.name.to_string(),
                     used: f.used,
                     capacity: f.capacity,
+                    peak: f.peak,
                 })
                 .collect(),
             libraries: r

@@ -89,8 +89,9 @@ pub const STACK_CAPACITY: usize = stacks::MAX_STACKS;
 pub struct Fill {
     /// Allocator and syscall entries waiting for their return (SYS_PENDING).
     pub pending: u64,
-    /// Distinct stacks interned by ingest.
+    /// Distinct stacks interned by ingest, now and at most.
     pub stacks: u64,
+    pub stacks_peak: u64,
     /// `--heap sampled`: recorded blocks in the kernel's table (SAMPLED).
     pub sampled: u64,
 }
@@ -282,6 +283,7 @@ impl Decoder {
         Fill {
             pending: pending.keys().count() as u64,
             stacks: self.stacks.held() as u64,
+            stacks_peak: self.stacks.peak() as u64,
             sampled: self.sampled.held() as u64,
         }
     }

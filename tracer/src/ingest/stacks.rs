@@ -77,6 +77,8 @@ pub struct Interner {
     /// Per process: raw addresses → id (looked up by slice, no allocation per event).
     raw: FxHashMap<u32, FxHashMap<Box<[u64]>, StackId>>,
     raw_count: usize,
+    /// The most raw stacks held at once.
+    peak: usize,
     normalized: HashMap<Vec<FrameKey>, StackId>,
     overflowed: u64,
 }
@@ -134,6 +136,7 @@ impl Interner {
         });
         self.raw.entry(tgid).or_default().insert(raw.into(), id);
         self.raw_count += 1;
+        self.peak = self.peak.max(self.raw_count);
         Some((id, fresh.then(|| Arc::from(frames))))
     }
 
@@ -152,6 +155,12 @@ impl Interner {
     /// Distinct raw stacks held, of [`MAX_STACKS`].
     pub fn held(&self) -> usize {
         self.raw_count
+    }
+
+    /// The most raw stacks held at once (a process's go when it exits: the table's use at its
+    /// height is what tells how close it came to full).
+    pub fn peak(&self) -> usize {
+        self.peak
     }
 }
 

@@ -145,6 +145,9 @@ pub struct MapFill {
     pub name: Cow<'static, str>,
     pub used: u64,
     pub capacity: u64,
+    /// The most entries held at once, where that is tracked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<u64>,
 }
 
 fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
@@ -152,6 +155,7 @@ fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
         name: name.into(),
         used,
         capacity,
+        peak: None,
     };
     let live = ledger
         .procs
@@ -169,11 +173,14 @@ fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
             ledger.fill.pending,
             u64::from(tracer_common::MAX_PENDING),
         ),
-        fill(
-            "distinct stacks",
-            ledger.fill.stacks,
-            crate::ingest::STACK_CAPACITY as u64,
-        ),
+        MapFill {
+            peak: Some(ledger.fill.stacks_peak),
+            ..fill(
+                "distinct stacks",
+                ledger.fill.stacks,
+                crate::ingest::STACK_CAPACITY as u64,
+            )
+        },
         fill(
             "sampled blocks",
             ledger.fill.sampled,

@@ -54,15 +54,18 @@ pub fn text(r: &Report) -> String {
         l.reused_addresses,
         l.unmatched_device_frees,
     );
-    for f in r.map_fill.iter().filter(|f| f.used * 5 >= f.capacity * 4) {
-        let _ = writeln!(
-            s,
-            "warning: {} table {}% full ({} of {}): past it, events are dropped",
-            f.name,
-            f.used * 100 / f.capacity.max(1),
-            f.used,
-            f.capacity
-        );
+    for f in &r.map_fill {
+        let most = f.peak.unwrap_or(f.used).max(f.used);
+        if most * 5 >= f.capacity * 4 {
+            let _ = writeln!(
+                s,
+                "warning: {} table reached {}% full ({} of {}): past it, events are dropped",
+                f.name,
+                most * 100 / f.capacity.max(1),
+                most,
+                f.capacity
+            );
+        }
     }
     libraries(&mut s, r);
     gpu(&mut s, r);
