@@ -1,7 +1,9 @@
-//! `harness bench --leaktracer PATH`: leaktracer's overhead on each scenario, as whole-process wall
-//! time (libtorch's start-up included: a million allocator calls before the first step) of the
-//! leaky variant untraced and traced in each heap mode (`--heap full`, `sampled`, `off`: device
-//! memory and pages only), side by side, the median of `--rounds` runs each.
+//! `harness bench --leaktracer PATH`: leaktracer's overhead on each scenario: the training loop's
+//! time and the whole process's wall time (libtorch's start-up included: a million allocator calls
+//! before the first step) of the leaky variant untraced and traced in each heap mode (`--heap
+//! full`, `sampled`, `off`: device memory and pages only), side by side, the median of `--rounds`
+//! runs each. Each run starts once no leaktracer is left: one that has finished still unregisters
+//! its uprobes for a few seconds, and until then every malloc on the machine traps.
 
 use std::{
     path::Path,
@@ -18,8 +20,27 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Waits (up to a minute) until no process is named `leaktracer`.
+fn settle() {
+    let running = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "leaktracer")
+            })
+    };
+    let start = Instant::now();
+    while running() && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// Seconds `cmd` takes, which must succeed, and the seconds its training loop took.
 fn timed(cmd: &mut Command) -> anyhow::Result<(f64, f64)> {
+    settle();
     let file = std::env::temp_dir().join(format!("harness-loop-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&file);
     let t = Instant::now();
