@@ -14,6 +14,7 @@ use tracer_common::{
 };
 
 use crate::shared::{DATA_FLAGS, EVENTS, count, untimed_event};
+use crate::unwind::{get, set};
 
 /// Processes whose frames are walked, and where: set by user space, copied to forked children.
 #[map]
@@ -38,18 +39,6 @@ struct PyWalk {
 
 #[map]
 static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
-
-#[inline(always)]
-fn get(p: *const u64) -> u64 {
-    // SAFETY: `p` points into this CPU's PY_WALK entry.
-    unsafe { core::ptr::read_volatile(p) }
-}
-
-#[inline(always)]
-fn set(p: *mut u64, v: u64) {
-    // SAFETY: as above.
-    unsafe { core::ptr::write_volatile(p, v) }
-}
 
 #[inline(always)]
 fn word(addr: u64) -> u64 {

@@ -60,14 +60,16 @@ struct Walk {
 #[map]
 static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
+/// A loop-state word of a per-CPU scratch entry (this walk's, or the Python walk's), read
+/// through memory so the verifier sees an unknown scalar.
 #[inline(always)]
-fn get(p: *const u64) -> u64 {
-    // SAFETY: `p` points into this CPU's WALK entry.
+pub fn get(p: *const u64) -> u64 {
+    // SAFETY: callers pass a pointer into this CPU's scratch entry.
     unsafe { core::ptr::read_volatile(p) }
 }
 
 #[inline(always)]
-fn set(p: *mut u64, v: u64) {
+pub fn set(p: *mut u64, v: u64) {
     // SAFETY: as above.
     unsafe { core::ptr::write_volatile(p, v) }
 }

@@ -67,56 +67,56 @@ pub fn version_of(path: &str) -> Option<(u8, u8)> {
     named.then(|| Some((3, minor.parse().ok()?))).flatten()
 }
 
-/// The run-time address of data symbol `name` of the ELF file at `path`, whose executable pages
-/// were mapped at `start` from file offset `offset`.
-fn data_symbol(path: &Path, name: &str, start: u64, offset: u64) -> Option<u64> {
+/// `f` of the parsed ELF file at `path` and its symbol `name` (defined, and sized when `sized`).
+fn with_symbol<T>(
+    path: &Path,
+    name: &str,
+    sized: bool,
+    f: impl FnOnce(&object::File, &object::Symbol) -> Option<T>,
+) -> Option<T> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping, parsed with bounds checks.
     let data = unsafe { memmap2::Mmap::map(&file).ok()? };
     let elf = object::File::parse(&*data).ok()?;
-    let segment = elf.segments().find(|s| {
-        let (o, len) = s.file_range();
-        o <= offset && offset < o + len
-    })?;
-    let bias = start.checked_sub(segment.address() + (offset - segment.file_range().0))?;
     let sym = elf
         .dynamic_symbols()
         .chain(elf.symbols())
-        .find(|s| s.is_definition() && s.name() == Ok(name))?;
-    Some(sym.address() + bias)
+        .find(|s| s.is_definition() && s.name() == Ok(name) && (!sized || s.size() > 0))?;
+    f(&elf, &sym)
+}
+
+/// The run-time address of data symbol `name` of the ELF file at `path`, whose executable pages
+/// were mapped at `start` from file offset `offset`.
+fn data_symbol(path: &Path, name: &str, start: u64, offset: u64) -> Option<u64> {
+    with_symbol(path, name, false, |elf, sym| {
+        let segment = elf.segments().find(|s| {
+            let (o, len) = s.file_range();
+            o <= offset && offset < o + len
+        })?;
+        let bias = start.checked_sub(segment.address() + (offset - segment.file_range().0))?;
+        Some(sym.address() + bias)
+    })
 }
 
 /// The first `len` bytes of initialized data symbol `name`, as the ELF file at `path` holds them.
 fn symbol_bytes(path: &Path, name: &str, len: usize) -> Option<Vec<u8>> {
     use object::ObjectSection;
-    let file = std::fs::File::open(path).ok()?;
-    // SAFETY: a read-only private mapping, parsed with bounds checks.
-    let data = unsafe { memmap2::Mmap::map(&file).ok()? };
-    let elf = object::File::parse(&*data).ok()?;
-    let sym = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.is_definition() && s.name() == Ok(name))?;
-    let section = elf.section_by_index(sym.section_index()?).ok()?;
-    let bytes = section.data_range(sym.address(), len as u64).ok()??;
-    Some(bytes.to_vec())
+    with_symbol(path, name, false, |elf, sym| {
+        let section = elf.section_by_index(sym.section_index()?).ok()?;
+        let bytes = section.data_range(sym.address(), len as u64).ok()??;
+        Some(bytes.to_vec())
+    })
 }
 
 /// The file offsets `[start, end)` of function `name` in the ELF file at `path`.
 fn function_range(path: &Path, name: &str) -> Option<(u64, u64)> {
-    let file = std::fs::File::open(path).ok()?;
-    // SAFETY: a read-only private mapping, parsed with bounds checks.
-    let data = unsafe { memmap2::Mmap::map(&file).ok()? };
-    let elf = object::File::parse(&*data).ok()?;
-    let sym = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.is_definition() && s.name() == Ok(name) && s.size() > 0)?;
-    let segment = elf
-        .segments()
-        .find(|s| s.address() <= sym.address() && sym.address() < s.address() + s.size())?;
-    let start = sym.address() - segment.address() + segment.file_range().0;
-    Some((start, start + sym.size()))
+    with_symbol(path, name, true, |elf, sym| {
+        let segment = elf
+            .segments()
+            .find(|s| s.address() <= sym.address() && sym.address() < s.address() + s.size())?;
+        let start = sym.address() - segment.address() + segment.file_range().0;
+        Some((start, start + sym.size()))
+    })
 }
 
 #[cfg(test)]
