@@ -381,3 +381,40 @@ fn with_pythonmalloc_malloc_every_object_is_a_heap_block_and_the_report_says_so(
         "{env}"
     );
 }
+
+#[test]
+fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
+    // With a 1 MiB ring, PYTHONMALLOC=malloc (a record per object) overflows it, and records that
+    // mark the kernel side's stops for new code (the interpreter's libraries) are lost with the
+    // rest. The kernel's own table of those stops still tells the hold they are the tracer's, so
+    // the process goes on (taken for a user's SIGSTOP, it stayed stopped for good). A hang is cut
+    // short by `timeout`, which then fails the exit code.
+    if !fixture::bpf_available() {
+        return;
+    }
+    let py = python();
+    let path = script("arena_growth");
+    let _x = fixture::exclusive();
+    let t = fixture::trace(
+        &["--no-store", "--ring-mb", "1"],
+        &[
+            "timeout",
+            "-s",
+            "KILL",
+            "120",
+            "/usr/bin/env",
+            "PYTHONMALLOC=malloc",
+            &py,
+            path.to_str().unwrap(),
+        ],
+    )
+    .expect("leaktracer run");
+    assert_eq!(
+        t.output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&t.output.stderr)
+    );
+    let lost = t.last().losses()["ringbuf_full"].as_u64().unwrap();
+    assert!(lost > 0, "the 1 MiB ring overflowed: {lost} records lost");
+}

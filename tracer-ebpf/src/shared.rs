@@ -18,6 +18,12 @@ use tracer_common::{
 use crate::task_storage::TaskStorage;
 pub use crate::unwind::{Stack, UserRegs, capture, deep};
 
+/// Threads sent a SIGSTOP for new code, until user space handles the stop: what tells it the stop
+/// is the kernel side's own even when the marked record was lost to a full ring (taken for a
+/// user's SIGSTOP, the stop would be left in place, and the process stopped for good).
+#[map]
+pub static STOPS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
+
 /// Processes (tgids) being traced. User space seeds it; fork adds children, exit removes.
 #[map]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
@@ -75,10 +81,16 @@ pub fn stop_for_probes(flags: u32, ev: &mut Event) {
     if flags & TRACED_HOLD == 0 {
         return;
     }
+    // Recorded first: a stop user space could not tell for its own is worse than none.
+    if STOPS.insert(&ev.tid, &1, 0).is_err() {
+        count(Counter::StopFailed);
+        return;
+    }
     // SAFETY: helper without memory arguments.
     if unsafe { bpf_send_signal_thread(SIGSTOP) } == 0 {
         ev.old_size = STOPPED_FOR_PROBES;
     } else {
+        let _ = STOPS.remove(&ev.tid);
         count(Counter::StopFailed);
     }
 }
@@ -115,7 +127,7 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
 
 /// Data records never wake the consumer: user space polls every 50 ms and drains everything. A
 /// wakeup is an inter-processor interrupt, and one per record costs more than the record (the
-/// default 16 MiB of ring at ~100 bytes a record takes over 3 million records/s to fill between
+/// default 64 MiB of ring at ~100 bytes a record takes over 10 million records/s to fill between
 /// two polls; a full ring is counted as `ringbuf_full`, never silent).
 pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 

@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 
-/// The event ring's default size. A 2-core machine drains over a million records a second, about
-/// 100 MB/s, so 16 MiB holds a burst of some 150 ms, three polls: an allocation storm at the
-/// probes' limit and libtorch's start-up (1.2M records in seconds) lose nothing with it. Every
-/// MiB more is two MiB of resident memory (the ring is mapped twice).
-pub const DEFAULT_RING_MB: u32 = 16;
+/// The event ring's default size. A 2-core machine drains over a million records a second in
+/// an allocation storm, where 16 MiB loses nothing; but a consumer slowed by work per record
+/// (a Python process with PYTHONMALLOC=malloc: a new stack per object, each resolved) overflowed
+/// 16 MiB in tests, and 64 MiB did not. Every MiB costs two of resident memory (mapped twice):
+/// `--ring-mb 16` is the lean choice.
+pub const DEFAULT_RING_MB: u32 = 64;
 
 use clap::{Args, Parser, Subcommand};
 

@@ -109,6 +109,8 @@ pub struct KernelChannels {
     /// `--heap sampled`: the mean sampling interval in bytes (0: every allocation is recorded).
     heap_sampling: u64,
     sampled: aya::maps::HashMap<MapData, tracer_common::SampledKey, u64>,
+    /// Threads the kernel side stopped for new code (STOPS).
+    stops: aya::maps::HashMap<MapData, u32, u32>,
 }
 
 impl KernelChannels {
@@ -125,6 +127,8 @@ impl KernelChannels {
             .map_err(|e| anyhow::anyhow!("SYS_PENDING: {e}"))?;
         let sampled = aya::maps::HashMap::try_from(map("SAMPLED")?)
             .map_err(|e| anyhow::anyhow!("SAMPLED: {e}"))?;
+        let stops = aya::maps::HashMap::try_from(map("STOPS")?)
+            .map_err(|e| anyhow::anyhow!("STOPS: {e}"))?;
         let logger = match aya_log::EbpfLogger::init(bpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -139,6 +143,7 @@ impl KernelChannels {
             logger,
             heap_sampling,
             sampled,
+            stops,
         })
     }
 }
@@ -159,6 +164,7 @@ pub async fn run(
         logger,
         heap_sampling,
         sampled,
+        mut stops,
     } = ch;
     let mut ticks = 0u64;
     let mut ring = register(events)?;
@@ -198,7 +204,11 @@ pub async fn run(
                 }
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
                 decoder.drain(ring.get_mut(), &tx).await?;
-                let ours = decoder.stopped.remove(&req.tid) && req.reason == HoldReason::Stop;
+                // The kernel's own record of its stop decides; the marked record may have been
+                // lost to a full ring (counted), and then the library is probed late.
+                let marked = decoder.stopped.remove(&req.tid);
+                let recorded = stops.remove(&req.tid).is_ok();
+                let ours = (marked || recorded) && req.reason == HoldReason::Stop;
                 let _ = probe.send(ProbeRequest::Release { ours, done: req.done });
             }
             // `serve` adopts a running process: its mappings are read now, while it lives (a
