@@ -519,7 +519,7 @@ impl Probes {
             } else {
                 placement::choose(&func.code, func.addr, f.args)
             };
-            tracing::debug!(
+            tracing::info!(
                 function = f.name,
                 offset = place.offset,
                 reason = place.reason,
