@@ -157,8 +157,8 @@ impl Interner {
         self.raw_count
     }
 
-    /// The most raw stacks held at once (a process's go when it exits: the table's use at its
-    /// height is what tells how close it came to full).
+    /// The most raw stacks held at once (a process's stacks go when it exits: the table's use at
+    /// its height is what tells how close it came to full).
     pub fn peak(&self) -> usize {
         self.peak
     }
