@@ -78,6 +78,21 @@ fn eight_threads_allocating_at_once_are_exact() {
     assert_eq!(r.losses()["pending_full"], 0);
 }
 
+/// Records that wrap around the end of the kernel's ring are read whole: ~4 MB of records through
+/// a 1 MiB ring, paced so that nothing is lost, and every byte accounted.
+#[test]
+fn records_wrapping_around_a_small_ring_are_read_whole() {
+    let Some(t) = fixture::trace_fixture("wrap", &["--ring-mb", "1"], &[]) else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(r.site("heap", 0, "wrap_leak"), (40 * 100 * 48, 4000));
+    assert_eq!(r.site("heap", 0, "wrap_control"), (0, 0));
+    assert_eq!(r.losses()["ringbuf_full"], 0);
+    assert_eq!(r.losses()["undecodable"], 0);
+    assert_eq!(r.losses()["unmatched_frees"], 0);
+}
+
 /// `--collapsed FILE`: flamegraph input, kind first, frames outermost first, exact bytes.
 #[test]
 fn collapsed_stacks_carry_the_exact_bytes() {

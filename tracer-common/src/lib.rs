@@ -15,7 +15,7 @@ pub const MAX_TRACED: u32 = 16_384;
 pub const MAX_PENDING: u32 = 65_536;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size); `--ring-mb` sets it
 /// at load time.
-pub const RINGBUF_BYTES: u32 = 64 << 20;
+pub const RINGBUF_BYTES: u32 = 32 << 20;
 
 /// What a record in the ring buffer says happened.
 #[repr(u32)]

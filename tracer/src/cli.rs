@@ -2,12 +2,11 @@
 
 use std::path::PathBuf;
 
-/// The event ring's default size. A 2-core machine drains over a million records a second in
-/// an allocation storm, where 16 MiB loses nothing; but a consumer slowed by work per record
-/// (a Python process with PYTHONMALLOC=malloc: a new stack per object, each resolved) overflowed
-/// 16 MiB in tests, and 64 MiB did not. Every MiB costs two of resident memory (mapped twice):
-/// `--ring-mb 16` is the lean choice.
-pub const DEFAULT_RING_MB: u32 = 64;
+/// The event ring's default size (tracer_common::RINGBUF_BYTES, in MiB). A 2-core machine drains
+/// over a million records a second in an allocation storm, where 16 MiB loses nothing; a consumer
+/// slowed by work per record (a Python process with PYTHONMALLOC=malloc: a new stack per object,
+/// each resolved) needs more room for its bursts. Every MiB is a MiB of resident memory.
+pub const DEFAULT_RING_MB: u32 = tracer_common::RINGBUF_BYTES >> 20;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -234,8 +233,7 @@ pub struct ReportArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
     pub heap: HeapMode,
     /// MiB of the kernel's event ring (a power of two from 1 to 1024): what bursts are buffered
-    /// in while user space catches up. Its pages are mapped twice (for wrap-around), so RSS
-    /// shows it double.
+    /// in while user space catches up; resident in full.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_RING_MB)]
     pub ring_mb: u32,
     /// Mean bytes between sample points with --heap sampled.

@@ -195,7 +195,7 @@ static LEAVES: [Leaf; 100] = hundred!(leaf, Leaf);
 static MIDS: [Mid; 100] = hundred!(mid, Mid);
 
 /// `bench --rss`: the tracer's peak memory while 1M allocations across 10k stacks are
-/// outstanding, with the default event ring (64 MiB) and a 16 MiB one. Each run is its own
+/// outstanding, with the default event ring (32 MiB), a 16 MiB and a 64 MiB one. Each run is its own
 /// process (`bench-rss-one`), so each peak is its own.
 pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
@@ -206,7 +206,7 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
         "  {:>8} {:>14} {:>9} {:>13} {:>13} {:>10}",
         "ring MiB", "blocks held", "stacks", "peak RSS MiB", "anon MiB", "ring+files"
     );
-    for ring in [crate::cli::DEFAULT_RING_MB, 16] {
+    for ring in [crate::cli::DEFAULT_RING_MB, 16, 64] {
         let status = std::process::Command::new(&exe)
             .args(["bench", "--rss-one", &blocks.to_string(), &ring.to_string()])
             .status()
@@ -215,7 +215,7 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
             return Err(anyhow::anyhow!("the run with a {ring} MiB ring failed").into());
         }
     }
-    println!("  goal: 150 MB peak RSS");
+    println!("  goal: 150 MB (143.1 MiB) peak RSS");
     Ok(0)
 }
 

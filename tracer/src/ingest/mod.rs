@@ -3,6 +3,7 @@
 //! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
 
 pub mod maps;
+mod ring;
 mod sampled;
 mod stacks;
 mod unwind;
@@ -14,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray};
 use tokio::{
     io::unix::AsyncFd,
     sync::{mpsc, watch},
@@ -102,7 +103,7 @@ const BATCH: usize = 1024;
 
 /// The kernel's event ring buffer, counters and log buffer, taken from the loaded object.
 pub struct KernelChannels {
-    events: RingBuf<MapData>,
+    events: ring::Ring,
     stats: PerCpuArray<MapData, u64>,
     pending: aya::maps::HashMap<MapData, u64, tracer_common::Pending>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -119,8 +120,12 @@ impl KernelChannels {
             bpf.take_map(name)
                 .ok_or_else(|| anyhow::anyhow!("map {name} missing"))
         };
-        let events =
-            RingBuf::try_from(map("EVENTS")?).map_err(|e| anyhow::anyhow!("EVENTS: {e}"))?;
+        let events = match map("EVENTS")? {
+            aya::maps::Map::RingBuf(m) => {
+                ring::Ring::new(m).map_err(|e| anyhow::anyhow!("EVENTS: {e}"))?
+            }
+            _ => return Err(anyhow::anyhow!("EVENTS is not a ring buffer").into()),
+        };
         let stats =
             PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
         let pending = aya::maps::HashMap::try_from(map("SYS_PENDING")?)
@@ -300,22 +305,21 @@ impl Decoder {
 
     async fn drain(
         &mut self,
-        ring: &mut RingBuf<MapData>,
+        ring: &mut ring::Ring,
         tx: &mpsc::Sender<Batch>,
     ) -> anyhow::Result<()> {
-        let mut batch = Vec::with_capacity(BATCH);
-        while let Some(item) = ring.next() {
-            self.decode(&item, &mut batch);
-            drop(item);
-            if batch.len() >= BATCH {
-                tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
-                    .await?;
+        loop {
+            let mut batch = Vec::with_capacity(BATCH);
+            let n = ring.read(BATCH, |record| self.decode(record, &mut batch));
+            // The space goes back to the kernel once per batch, before waiting on the ledger.
+            ring.publish();
+            if !batch.is_empty() {
+                tx.send(batch).await?;
+            }
+            if n < BATCH {
+                return Ok(());
             }
         }
-        if !batch.is_empty() {
-            tx.send(batch).await?;
-        }
-        Ok(())
     }
 
     async fn report_losses(&self, tx: &mpsc::Sender<Batch>) -> anyhow::Result<()> {
