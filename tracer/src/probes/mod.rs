@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData},
+    maps::{HashMap as BpfHashMap, MapData, ProgramArray},
     programs::{
         TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
@@ -416,6 +416,23 @@ impl Probes {
     }
 
     fn attach_tracepoints(&mut self) -> Result<(), Error> {
+        // The exits' shared stack-sending program, in its slot before any exit can run.
+        let send: &mut TracePoint = program(&mut self.bpf, "page_send")?;
+        send.load().map_err(|e| load_error(e.into()))?;
+        let fd = send
+            .fd()
+            .map_err(|e| anyhow::anyhow!("page_send: {e}"))?
+            .try_clone()
+            .map_err(|e| anyhow::anyhow!("page_send: {e}"))?;
+        let map = self
+            .bpf
+            .map_mut("PAGE_SEND")
+            .ok_or_else(|| anyhow::anyhow!("no PAGE_SEND map"))?;
+        // Borrowed from the object, which keeps it open: a program array closed by user space is
+        // emptied by the kernel.
+        ProgramArray::try_from(map)
+            .and_then(|mut slots| slots.set(0, &fd, 0))
+            .map_err(|e| anyhow::anyhow!("PAGE_SEND: {e}"))?;
         for (prog, category, name) in TRACEPOINTS {
             let tp: &mut TracePoint = program(&mut self.bpf, prog)?;
             tp.load().map_err(|e| load_error(e.into()))?;
