@@ -255,6 +255,18 @@ impl AllocFn {
     }
 }
 
+/// The record of a `free`: the busiest record there is, so it carries only what a free needs.
+/// Its length (16 bytes, shorter than any other record) is what tells it apart.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FreeEvent {
+    /// [`EventKind::Free`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub addr: u64,
+}
+const _: () = assert!(size_of::<FreeEvent>() == 16);
+
 /// One ring-buffer record without a stack (frees, unmaps, process events).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

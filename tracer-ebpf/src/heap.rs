@@ -7,14 +7,14 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{AllocFn, Counter, Event, EventKind, Pending};
+use tracer_common::{AllocFn, Counter, Event, EventKind, FreeEvent, Pending};
 
 use crate::{
     pages::flush,
     sampling,
     shared::{
-        PENDING, capture, count, emit, emit_deep, emit_with_stack, event, outermost_return,
-        probe_regs, traced_current, untimed_event,
+        DATA_FLAGS, EVENTS, PENDING, capture, count, emit, emit_deep, emit_with_stack, event,
+        outermost_return, probe_regs, traced_current,
     },
 };
 
@@ -280,9 +280,14 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if sampling::interval() != 0 && !sampling::forget((id >> 32) as u32, ptr) {
         return 0;
     }
-    let mut ev = untimed_event(EventKind::Free, AllocFn::Free as u32, id);
-    ev.old_addr = ptr;
-    emit(&ev);
+    let ev = FreeEvent {
+        kind: EventKind::Free as u32,
+        tgid: (id >> 32) as u32,
+        addr: ptr,
+    };
+    if EVENTS.output(&ev, DATA_FLAGS).is_err() {
+        count(Counter::RingbufFull);
+    }
     0
 }
 

@@ -21,8 +21,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
-    StackEvent,
+    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, FreeEvent, MAX_FRAMES,
+    STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use stacks::{Frame, StackId, StackTable};
@@ -353,6 +353,17 @@ impl Decoder {
             // SAFETY: at most size_of::<StackEvent>() bytes into a StackEvent (plain data).
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut se).cast::<u8>(), n) };
             (se.event, Some(se))
+        } else if bytes.len() == size_of::<FreeEvent>() {
+            // SAFETY: the length was checked; FreeEvent is plain data, read unaligned.
+            let f = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FreeEvent>()) };
+            let ev = Event {
+                kind: f.kind,
+                func: AllocFn::Free as u32,
+                tgid: f.tgid,
+                old_addr: f.addr,
+                ..Event::default()
+            };
+            (ev, None)
         } else if bytes.len() == size_of::<Event>() {
             // SAFETY: the length was checked; Event is plain data, read unaligned.
             (
