@@ -4,7 +4,8 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
-    macros::{uprobe, uretprobe},
+    macros::{map, uprobe, uretprobe},
+    maps::ProgramArray,
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{AllocFn, Counter, Event, EventKind, FreeEvent, Pending};
@@ -142,6 +143,10 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Pvalloc, 0, arg(&ctx, 0))
 }
 
+/// Slot 0: [`heap_flush`], set by user space before the allocator returns are attached.
+#[map]
+static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// Shared return program of every allocator above (one multi-attach link per library).
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
@@ -155,20 +160,44 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     if mean != 0 {
         ev = ev.and_then(|ev| sample(p, ev, mean, id));
     }
-    // One walk serves the allocation and the page-level events of this call (its caller's stack);
-    // none when neither is sent.
-    let stack = if ev.is_some_and(|e| e.addr != 0) || p.n_deferred > 0 {
-        capture(&probe_regs(ctx.regs))
-    } else {
-        None
-    };
     if let Some(ev) = ev {
-        match &stack {
-            Some(stack) if ev.addr != 0 => emit_with_stack(stack, &ev, 0),
-            _ => emit(&ev), // realloc(p, 0): a free, no stack needed
+        if ev.addr == 0 {
+            emit(&ev); // realloc(p, 0): a free, no stack needed
+        } else {
+            match capture(&probe_regs(ctx.regs)) {
+                Some(stack) => emit_with_stack(&stack, &ev, 0),
+                None => emit(&ev),
+            }
         }
     }
-    flush(stack.as_ref(), p);
+    if p.n_deferred > 0 {
+        flush_elsewhere(&ctx);
+    }
+    0
+}
+
+/// Sends the page-level events parked in this call (malloc growing its heap) in [`heap_flush`],
+/// by tail call: the walk and the sends for them are verified once there, not in every return
+/// program. Should the tail call fail, they go without a stack (counted as a stack error).
+#[inline(always)]
+fn flush_elsewhere(ctx: &RetProbeContext) {
+    // SAFETY: same program type; on success this does not return.
+    unsafe { HEAP_FLUSH.tail_call(ctx, 0) };
+    count(Counter::StackErrors);
+    if let Some(p) = PENDING.current() {
+        flush(None, p);
+    }
+}
+
+/// The page-level events an allocator call made, sent with its caller's stack (walked again from
+/// the return's registers: a second walk, only for calls that mapped memory). Never attached;
+/// reached by tail call from the allocator returns.
+#[uretprobe(multi)]
+pub fn heap_flush(ctx: RetProbeContext) -> u32 {
+    if let Some(p) = PENDING.current() {
+        let stack = capture(&probe_regs(ctx.regs));
+        flush(stack.as_ref(), p);
+    }
     0
 }
 
@@ -211,8 +240,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         emit_deep(&regs, &ev);
     }
     if p.n_deferred > 0 {
-        let stack = capture(&regs);
-        flush(stack.as_ref(), p);
+        flush_elsewhere(&ctx);
     }
     0
 }

@@ -419,20 +419,7 @@ impl Probes {
         // The exits' shared stack-sending program, in its slot before any exit can run.
         let send: &mut TracePoint = program(&mut self.bpf, "page_send")?;
         send.load().map_err(|e| load_error(e.into()))?;
-        let fd = send
-            .fd()
-            .map_err(|e| anyhow::anyhow!("page_send: {e}"))?
-            .try_clone()
-            .map_err(|e| anyhow::anyhow!("page_send: {e}"))?;
-        let map = self
-            .bpf
-            .map_mut("PAGE_SEND")
-            .ok_or_else(|| anyhow::anyhow!("no PAGE_SEND map"))?;
-        // Borrowed from the object, which keeps it open: a program array closed by user space is
-        // emptied by the kernel.
-        ProgramArray::try_from(map)
-            .and_then(|mut slots| slots.set(0, &fd, 0))
-            .map_err(|e| anyhow::anyhow!("PAGE_SEND: {e}"))?;
+        self.fill_slot("PAGE_SEND", "page_send")?;
         for (prog, category, name) in TRACEPOINTS {
             let tp: &mut TracePoint = program(&mut self.bpf, prog)?;
             tp.load().map_err(|e| load_error(e.into()))?;
@@ -660,6 +647,14 @@ impl Probes {
                 cookie,
             })
             .collect();
+        if matches!(prog, "alloc_return" | "c10_alloc_return") {
+            // Their page-level events go out in heap_flush, by tail call: in its slot first.
+            let flush: &mut UProbe = program(&mut self.bpf, "heap_flush")?;
+            if flush.fd().is_err() {
+                flush.load().map_err(|e| load_error(e.into()))?;
+                self.fill_slot("HEAP_FLUSH", "heap_flush")?;
+            }
+        }
         let up: &mut UProbe = program(&mut self.bpf, prog)?;
         if up.fd().is_err() {
             up.load().map_err(|e| load_error(e.into()))?;
@@ -672,6 +667,26 @@ impl Probes {
         up.attach(points, library, UProbeScope::AllProcesses)
             .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))?;
         Ok(())
+    }
+
+    /// Puts the loaded program `callee` (reached only by tail call) in slot 0 of the program array
+    /// `slots`. The array stays with the object, which keeps it open: a program array that user
+    /// space has closed is emptied by the kernel.
+    fn fill_slot(&mut self, slots: &str, callee: &str) -> Result<(), Error> {
+        let fd = self
+            .bpf
+            .program(callee)
+            .ok_or_else(|| anyhow::anyhow!("program {callee} missing from the object"))?
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(Into::into))
+            .map_err(|e| anyhow::anyhow!("{callee}: {e}"))?;
+        let map = self
+            .bpf
+            .map_mut(slots)
+            .ok_or_else(|| anyhow::anyhow!("no {slots} map"))?;
+        ProgramArray::try_from(map)
+            .and_then(|mut array| array.set(0, &fd, 0))
+            .map_err(|e| anyhow::anyhow!("{slots}: {e}").into())
     }
 
     /// Adds `pid` to the kernel's traced set (its children follow automatically). `held`: user
