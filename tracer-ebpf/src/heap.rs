@@ -3,7 +3,7 @@
 //! the frame-pointer chain is intact and the direct caller is the first frame).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
     maps::ProgramArray,
     programs::{ProbeContext, RetProbeContext},
@@ -15,7 +15,7 @@ use crate::{
     sampling,
     shared::{
         DATA_FLAGS, EVENTS, PENDING, capture, count, emit, emit_deep, emit_with_stack, event,
-        outermost_return, probe_regs, traced_current,
+        outermost_return, probe_regs, traced_current, untimed_event,
     },
 };
 
@@ -160,7 +160,10 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     if mean != 0 {
         ev = ev.and_then(|ev| sample(p, ev, mean, id));
     }
-    if let Some(ev) = ev {
+    if let Some(mut ev) = ev {
+        // Timed only once it is sent (`--heap sampled` sends few).
+        // SAFETY: helper without preconditions.
+        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
         if ev.addr == 0 {
             emit(&ev); // realloc(p, 0): a free, no stack needed
         } else {
@@ -245,7 +248,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// The event a returning allocator call makes, if any.
+/// The event a returning allocator call makes, if any (without its time).
 #[inline(always)]
 fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
     let func = AllocFn::from_u32(p.func)?;
@@ -257,7 +260,7 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
             }
             // SAFETY: user memory read that fails cleanly.
             let addr = unsafe { bpf_probe_read_user(p.arg0 as *const u64) }.ok()?;
-            let mut ev = event(EventKind::Alloc, p.func, id);
+            let mut ev = untimed_event(EventKind::Alloc, p.func, id);
             ev.addr = addr;
             ev
         }
@@ -266,7 +269,7 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
             if rv == 0 && p.size != 0 {
                 return None;
             }
-            let mut ev = event(EventKind::Realloc, p.func, id);
+            let mut ev = untimed_event(EventKind::Realloc, p.func, id);
             ev.old_addr = p.arg0;
             ev.addr = rv;
             ev
@@ -275,7 +278,7 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
             if rv == 0 {
                 return None;
             }
-            let mut ev = event(EventKind::Alloc, p.func, id);
+            let mut ev = untimed_event(EventKind::Alloc, p.func, id);
             ev.addr = rv;
             ev
         }
@@ -293,6 +296,12 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // `--heap sampled`: only recorded blocks are released; most are not, and go first.
+    let sampled = sampling::interval() != 0;
+    if sampled && !sampling::recorded(tgid, ptr) {
+        return 0;
+    }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
     match PENDING.current() {
@@ -304,13 +313,12 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         None if traced_current().is_none() => return 0,
         None => {}
     }
-    // `--heap sampled`: only recorded blocks are released.
-    if sampling::interval() != 0 && !sampling::forget((id >> 32) as u32, ptr) {
+    if sampled && !sampling::forget(tgid, ptr) {
         return 0;
     }
     let ev = FreeEvent {
         kind: EventKind::Free as u32,
-        tgid: (id >> 32) as u32,
+        tgid,
         addr: ptr,
     };
     if EVENTS.output(&ev, DATA_FLAGS).is_err() {

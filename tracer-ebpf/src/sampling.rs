@@ -87,11 +87,7 @@ pub fn take(p: &mut Pending, mean: u64, tgid: u32, addr: u64, size: u64) -> bool
 /// Remembers a recorded block (its free is sent).
 #[inline(always)]
 pub fn remember(tgid: u32, addr: u64) {
-    let key = SampledKey {
-        tgid: u64::from(tgid),
-        addr,
-    };
-    if SAMPLED.insert(&key, &0, 0).is_err() {
+    if SAMPLED.insert(&key(tgid, addr), &0, 0).is_err() {
         count(Counter::SampledFull);
     }
 }
@@ -99,9 +95,21 @@ pub fn remember(tgid: u32, addr: u64) {
 /// Whether `addr` was recorded (forgotten now: it is being freed).
 #[inline(always)]
 pub fn forget(tgid: u32, addr: u64) -> bool {
-    let key = SampledKey {
+    SAMPLED.remove(&key(tgid, addr)).is_ok()
+}
+
+/// Whether `addr` is recorded, without forgetting it: a lookup takes no lock where a removal
+/// takes the bucket's, and most frees are of blocks that were not recorded.
+#[inline(always)]
+pub fn recorded(tgid: u32, addr: u64) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { SAMPLED.get(&key(tgid, addr)) }.is_some()
+}
+
+#[inline(always)]
+fn key(tgid: u32, addr: u64) -> SampledKey {
+    SampledKey {
         tgid: u64::from(tgid),
         addr,
-    };
-    SAMPLED.remove(&key).is_ok()
+    }
 }
