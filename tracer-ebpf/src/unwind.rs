@@ -17,8 +17,6 @@ use tracer_common::{
 };
 
 const PAGE: u64 = 4096;
-/// Bytes copied per step of the deep copy (a step never crosses a page).
-const CHUNK: u64 = 1024;
 /// Bytes the walk copies per read: most native stacks' frame chains fit in one.
 const STEP: u64 = 2048;
 /// Bytes of stack copied at most (4 pages).
@@ -174,8 +172,8 @@ fn copy(buf: &mut [u64; BUF_WORDS], at: u64, src: u64, len: u64) -> bool {
 static DEEP: PerCpuArray<DeepStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Copies up to [`DEEP_STACK_BYTES`] of the user stack from `regs.sp` into this CPU's deep record
-/// (chunk by chunk: the copy stops at the end of the stack) and returns the record's bytes to send;
-/// None when less than [`DEEP_MIN_BYTES`] could be read.
+/// (page by page: the copy stops at the end of the stack, which ends on a page boundary) and
+/// returns the record's bytes to send; None when less than [`DEEP_MIN_BYTES`] could be read.
 #[inline(always)]
 pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
     let d = DEEP.get_ptr_mut(0)?;
@@ -183,18 +181,33 @@ pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
     let d = unsafe { &mut *d };
     let base = regs.sp & !7;
     (d.event, d.ip, d.sp, d.bp) = (*ev, regs.ip, base, regs.bp);
-    let first = CHUNK - (base & (CHUNK - 1));
+    let first = PAGE - (base & (PAGE - 1));
     if !copy_bytes(&mut d.stack, 0, base, first) {
         return None;
     }
     let mut len = first;
-    for _ in 0..DEEP_STACK_BYTES as u64 / CHUNK {
-        if len + CHUNK > DEEP_STACK_BYTES as u64
-            || !copy_bytes(&mut d.stack, len, base + len, CHUNK)
+    for _ in 0..DEEP_STACK_BYTES as u64 / PAGE {
+        if len + PAGE > DEEP_STACK_BYTES as u64 || !copy_bytes(&mut d.stack, len, base + len, PAGE)
         {
             break;
         }
-        len += CHUNK;
+        len += PAGE;
+    }
+    // What is left of the window is less than a page: the window's last page, copied again from
+    // where it overlaps (a read of constant size at a constant offset, which the verifier follows).
+    const LAST: usize = DEEP_STACK_BYTES - PAGE as usize;
+    if len + PAGE > DEEP_STACK_BYTES as u64 && len < DEEP_STACK_BYTES as u64 {
+        // SAFETY: LAST + PAGE = DEEP_STACK_BYTES, inside the record's stack bytes.
+        let ok = unsafe {
+            read_user_raw(
+                d.stack.as_mut_ptr().add(LAST).cast(),
+                PAGE as u32,
+                (base + LAST as u64) as *const _,
+            ) == 0
+        };
+        if ok {
+            len = DEEP_STACK_BYTES as u64;
+        }
     }
     if len < DEEP_MIN_BYTES as u64 {
         return None;
@@ -212,11 +225,11 @@ pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
     })
 }
 
-/// Copies `len` (at most CHUNK) bytes of user memory at `src` into `buf` at byte offset `at`.
+/// Copies `len` (at most a page) bytes of user memory at `src` into `buf` at byte offset `at`.
 #[inline(always)]
 fn copy_bytes(buf: &mut [u8; DEEP_STACK_BYTES], at: u64, src: u64, len: u64) -> bool {
     let at = (opaque(at) as usize) & (DEEP_STACK_BYTES - 1);
-    let len = (len & (2 * CHUNK - 1)).min(CHUNK) as u32;
+    let len = (len & (2 * PAGE - 1)).min(PAGE) as u32;
     if at + len as usize > DEEP_STACK_BYTES {
         return false;
     }
