@@ -298,7 +298,7 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
 pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
     crate::probes::detach_in_foreground();
     // The peak's make-up: anonymous memory (the ledger, the analysis) and mapped kernel buffers
-    // (the event ring, mapped twice) with the binary, sampled every 50 ms while the run lasts.
+    // (the event ring) with the binary, sampled every 50 ms while the run lasts.
     let done = AtomicBool::new(false);
     let (anon, mapped) = (AtomicU64::new(0), AtomicU64::new(0));
     let (r, _, _) = std::thread::scope(|s| {
