@@ -56,6 +56,10 @@ pub enum EventKind {
     /// The Python frames of thread `tid` at its next event with a stack ([`PyStackEvent`]; `aux`
     /// = the number of frames, `size` = 1 when the walk stopped at [`MAX_PY_FRAMES`]).
     PyFrames = 16,
+    /// A [`HeapRecord`].
+    HeapAlloc = 17,
+    /// A [`FreesEvent`].
+    Frees = 18,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -89,6 +93,8 @@ impl EventKind {
             14 => DeviceUnmap,
             15 => Step,
             16 => PyFrames,
+            17 => HeapAlloc,
+            18 => Frees,
             _ => return None,
         })
     }
@@ -255,17 +261,25 @@ impl AllocFn {
     }
 }
 
-/// The record of a `free`: the busiest record there is, so it carries only what a free needs.
-/// Its length (16 bytes, shorter than any other record) is what tells it apart.
+/// Frees a thread has made since its last record, at most this many, carried by its next
+/// allocation record ([`StackEvent::frees`]) or sent as a [`FreesEvent`] when the batch is full, when
+/// the thread is switched out, and before any other record of its heap calls: the free, the busiest
+/// call there is, costs no ring reservation of its own (one reservation a malloc+free pair instead
+/// of two).
+pub const FREES_PER_RECORD: usize = 7;
+
+/// A thread's frees not carried by an allocation record: sent as 16 bytes and the `n` used
+/// entries of `addrs`, in the order the frees were made.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct FreeEvent {
-    /// [`EventKind::Free`].
+pub struct FreesEvent {
+    /// [`EventKind::Frees`].
     pub kind: u32,
     pub tgid: u32,
-    pub addr: u64,
+    pub n: u64,
+    pub addrs: [u64; FREES_PER_RECORD],
 }
-const _: () = assert!(size_of::<FreeEvent>() == 16);
+const _: () = assert!(size_of::<FreesEvent>() == 72);
 
 /// One ring-buffer record without a stack (frees, unmaps, process events).
 #[repr(C)]
@@ -301,6 +315,33 @@ pub struct StackEvent {
     pub frames: [u64; MAX_FRAMES],
 }
 const _: () = assert!(size_of::<StackEvent>() == 64 + 16 + 8 * MAX_FRAMES);
+
+/// The record of a heap allocation (`--heap full` and `--heap sampled`): the busiest record
+/// there is, so it carries only what an allocation needs. A record's cost in the traced thread grows
+/// with its bytes (each new cache line of the ring is a miss, ~65 ns here), so this header is 48
+/// bytes where a [`StackEvent`]'s is 80. Sent as the header, then `n_frames` return addresses
+/// (the first is the caller), then the thread's `n_frees` frees made before this allocation, in
+/// order (see [`FREES_PER_RECORD`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeapRecord {
+    /// [`EventKind::HeapAlloc`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// An [`AllocFn`] value.
+    pub func: u8,
+    /// [`EventKind::Alloc`] or [`EventKind::Realloc`].
+    pub event: u8,
+    pub n_frames: u8,
+    pub n_frees: u8,
+    pub ts_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    /// realloc's old block (0 for none).
+    pub old_addr: u64,
+}
+const _: () = assert!(size_of::<HeapRecord>() == 48);
 
 /// Bytes of raw user stack a [`DeepStackEvent`] carries at most.
 pub const DEEP_STACK_BYTES: usize = 16 * 1024;
@@ -353,8 +394,13 @@ pub struct Pending {
     /// `--heap sampled`: bytes this thread allocates before its next sample point (drawn from
     /// an exponential distribution whose mean is the sampling interval).
     pub countdown: i64,
+    /// `--heap full`: the thread's process and its frees not yet sent, the first `n_frees` of
+    /// `frees` (see [`FREES_PER_RECORD`]).
+    pub tgid: u32,
+    pub n_frees: u32,
+    pub frees: [u64; FREES_PER_RECORD],
 }
-const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16);
+const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64);
 
 /// Page-level events parked per allocator call (glibc's arena creation makes four).
 pub const MAX_DEFERRED: usize = 4;

@@ -3,19 +3,20 @@
 //! the frame-pointer chain is intact and the direct caller is the first frame).
 
 use aya_ebpf::{
+    bindings::task_struct,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
-    macros::{map, uprobe, uretprobe},
+    macros::{btf_tracepoint, map, uprobe, uretprobe},
     maps::ProgramArray,
-    programs::{ProbeContext, RetProbeContext},
+    programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
-use tracer_common::{AllocFn, Counter, Event, EventKind, FreeEvent, Pending};
+use tracer_common::{AllocFn, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, Pending};
 
 use crate::{
     pages::flush,
     sampling,
     shared::{
-        DATA_FLAGS, EVENTS, PENDING, capture, count, emit, emit_deep, emit_with_stack, event,
-        outermost_return, probe_regs, traced_current, untimed_event,
+        PENDING, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, outermost_return,
+        probe_regs, send_frees, traced_current, untimed_event,
     },
 };
 
@@ -164,12 +165,16 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         // Timed only once it is sent (`--heap sampled` sends few).
         // SAFETY: helper without preconditions.
         ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-        if ev.addr == 0 {
-            emit(&ev); // realloc(p, 0): a free, no stack needed
+        let stack = if ev.addr == 0 {
+            None // realloc(p, 0): a free, no stack needed
         } else {
-            match capture(&probe_regs(ctx.regs)) {
-                Some(stack) => emit_with_stack(&stack, &ev, 0),
-                None => emit(&ev),
+            capture(&probe_regs(ctx.regs))
+        };
+        match stack {
+            Some(stack) => emit_alloc(&stack, &ev, p),
+            None => {
+                flush_frees(p);
+                emit(&ev);
             }
         }
     }
@@ -235,6 +240,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     let rv: u64 = ctx.ret();
     let regs = probe_regs(ctx.regs);
     if rv != 0 {
+        flush_frees(p);
         let mut ev = event(EventKind::Alloc, p.func, id);
         (ev.addr, ev.size) = (rv, p.size);
         if sampling::interval() != 0 {
@@ -304,25 +310,60 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    match PENDING.current() {
+    let p = match PENDING.current() {
         Some(p) if p.depth > 0 && sp <= p.sp => {
             count(Counter::Nested); // realloc(p, 0) frees through free's public address
             return 0;
         }
-        Some(_) => {} // an entry means a traced thread
+        Some(p) => Some(p), // an entry means a traced thread
         None if traced_current().is_none() => return 0,
-        None => {}
-    }
-    if sampled && !sampling::forget(tgid, ptr) {
+        None => None,
+    };
+    if sampled {
+        if sampling::forget(tgid, ptr) {
+            send_free(tgid, ptr);
+        }
         return 0;
     }
-    let ev = FreeEvent {
-        kind: EventKind::Free as u32,
-        tgid,
-        addr: ptr,
+    // `--heap full`: the free waits in the thread's entry for its next record.
+    let Some(p) = p.or_else(|| PENDING.current_or_create()) else {
+        count(Counter::PendingFull);
+        send_free(tgid, ptr);
+        return 0;
     };
-    if EVENTS.output(&ev, DATA_FLAGS).is_err() {
-        count(Counter::RingbufFull);
+    let i = p.n_frees as usize;
+    if i < FREES_PER_RECORD {
+        p.frees[i] = ptr;
+        p.n_frees += 1;
+    }
+    p.tgid = tgid;
+    if p.n_frees as usize >= FREES_PER_RECORD {
+        flush_frees(p);
+    }
+    0
+}
+
+/// Sends one free in a record of its own.
+#[inline(always)]
+fn send_free(tgid: u32, addr: u64) {
+    let mut ev = FreesEvent {
+        kind: EventKind::Frees as u32,
+        tgid,
+        n: 1,
+        ..FreesEvent::default()
+    };
+    ev.addrs[0] = addr;
+    send_frees(&ev);
+}
+
+/// A thread switched out sends its unsent frees: a thread that frees and then waits would
+/// otherwise hold them back for as long as it waits.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn switch_out(ctx: BtfTracePointContext) -> i32 {
+    // sched_switch's second argument: the task switched out.
+    let prev: *mut task_struct = ctx.arg(1);
+    if let Some(p) = PENDING.of(prev) {
+        flush_frees(p);
     }
     0
 }

@@ -8,7 +8,8 @@ use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
 use crate::shared::{
-    SYS_PENDING, TRACED, count, emit_now, event, stop_for_probes, traced_current, traced_flags,
+    PENDING, SYS_PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes,
+    traced_current, traced_flags,
 };
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).
@@ -64,6 +65,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
     if let Some((id, _, flags)) = traced_flags() {
+        flush_current_frees();
         // The new image and its loader are mapped by the kernel, not by mmap: stop here so that a
         // program that links CUDA statically is probed before its first instruction.
         // A new image: its interpreter, if any, is found again when it maps one.
@@ -81,6 +83,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = SYS_PENDING.remove(&id);
+    flush_current_frees();
     let off = EXIT_GROUP_DEAD_OFF.load();
     let group_dead = if off != 0 {
         // SAFETY: in-bounds read at the offset from the format file.
@@ -94,6 +97,14 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
         emit_now(&event(EventKind::Exit, 0, id));
     }
     0
+}
+
+/// The exiting or exec'ing thread's unsent frees go before its process's end or new image.
+#[inline(always)]
+fn flush_current_frees() {
+    if let Some(p) = PENDING.current() {
+        flush_frees(p);
+    }
 }
 
 /// Entry of the step function named by `--step-symbol`: a step boundary, for per-step verdicts.

@@ -11,8 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, RingBuf},
 };
 use tracer_common::{
-    COUNTERS, Counter, Event, MAX_FRAMES, MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES,
-    STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
+    COUNTERS, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES,
+    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
 };
 
 use crate::task_storage::TaskStorage;
@@ -155,6 +155,90 @@ pub fn emit(ev: &Event) {
 pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
     send_stack(stack, ev, leaf_caller);
+}
+
+/// Sends a heap allocation as a [`HeapRecord`] with its stack, carrying the thread's unsent frees
+/// (`p`'s). The compact header is written just before the frames in this CPU's record, and the
+/// frees just after the used frames, so that one copy into the ring sends it all.
+#[inline(always)]
+pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
+    const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
+    const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    let n = stack.n & (MAX_FRAMES * 2 - 1);
+    let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };
+    let m = p.n_frees as usize;
+    let m = if m > FREES_PER_RECORD {
+        FREES_PER_RECORD
+    } else {
+        m
+    };
+    // SAFETY: `stack.record` is this CPU's record (a `RecordBuf`: the frames have
+    // FREES_PER_RECORD words of room after them), filled by `capture` in this program run; the
+    // header ends where the frames start; every index is checked against the room.
+    let bytes = unsafe {
+        let base = stack.record.cast::<u8>();
+        *base.add(AT).cast::<HeapRecord>() = HeapRecord {
+            kind: EventKind::HeapAlloc as u32,
+            tgid: ev.tgid,
+            tid: ev.tid,
+            func: ev.func as u8,
+            event: ev.kind as u8,
+            n_frames: n as u8,
+            n_frees: m as u8,
+            ts_ns: ev.ts_ns,
+            addr: ev.addr,
+            size: ev.size,
+            old_addr: ev.old_addr,
+        };
+        let words = (*stack.record).frames.as_mut_ptr();
+        for j in 0..FREES_PER_RECORD {
+            let i = n + j;
+            if j < m && i < WORDS {
+                *words.add(i) = p.frees[j];
+            }
+        }
+        core::slice::from_raw_parts(base.add(AT), size_of::<HeapRecord>() + 8 * (n + m))
+    };
+    p.n_frees = 0;
+    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+        count(Counter::RingbufFull);
+    }
+}
+
+/// Sends the thread's unsent frees (`p`'s) in a record of their own, if it has any. A thread's
+/// frees go out before its next record of a heap call and when it is switched out.
+#[inline(always)]
+pub fn flush_frees(p: &mut Pending) {
+    if p.n_frees == 0 {
+        return;
+    }
+    let n = (p.n_frees as usize).min(FREES_PER_RECORD);
+    let ev = FreesEvent {
+        kind: EventKind::Frees as u32,
+        tgid: p.tgid,
+        n: n as u64,
+        addrs: p.frees,
+    };
+    p.n_frees = 0;
+    send_frees(&ev);
+}
+
+/// Sends a [`FreesEvent`]: its header and the used entries.
+#[inline(always)]
+pub fn send_frees(ev: &FreesEvent) {
+    let n = (ev.n as usize) & 7;
+    let n = if n > FREES_PER_RECORD {
+        FREES_PER_RECORD
+    } else {
+        n
+    };
+    // SAFETY: 16 + 8n <= size_of::<FreesEvent>() bytes of `ev`.
+    let bytes =
+        unsafe { core::slice::from_raw_parts((ev as *const FreesEvent).cast::<u8>(), 16 + 8 * n) };
+    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+        count(Counter::RingbufFull);
+    }
 }
 
 /// As [`emit_with_stack`], the thread's Python frames already sent.

@@ -13,7 +13,8 @@ use aya_ebpf::{
     maps::PerCpuArray,
 };
 use tracer_common::{
-    DEEP_HEADER, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepStackEvent, Event, MAX_FRAMES, StackEvent,
+    DEEP_HEADER, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepStackEvent, Event, FREES_PER_RECORD,
+    MAX_FRAMES, StackEvent,
 };
 
 const PAGE: u64 = 4096;
@@ -32,7 +33,14 @@ static STACK_COPY: PerCpuArray<[u64; BUF_WORDS]> = PerCpuArray::with_max_entries
 /// The record under construction: `capture` fills its frames, each send rewrites the header and
 /// outputs only the used part (a 10-frame record is 160 bytes, not the full 592).
 #[map]
-static RECORD: PerCpuArray<StackEvent> = PerCpuArray::with_max_entries(1, 0);
+static RECORD: PerCpuArray<RecordBuf> = PerCpuArray::with_max_entries(1, 0);
+
+/// A record and room after its frames: a heap record's frees follow its used frames.
+#[repr(C)]
+pub struct RecordBuf {
+    record: StackEvent,
+    room: [u64; FREES_PER_RECORD],
+}
 
 /// The user registers a walk starts from.
 pub struct UserRegs {
@@ -78,7 +86,7 @@ pub fn set(p: *mut u64, v: u64) {
 /// Walks the user stack from `regs` into this CPU's frame buffer (frames[0] = ip).
 #[inline(always)]
 pub fn capture(regs: &UserRegs) -> Option<Stack> {
-    let record = RECORD.get_ptr_mut(0)?;
+    let record = RECORD.get_ptr_mut(0)?.cast::<StackEvent>();
     let buf = STACK_COPY.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch buffers, used only while this program runs on this CPU.

@@ -29,12 +29,52 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The loop the workload runs: `pairs` malloc(64)+free pairs; returns ns per pair. It runs on the
-/// last CPU, the tracer on the others, so that the comparison measures the probes, not the
+/// What one run of the workload measured, per pair: wall-clock time and the thread's CPU time
+/// (user and kernel, where the probes run). The CPU time leaves out what other tasks take from the
+/// workload's CPU (kernel threads, reclaim), which on a small shared machine swings the wall clock
+/// by a third from run to run.
+#[derive(Clone, Copy, Debug)]
+pub struct PairCost {
+    pub wall_ns: f64,
+    pub cpu_ns: f64,
+}
+
+impl std::fmt::Display for PairCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.wall_ns, self.cpu_ns)
+    }
+}
+
+impl std::str::FromStr for PairCost {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut it = s.split_whitespace().map(str::parse::<f64>);
+        match (it.next(), it.next(), it.next()) {
+            (Some(Ok(wall_ns)), Some(Ok(cpu_ns)), None) => Ok(Self { wall_ns, cpu_ns }),
+            _ => Err(format!("expected two numbers, got {s:?}")),
+        }
+    }
+}
+
+/// This thread's CPU time in ns.
+fn thread_cpu_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+/// The loop the workload runs: `pairs` malloc(64)+free pairs; returns the cost per pair. It runs
+/// on the last CPU, the tracer on the others, so that the comparison measures the probes, not the
 /// scheduler sharing one CPU between the workload and the tracer's own threads.
-pub fn workload(pairs: u64) -> f64 {
+pub fn workload(pairs: u64) -> PairCost {
     pin_to(cpus() - 1);
     let start = Instant::now();
+    let cpu = thread_cpu_ns();
     for _ in 0..pairs {
         // SAFETY: plain libc allocation and release; black_box keeps the pair from being elided.
         unsafe {
@@ -42,7 +82,23 @@ pub fn workload(pairs: u64) -> f64 {
             libc::free(p);
         }
     }
-    start.elapsed().as_nanos() as f64 / pairs as f64
+    let cpu = thread_cpu_ns() - cpu;
+    if std::env::var("LT_CSW").is_ok() {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        eprintln!(
+            "csw vol {} invol {} minflt {} majflt {}",
+            ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt, ru.ru_majflt
+        );
+        eprintln!(
+            "{}",
+            std::fs::read_to_string("/proc/thread-self/sched").unwrap_or_default()
+        );
+    }
+    PairCost {
+        wall_ns: start.elapsed().as_nanos() as f64 / pairs as f64,
+        cpu_ns: cpu as f64 / pairs as f64,
+    }
 }
 
 /// One configuration of the comparison.
@@ -89,64 +145,84 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
     if memleak.is_some() {
         configs.push(Config::Memleak);
     }
-    let mut results: Vec<(Config, Vec<f64>)> = configs.iter().map(|c| (*c, Vec::new())).collect();
+    if let Ok(only) = std::env::var("LT_ONLY") {
+        configs.retain(|c| only.split(',').any(|o| format!("{c:?}") == o));
+    }
+    let mut results: Vec<(Config, Vec<PairCost>)> =
+        configs.iter().map(|c| (*c, Vec::new())).collect();
     for _ in 0..rounds {
         for (config, samples) in &mut results {
             samples.push(measure(*config, pairs, memleak.as_deref())?);
         }
     }
-    let median = |c: Config| {
-        let mut v = results
-            .iter()
-            .find(|(k, _)| *k == c)
-            .map(|(_, s)| s.clone())
-            .unwrap_or_default();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!("ns per malloc(64)+free pair, {pairs} pairs, median of {rounds} rounds:");
-    for (c, samples) in &results {
-        let all: Vec<String> = samples.iter().map(|s| format!("{s:.1}")).collect();
-        println!(
-            "  {:<32} {:>10.1}   [{}]",
-            c.label(),
-            median(*c),
-            all.join(", ")
-        );
-    }
-    let (untraced, floor, lt, sampled, entry) = (
-        median(Config::Untraced),
-        median(Config::Floor),
-        median(Config::Leaktracer),
-        median(Config::Sampled),
-        median(Config::FreeAtEntry),
+    table("wall clock", &results, |c| c.wall_ns);
+    table(
+        "the workload thread's CPU time (user + kernel; without time other tasks took)",
+        &results,
+        |c| c.cpu_ns,
     );
-    println!("  leaktracer / floor                {:>10.2}x", lt / floor);
-    println!(
-        "  leaktracer sampled / floor        {:>10.2}x",
-        sampled / floor
-    );
-    println!(
-        "  (leaktracer - untraced) / (floor - untraced) {:.2}x",
-        (lt - untraced) / (floor - untraced)
-    );
-    println!("  free at +0 / chosen offset        {:>10.2}x", entry / lt);
-    if memleak.is_some() {
-        let ml = median(Config::Memleak);
-        println!("  memleak / floor                   {:>10.2}x", ml / floor);
-        println!(
-            "  (leaktracer - untraced) / (memleak - untraced) {:.2}x",
-            (lt - untraced) / (ml - untraced)
-        );
-        println!(
-            "  (leaktracer sampled - untraced) / (memleak - untraced) {:.2}x",
-            (sampled - untraced) / (ml - untraced)
-        );
-    }
     Ok(0)
 }
 
-fn measure(config: Config, pairs: u64, memleak: Option<&std::path::Path>) -> Result<f64, Error> {
+/// One table of the comparison, from one of the two clocks.
+fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairCost) -> f64) {
+    let samples = |c: Config| -> Option<Vec<f64>> {
+        let (_, s) = results.iter().find(|(k, _)| *k == c)?;
+        let mut v: Vec<f64> = s.iter().map(&clock).collect();
+        v.sort_by(f64::total_cmp);
+        Some(v)
+    };
+    let median = |c: Config| samples(c).and_then(|v| v.get(v.len() / 2).copied());
+    println!(" {title}:");
+    for (c, s) in results {
+        let all: Vec<String> = s.iter().map(|s| format!("{:.1}", clock(s))).collect();
+        println!(
+            "  {:<32} {:>10.1}   [{}]",
+            c.label(),
+            median(*c).unwrap_or(f64::NAN),
+            all.join(", ")
+        );
+    }
+    let ratio = |label: &str, num: Option<f64>, den: Option<f64>| {
+        if let (Some(n), Some(d)) = (num, den) {
+            println!("  {label:<46} {:>6.2}x", n / d);
+        }
+    };
+    let untraced = median(Config::Untraced);
+    let added = |c: Config| Some(median(c)? - untraced?);
+    let floor = median(Config::Floor);
+    let lt = median(Config::Leaktracer);
+    ratio("leaktracer / floor", lt, floor);
+    ratio("leaktracer sampled / floor", median(Config::Sampled), floor);
+    ratio(
+        "(leaktracer - untraced) / (floor - untraced)",
+        added(Config::Leaktracer),
+        added(Config::Floor),
+    );
+    ratio(
+        "free at +0 / chosen offset",
+        median(Config::FreeAtEntry),
+        lt,
+    );
+    ratio("memleak / floor", median(Config::Memleak), floor);
+    ratio(
+        "(leaktracer - untraced) / (memleak - untraced)",
+        added(Config::Leaktracer),
+        added(Config::Memleak),
+    );
+    ratio(
+        "(leaktracer sampled - untraced) / (memleak - untraced)",
+        added(Config::Sampled),
+        added(Config::Memleak),
+    );
+}
+
+fn measure(
+    config: Config,
+    pairs: u64,
+    memleak: Option<&std::path::Path>,
+) -> Result<PairCost, Error> {
     let out = std::env::temp_dir().join(format!("leaktracer-bench-{}.txt", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
     let argv = vec![
@@ -172,6 +248,9 @@ fn measure(config: Config, pairs: u64, memleak: Option<&std::path::Path>) -> Res
         Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
         Config::Leaktracer | Config::FreeAtEntry | Config::Sampled => {
             let mut flags = vec!["--top", "1", "--json", "-o", "/dev/null", "--no-store"];
+            let rmb = std::env::var("LT_RING").unwrap_or("32".into());
+            let rmb: &'static str = Box::leak(rmb.into_boxed_str());
+            flags.extend(["--ring-mb", rmb]);
             if config == Config::Sampled {
                 flags.extend(["--heap", "sampled"]);
             }

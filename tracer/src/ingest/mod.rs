@@ -21,8 +21,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, FreeEvent, MAX_FRAMES,
-    STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, FREES_PER_RECORD, HeapRecord,
+    MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use stacks::{Frame, StackId, StackTable};
@@ -219,7 +219,7 @@ pub async fn run(
             // `serve` adopts a running process: its mappings are read now, while it lives (a
             // short one may be gone before its events are decoded).
             Some(pid) = adopted.recv() => decoder.maps.refresh(pid),
-            _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
+            _ = poll.tick() => if std::env::var("LT_NODRAIN").is_err() { decoder.drain(ring.get_mut(), &tx).await? },
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
@@ -241,6 +241,12 @@ pub async fn run(
     tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
     decoder.report_losses(&tx).await?;
     Ok(())
+}
+
+/// Little-endian words (a trailing partial word is left out).
+fn u64_words(bytes: &[u8]) -> Vec<u64> {
+    let (words, _) = bytes.as_chunks::<8>();
+    words.iter().map(|w| u64::from_le_bytes(*w)).collect()
 }
 
 /// Registers a descriptor this task owns with the reactor.
@@ -333,10 +339,14 @@ impl Decoder {
     }
 
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
-        if bytes.len() >= size_of::<Event>()
-            && bytes[..4] == (EventKind::PyFrames as u32).to_le_bytes()
-        {
-            return self.decode_python(bytes);
+        let first = bytes.first_chunk::<4>().map(|k| u32::from_le_bytes(*k));
+        match first.and_then(EventKind::from_u32) {
+            Some(EventKind::PyFrames) if bytes.len() >= size_of::<Event>() => {
+                return self.decode_python(bytes);
+            }
+            Some(EventKind::HeapAlloc) => return self.decode_heap(bytes, out),
+            Some(EventKind::Frees) => return self.decode_frees(bytes, out),
+            _ => {}
         }
         if bytes.len() > size_of::<StackEvent>() {
             return self.decode_deep(bytes, out);
@@ -353,17 +363,6 @@ impl Decoder {
             // SAFETY: at most size_of::<StackEvent>() bytes into a StackEvent (plain data).
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut se).cast::<u8>(), n) };
             (se.event, Some(se))
-        } else if bytes.len() == size_of::<FreeEvent>() {
-            // SAFETY: the length was checked; FreeEvent is plain data, read unaligned.
-            let f = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FreeEvent>()) };
-            let ev = Event {
-                kind: f.kind,
-                func: AllocFn::Free as u32,
-                tgid: f.tgid,
-                old_addr: f.addr,
-                ..Event::default()
-            };
-            (ev, None)
         } else if bytes.len() == size_of::<Event>() {
             // SAFETY: the length was checked; Event is plain data, read unaligned.
             (
@@ -392,6 +391,75 @@ impl Decoder {
         self.observe_process(kind, &ev);
         let stack = stack.and_then(|se| self.intern(&se, out));
         self.push_event(kind, &ev, stack, out);
+    }
+
+    /// A heap allocation ([`HeapRecord`]): the thread's frees made before it, then the allocation.
+    fn decode_heap(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        const HEADER: usize = size_of::<HeapRecord>();
+        let Some(header) = bytes.first_chunk::<HEADER>() else {
+            self.undecodable += 1;
+            return;
+        };
+        // SAFETY: HEADER bytes; HeapRecord is plain data, read unaligned.
+        let h: HeapRecord = unsafe { std::ptr::read_unaligned(header.as_ptr().cast()) };
+        let words = u64_words(&bytes[HEADER..]);
+        let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
+        let kind = EventKind::from_u32(u32::from(h.event));
+        let (Some(kind), true, true) = (kind, n <= MAX_FRAMES, words.len() == n + m) else {
+            self.undecodable += 1;
+            return;
+        };
+        self.push_frees(h.tgid, &words[n..], out);
+        let ev = Event {
+            kind: kind as u32,
+            func: u32::from(h.func),
+            tgid: h.tgid,
+            tid: h.tid,
+            ts_ns: h.ts_ns,
+            addr: h.addr,
+            size: h.size,
+            old_addr: h.old_addr,
+            ..Event::default()
+        };
+        let mut se = StackEvent {
+            event: ev,
+            stack_bytes: 8 * n as i64,
+            leaf_caller: 0,
+            frames: [0; MAX_FRAMES],
+        };
+        se.frames[..n].copy_from_slice(&words[..n]);
+        let stack = self.intern(&se, out);
+        self.push_event(kind, &ev, stack, out);
+    }
+
+    /// A thread's frees not carried by an allocation ([`FreesEvent`]).
+    fn decode_frees(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        let Some(header) = bytes.first_chunk::<16>() else {
+            self.undecodable += 1;
+            return;
+        };
+        let tgid = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let n = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+        let addrs = u64_words(&bytes[16..]);
+        if addrs.len() as u64 != n || addrs.len() > FREES_PER_RECORD {
+            self.undecodable += 1;
+            return;
+        }
+        self.push_frees(tgid, &addrs, out);
+    }
+
+    /// A thread's frees, in the order they were made.
+    fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
+        for &addr in addrs {
+            let ev = Event {
+                kind: EventKind::Free as u32,
+                func: AllocFn::Free as u32,
+                tgid,
+                old_addr: addr,
+                ..Event::default()
+            };
+            self.push_event(EventKind::Free, &ev, None, out);
+        }
     }
 
     /// A thread's Python frames, for its next record with a stack.

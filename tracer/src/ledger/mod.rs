@@ -189,7 +189,7 @@ impl Ledger {
         let cuda = ev.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
         match ev.kind {
             // Consumed by ingest: never applied.
-            EventKind::PyFrames => {}
+            EventKind::PyFrames | EventKind::HeapAlloc | EventKind::Frees => {}
             EventKind::Alloc if cuda.is_some() => p.device.alloc(ev.addr, ev.size, origin),
             EventKind::Free if let Some(f) = cuda => p.device.free(f, ev.old_addr),
             EventKind::AllocFailed => {

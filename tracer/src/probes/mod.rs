@@ -12,7 +12,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, ProgramArray},
     programs::{
-        TracePoint, UProbe,
+        BtfTracePoint, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
@@ -259,6 +259,8 @@ pub struct Probes {
     no_heap: bool,
     /// `--heap sampled`: the mean interval in bytes (0: every allocation).
     heap_sampling: u64,
+    /// Whether `switch_out` is attached (with the first heap probes of `--heap full`).
+    switch_out: bool,
 }
 
 impl Probes {
@@ -408,11 +410,29 @@ impl Probes {
             step_symbol: None,
             no_heap: false,
             heap_sampling: 0,
+            switch_out: false,
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
         }
         Ok(probes)
+    }
+
+    /// `--heap full` keeps a thread's frees in its entry until its next record; a thread switched
+    /// out sends them (tracer-ebpf's `switch_out`). Attached before the first heap probe.
+    fn attach_switch_out(&mut self) -> Result<(), Error> {
+        if self.switch_out || self.mode != Mode::Full || self.heap_sampling != 0 {
+            return Ok(());
+        }
+        let btf = aya::Btf::from_sys_fs()
+            .map_err(|e| Error::Kernel(format!("kernel BTF (/sys/kernel/btf/vmlinux): {e}")))?;
+        let prog: &mut BtfTracePoint = program(&mut self.bpf, "switch_out")?;
+        prog.load("sched_switch", &btf)
+            .map_err(|e| load_error(e.into()))?;
+        prog.attach()
+            .map_err(|e| Error::Kernel(format!("attaching sched_switch: {e}")))?;
+        self.switch_out = true;
+        Ok(())
     }
 
     fn attach_tracepoints(&mut self) -> Result<(), Error> {
@@ -458,6 +478,9 @@ impl Probes {
             }
             let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
             if named && elf.function(set.marker).is_some() {
+                if set.role == HEAP.role {
+                    self.attach_switch_out()?;
+                }
                 self.attach_set(path, &elf, set)?;
                 roles.push(set.role.into());
             }
