@@ -26,7 +26,8 @@ pub struct Mismatches {
     pub unmatched_frees: u64,
     /// Bytes munmap'd that no tracked region covered.
     pub unmatched_unmap_bytes: u64,
-    /// Allocations returned at an address that was still outstanding (its free was missed).
+    /// Allocations returned at an address that was still outstanding whose free has not arrived
+    /// (a free missed; while another thread's free is on its way, see `Process::displaced`).
     pub reused_addresses: u64,
 }
 
@@ -55,6 +56,11 @@ pub struct Process {
     /// CUDA memory (not inherited at fork).
     pub device: Device,
     pub mismatches: Mismatches,
+    /// Frees still to come for blocks already replaced at their address, by address. A thread's
+    /// frees reach the ledger with its next record (tracer-common's `FREES_PER_RECORD`), so the
+    /// allocator may hand a block freed by one thread to another before that free arrives: the new
+    /// block replaces the old one, and the free, when it arrives, is the old block's.
+    pub displaced: std::collections::HashMap<u64, u32>,
 }
 
 impl Process {
@@ -111,6 +117,7 @@ impl Process {
     /// execve: a fresh image, nothing of the old address space survives.
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
+        self.displaced.clear();
         self.mmaps = Regions::default();
         self.brk = Brk::default();
         self.device = Device::default();
@@ -131,10 +138,27 @@ impl Process {
         };
         if self.heap.insert(addr, Block { size, origin }).is_some() {
             self.mismatches.reused_addresses += 1;
+            *self.displaced.entry(addr).or_default() += 1;
         }
     }
 
+    /// A free: of a replaced block whose free was still to come (see `displaced`), else of the
+    /// outstanding block. Should the free in fact be the new block's (its own thread's free came
+    /// first), the old block's, arriving next, releases the new one: the same end state.
     pub fn free(&mut self, addr: u64) {
+        if let Some(n) = self.displaced.get_mut(&addr) {
+            *n -= 1;
+            if *n == 0 {
+                self.displaced.remove(&addr);
+            }
+            self.mismatches.reused_addresses -= 1;
+            return;
+        }
+        self.release(addr);
+    }
+
+    /// Removes the outstanding block at `addr` (counted when there is none).
+    fn release(&mut self, addr: u64) {
         if self.heap.remove(&addr).is_none() {
             tracing::debug!(
                 pid = self.pid,
@@ -149,7 +173,8 @@ impl Process {
     /// else moves or resizes the block, which now belongs to the realloc call's stack.
     pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) {
         if old != 0 {
-            self.free(old);
+            // The caller holds `old`: the outstanding block's, whatever frees are to come.
+            self.release(old);
         }
         if new != 0 {
             self.alloc(new, size, origin);

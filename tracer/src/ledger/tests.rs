@@ -124,6 +124,41 @@ fn malloc_free_and_unmatched_free() {
     assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 1);
 }
 
+/// A thread's frees arrive with its next record: another thread may be handed the freed address
+/// first. The late free is the replaced block's; the new block stays.
+#[test]
+fn a_late_free_releases_the_replaced_block_not_the_new_one() {
+    let events = |n: usize| {
+        let mut v = vec![
+            alloc(AllocFn::Malloc, 0x10, 100, 1), // thread 1
+            alloc(AllocFn::Malloc, 0x10, 40, 2),  // thread 2, before thread 1's free arrived
+        ];
+        v.extend((0..n).map(|_| free(0x10))); // thread 1's free, then thread 2's
+        ledger(v)
+    };
+    let l = events(0);
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1, "free not yet seen");
+    let l = events(1);
+    assert_eq!(of(&l, Kind::Heap, 1), (0, 0));
+    assert_eq!(of(&l, Kind::Heap, 2), (40, 1));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 0);
+    let l = events(2);
+    assert_eq!(of(&l, Kind::Heap, 2), (0, 0));
+    assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 0);
+    // realloc's old block is the caller's: the outstanding one, whatever free is to come.
+    let l = ledger(vec![
+        alloc(AllocFn::Malloc, 0x10, 100, 1),
+        alloc(AllocFn::Malloc, 0x10, 40, 2),
+        realloc(0x10, 0x80, 60, 3),
+        free(0x10),
+    ]);
+    assert_eq!(of(&l, Kind::Heap, 2), (0, 0));
+    assert_eq!(of(&l, Kind::Heap, 3), (60, 1));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 0);
+}
+
 #[test]
 fn realloc_grow_shrink_move_null_and_zero() {
     let l = ledger(vec![
