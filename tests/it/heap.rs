@@ -93,6 +93,32 @@ fn records_wrapping_around_a_small_ring_are_read_whole() {
     assert_eq!(r.losses()["unmatched_frees"], 0);
 }
 
+/// A thread's frees travel with its next allocation record; a thread that frees and then waits
+/// sends them when it is switched out. Reports taken while it sleeps show its frees applied.
+#[test]
+fn frees_of_a_thread_that_then_waits_are_seen_while_it_waits() {
+    let Some(t) = fixture::trace_fixture("free_then_wait", &["--interval", "0.25"], &[]) else {
+        return;
+    };
+    let (last, earlier) = t.reports.split_last().expect("reports");
+    let waiting: Vec<_> = earlier
+        .iter()
+        .filter(|r| r.site("heap", 0, "alloc_kept") == (2800, 4))
+        .collect();
+    assert!(
+        waiting.len() >= 2,
+        "{} of {} reports taken while it waits",
+        waiting.len(),
+        earlier.len()
+    );
+    for r in waiting {
+        assert_eq!(r.site("heap", 0, "alloc_then_freed"), (0, 0));
+    }
+    assert_eq!(last.site("heap", 0, "alloc_then_freed"), (0, 0));
+    assert_eq!(last.site("heap", 0, "alloc_kept"), (2800, 4));
+    assert_eq!(last.losses()["unmatched_frees"], 0);
+}
+
 /// `--collapsed FILE`: flamegraph input, kind first, frames outermost first, exact bytes.
 #[test]
 fn collapsed_stacks_carry_the_exact_bytes() {

@@ -83,18 +83,6 @@ pub fn workload(pairs: u64) -> PairCost {
         }
     }
     let cpu = thread_cpu_ns() - cpu;
-    if std::env::var("LT_CSW").is_ok() {
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-        eprintln!(
-            "csw vol {} invol {} minflt {} majflt {}",
-            ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt, ru.ru_majflt
-        );
-        eprintln!(
-            "{}",
-            std::fs::read_to_string("/proc/thread-self/sched").unwrap_or_default()
-        );
-    }
     PairCost {
         wall_ns: start.elapsed().as_nanos() as f64 / pairs as f64,
         cpu_ns: cpu as f64 / pairs as f64,
@@ -144,9 +132,6 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
     ];
     if memleak.is_some() {
         configs.push(Config::Memleak);
-    }
-    if let Ok(only) = std::env::var("LT_ONLY") {
-        configs.retain(|c| only.split(',').any(|o| format!("{c:?}") == o));
     }
     let mut results: Vec<(Config, Vec<PairCost>)> =
         configs.iter().map(|c| (*c, Vec::new())).collect();
@@ -248,9 +233,6 @@ fn measure(
         Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
         Config::Leaktracer | Config::FreeAtEntry | Config::Sampled => {
             let mut flags = vec!["--top", "1", "--json", "-o", "/dev/null", "--no-store"];
-            let rmb = std::env::var("LT_RING").unwrap_or("32".into());
-            let rmb: &'static str = Box::leak(rmb.into_boxed_str());
-            flags.extend(["--ring-mb", rmb]);
             if config == Config::Sampled {
                 flags.extend(["--heap", "sampled"]);
             }

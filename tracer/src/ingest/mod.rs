@@ -219,7 +219,7 @@ pub async fn run(
             // `serve` adopts a running process: its mappings are read now, while it lives (a
             // short one may be gone before its events are decoded).
             Some(pid) = adopted.recv() => decoder.maps.refresh(pid),
-            _ = poll.tick() => if std::env::var("LT_NODRAIN").is_err() { decoder.drain(ring.get_mut(), &tx).await? },
+            _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;

@@ -137,7 +137,10 @@ fn a_late_free_releases_the_replaced_block_not_the_new_one() {
         ledger(v)
     };
     let l = events(0);
-    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1, "free not yet seen");
+    assert_eq!(
+        l.procs[&PID].mismatches.reused_addresses, 1,
+        "free not yet seen"
+    );
     let l = events(1);
     assert_eq!(of(&l, Kind::Heap, 1), (0, 0));
     assert_eq!(of(&l, Kind::Heap, 2), (40, 1));
