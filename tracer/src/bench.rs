@@ -178,29 +178,34 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
     let added = |c: Config| Some(median(c)? - untraced?);
     let floor = median(Config::Floor);
     let lt = median(Config::Leaktracer);
-    ratio("leaktracer / floor", lt, floor);
-    ratio("leaktracer sampled / floor", median(Config::Sampled), floor);
-    ratio(
-        "(leaktracer - untraced) / (floor - untraced)",
-        added(Config::Leaktracer),
-        added(Config::Floor),
-    );
-    ratio(
-        "free at +0 / chosen offset",
-        median(Config::FreeAtEntry),
-        lt,
-    );
-    ratio("memleak / floor", median(Config::Memleak), floor);
-    ratio(
-        "(leaktracer - untraced) / (memleak - untraced)",
-        added(Config::Leaktracer),
-        added(Config::Memleak),
-    );
-    ratio(
-        "(leaktracer sampled - untraced) / (memleak - untraced)",
-        added(Config::Sampled),
-        added(Config::Memleak),
-    );
+    let rows = [
+        ("leaktracer / floor", lt, floor),
+        ("leaktracer sampled / floor", median(Config::Sampled), floor),
+        (
+            "(leaktracer - untraced) / (floor - untraced)",
+            added(Config::Leaktracer),
+            added(Config::Floor),
+        ),
+        (
+            "free at +0 / chosen offset",
+            median(Config::FreeAtEntry),
+            lt,
+        ),
+        ("memleak / floor", median(Config::Memleak), floor),
+        (
+            "(leaktracer - untraced) / (memleak - untraced)",
+            added(Config::Leaktracer),
+            added(Config::Memleak),
+        ),
+        (
+            "(leaktracer sampled - untraced) / (memleak - untraced)",
+            added(Config::Sampled),
+            added(Config::Memleak),
+        ),
+    ];
+    for (label, num, den) in rows {
+        ratio(label, num, den);
+    }
 }
 
 fn measure(
