@@ -127,7 +127,7 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
 
 /// Data records never wake the consumer: user space polls every 50 ms and drains everything. A
 /// wakeup is an inter-processor interrupt, and one per record costs more than the record (the
-/// default 64 MiB of ring at ~100 bytes a record takes over 10 million records/s to fill between
+/// default 32 MiB of ring at ~100 bytes a record takes over 6 million records/s to fill between
 /// two polls; a full ring is counted as `ringbuf_full`, never silent).
 pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 
