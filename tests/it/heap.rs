@@ -143,6 +143,38 @@ fn collapsed_stacks_carry_the_exact_bytes() {
     }));
 }
 
+/// Deep and sparse stacks are walked whole: 41 recursive frames of 700 bytes (past the copies a
+/// walk makes: the rest frame by frame), and a 6000-byte frame, right after 2000 allocations from
+/// a shallow stack shrank the thread's copies.
+#[test]
+fn deep_and_sparse_stacks_are_walked_whole() {
+    let file = fixture::target_dir().join("deep.collapsed");
+    let _ = std::fs::remove_file(&file);
+    let Some(t) = fixture::trace_fixture("deep", &["--collapsed", file.to_str().unwrap()], &[])
+    else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let text = std::fs::read_to_string(&file).expect("collapsed stacks written");
+    let heap: Vec<&str> = text.lines().filter(|l| l.starts_with("heap;")).collect();
+    let deep = format!(";main;{}leak_deep 999", "rec;".repeat(41));
+    assert!(
+        heap.iter().any(|l| l.ends_with(&deep)),
+        "no line ending {deep:?} in:\n{text}"
+    );
+    for suffix in [";main;big_frame;leak_past_big_frame 4444", ";main;leak_shallow 100"] {
+        assert!(
+            heap.iter().any(|l| l.ends_with(suffix)),
+            "no line ending {suffix:?} in:\n{text}"
+        );
+    }
+    let r = t.last();
+    assert_eq!(r.site("heap", 0, "leak_deep"), (999, 3));
+    assert_eq!(r.site("heap", 0, "leak_past_big_frame"), (8888, 2));
+    assert_eq!(r.site("heap", 0, "leak_shallow"), (200, 2));
+    assert_eq!(r.losses()["unmatched_frees"], 0);
+}
+
 #[test]
 fn sampled_heap_estimates_kept_bytes_and_matches_frees_of_recorded_blocks() {
     let Some(t) = fixture::trace_fixture("sampled", &["--heap", "sampled"], &[]) else {

@@ -399,8 +399,11 @@ pub struct Pending {
     pub tgid: u32,
     pub n_frees: u32,
     pub frees: [u64; FREES_PER_RECORD],
+    /// Bytes of stack a walk of this thread's allocations reads at once (0: not walked yet): what
+    /// its walks have needed, so that a shallow stack is not copied 2 KiB at a time.
+    pub walk_hint: u64,
 }
-const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64);
+const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 8);
 
 /// Page-level events parked per allocator call (glibc's arena creation makes four).
 pub const MAX_DEFERRED: usize = 4;

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     bindings::task_struct,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{btf_tracepoint, map, uprobe, uretprobe},
     maps::ProgramArray,
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
@@ -15,8 +15,9 @@ use crate::{
     pages::flush,
     sampling,
     shared::{
-        PENDING, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, outermost_return,
-        probe_regs, send_frees, traced_current, untimed_event,
+        PENDING, STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees,
+        next_hint, outermost_return, probe_regs, read_len, send_frees, tick_ns, traced_current,
+        untimed_event,
     },
 };
 
@@ -156,32 +157,46 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     let rv: u64 = ctx.ret();
-    let mut ev = outcome(p, id, rv);
-    let mean = sampling::interval();
-    if mean != 0 {
-        ev = ev.and_then(|ev| sample(p, ev, mean, id));
-    }
-    if let Some(mut ev) = ev {
-        // Timed only once it is sent (`--heap sampled` sends few).
-        // SAFETY: helper without preconditions.
-        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-        let stack = if ev.addr == 0 {
-            None // realloc(p, 0): a free, no stack needed
-        } else {
-            capture(&probe_regs(ctx.regs))
-        };
-        match stack {
-            Some(stack) => emit_alloc(&stack, &ev, p),
-            None => {
-                flush_frees(p);
-                emit(&ev);
-            }
-        }
+    if let Some(ev) = outcome(p, id, rv) {
+        sample_and_send(&ctx, p, ev, id);
     }
     if p.n_deferred > 0 {
         flush_elsewhere(&ctx);
     }
     0
+}
+
+/// Sends an allocator call's event with its caller's stack (under `--heap sampled`, only when the
+/// block is sampled). Entered only with an event: LLVM otherwise joins the no-event path into the
+/// sampling test holding an undefined register, which the verifier rejects.
+#[inline(always)]
+fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
+    let mean = sampling::interval();
+    let ev = if mean != 0 {
+        sample(p, ev, mean, id)
+    } else {
+        Some(ev)
+    };
+    let Some(mut ev) = ev else {
+        return;
+    };
+    // Timed only once it is sent (`--heap sampled` sends few), at tick resolution.
+    ev.ts_ns = tick_ns();
+    let stack = if ev.addr == 0 {
+        None // realloc(p, 0): a free, no stack needed
+    } else {
+        capture(&probe_regs(ctx.regs), read_len(p.walk_hint))
+    };
+    if let Some(stack) = &stack {
+        p.walk_hint = next_hint(p.walk_hint, stack.extent);
+    }
+    match stack {
+        Some(stack) => emit_alloc(&stack, &ev, p),
+        None => {
+            flush_frees(p);
+            emit(&ev);
+        }
+    }
 }
 
 /// Sends the page-level events parked in this call (malloc growing its heap) in [`heap_flush`],
@@ -203,7 +218,7 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
 #[uretprobe(multi)]
 pub fn heap_flush(ctx: RetProbeContext) -> u32 {
     if let Some(p) = PENDING.current() {
-        let stack = capture(&probe_regs(ctx.regs));
+        let stack = capture(&probe_regs(ctx.regs), STEP);
         flush(stack.as_ref(), p);
     }
     0

@@ -15,7 +15,7 @@ use aya_ebpf::{
 use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending};
 
 use crate::shared::{
-    PENDING, SYS_PENDING, Stack, capture, count, emit, emit_now, emit_with_stack, event,
+    PENDING, STEP, SYS_PENDING, Stack, capture, count, emit, emit_now, emit_with_stack, event,
     stop_for_probes, syscall_leaf_caller, task_regs, traced_current, traced_flags,
 };
 
@@ -214,7 +214,7 @@ pub fn page_send(_ctx: TracePointContext) -> u32 {
     // SAFETY: this CPU's slot, written by the exit that tail-called this program.
     let (ev, leaf_caller, flush_and_park) =
         unsafe { ((*job).ev, (*job).leaf_caller, (*job).flush_and_park) };
-    let stack = capture(&task_regs());
+    let stack = capture(&task_regs(), STEP);
     if flush_and_park == 0 {
         send(stack.as_ref(), &ev, leaf_caller);
     } else if let Some(p) = PENDING.current() {

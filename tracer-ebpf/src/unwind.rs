@@ -1,8 +1,12 @@
 //! Frame-pointer walk of the user stack, cheaper than `bpf_get_stack` here: the helper reads user
 //! memory twice per frame, and each read costs ~120 ns on this kind of machine (a nested VM) whatever
-//! its size up to a page or two (~50 ns more per KiB). So the walk copies the stack 2 KiB at a time
-//! into a per-CPU buffer and follows the chain in that copy: most walks take one read. Frames past
-//! the copied window (deeper than WINDOW bytes above the stack pointer) are read one by one.
+//! its size up to a page or two (~50 ns more per KiB). So the walk copies 2 KiB of the stack at a
+//! time into a per-CPU buffer and follows the chain in that copy: most walks take one read. When the
+//! chain leaves the copy, the next copy starts at the frame it went to, not where the last copy
+//! ended: a large frame (a `main` with 5 KiB of locals) costs one read, not one per 2 KiB it spans.
+//! After [`MAX_READS`] copies, frames are read one by one. A copy's length follows what the
+//! thread's walks needed (see [`Stack::extent`]): a shallow stack is copied a few hundred bytes
+//! at a time.
 //!
 //! A program walks at most once ([`capture`] into a per-CPU frame buffer); every record it sends
 //! copies from there. Walking per record would multiply the verifier's work by the record count.
@@ -18,13 +22,12 @@ use tracer_common::{
 };
 
 const PAGE: u64 = 4096;
-/// Bytes the walk copies per read: most native stacks' frame chains fit in one.
-const STEP: u64 = 2048;
-/// Bytes of stack copied at most (4 pages).
-const WINDOW: u64 = 4 * PAGE;
-/// Buffer words: WINDOW plus a page of slack so a page copy at any offset below WINDOW fits;
-/// a power of two so indexes can be masked for the verifier.
-const BUF_WORDS: usize = 4096;
+/// Bytes the walk copies per read at most: most native stacks' frame chains fit in one.
+pub const STEP: u64 = 2048;
+/// Copies a walk makes at most (a deep interpreter stack of dense frames takes several).
+const MAX_READS: u64 = 8;
+/// Buffer words: one copy; a power of two so indexes can be masked for the verifier.
+const BUF_WORDS: usize = STEP as usize / 8;
 const MASK: usize = BUF_WORDS - 1;
 
 #[map]
@@ -53,6 +56,28 @@ pub struct UserRegs {
 pub struct Stack {
     pub record: *mut StackEvent,
     pub n: usize,
+    /// Bytes of a copy the walk needed: the farthest frame record from its copy's start, or from
+    /// where a copy of STEP bytes would have held the next frame but a shorter one did not.
+    pub extent: u64,
+}
+
+/// The length of a walk's copies for a thread whose walks needed `hint` bytes ([`next_hint`];
+/// 0: none yet): a cache line more, in whole lines, at most STEP.
+#[inline(always)]
+pub fn read_len(hint: u64) -> u64 {
+    if hint == 0 {
+        STEP
+    } else {
+        ((hint + 127) & !63).min(STEP)
+    }
+}
+
+/// The hint after a walk that needed `extent` bytes: it grows at once (a copy too short costs a
+/// read, ~120 ns, as much as 2 KiB of copying) and shrinks by a 32nd per walk.
+#[inline(always)]
+pub fn next_hint(hint: u64, extent: u64) -> u64 {
+    let decayed = hint - hint / 32;
+    if extent > decayed { extent } else { decayed }
 }
 
 /// The walk's loop state. It lives in a map, not in registers: map loads are unknown scalars to the
@@ -62,8 +87,11 @@ pub struct Stack {
 struct Walk {
     fp: u64,
     n: u64,
+    /// Bytes in the copy, and the user address its first byte came from.
     loaded: u64,
     base: u64,
+    reads: u64,
+    extent: u64,
 }
 
 #[map]
@@ -83,9 +111,10 @@ pub fn set(p: *mut u64, v: u64) {
     unsafe { core::ptr::write_volatile(p, v) }
 }
 
-/// Walks the user stack from `regs` into this CPU's frame buffer (frames[0] = ip).
+/// Walks the user stack from `regs` into this CPU's frame buffer (frames[0] = ip), copying
+/// `len` bytes at a time (see [`read_len`]).
 #[inline(always)]
-pub fn capture(regs: &UserRegs) -> Option<Stack> {
+pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     let record = RECORD.get_ptr_mut(0)?.cast::<StackEvent>();
     let buf = STACK_COPY.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
@@ -93,29 +122,34 @@ pub fn capture(regs: &UserRegs) -> Option<Stack> {
     let (out, buf, w) = unsafe { (&mut (*record).frames, &mut *buf, &mut *w) };
     out[0] = regs.ip;
     let base = regs.sp & !7;
-    // First copy: STEP bytes from the stack pointer, or up to the end of its page (mapped: the
+    // First copy: `len` bytes from the stack pointer, or up to the end of its page (mapped: the
     // thread is using it) where the stack ends sooner.
-    set(&mut w.loaded, copy_upto(buf, 0, base, STEP));
+    set(&mut w.loaded, copy_upto(buf, base, len));
     set(&mut w.base, base);
     set(&mut w.fp, regs.bp);
     set(&mut w.n, 1);
-    // Extra rounds: a round that copies a chunk records no frame.
-    for _ in 0..MAX_FRAMES + (WINDOW / STEP) as usize {
-        let (fp, base, loaded, n) = (get(&w.fp), get(&w.base), get(&w.loaded), get(&w.n));
+    set(&mut w.reads, 1);
+    set(&mut w.extent, 0);
+    for _ in 0..MAX_FRAMES {
+        let (fp, base, n) = (get(&w.fp), get(&w.base), get(&w.n));
         if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 {
             break;
         }
-        let off = fp - base;
-        if off + 16 > loaded && loaded < WINDOW && off < WINDOW {
-            // The chain went past the copy: bring in the next step (none at the stack's end).
-            let more = copy_upto(buf, loaded, base + loaded, STEP);
-            if more != 0 {
-                set(&mut w.loaded, loaded + more);
-                continue;
+        let (mut off, mut loaded) = (fp - base, get(&w.loaded));
+        if off + 16 > loaded && get(&w.reads) < MAX_READS {
+            // The chain left the copy: copy again from the frame it went to (a longer copy would
+            // have held it when it is less than STEP away).
+            if off + 16 <= STEP {
+                set(&mut w.extent, (off + 16).max(get(&w.extent)));
             }
-            set(&mut w.loaded, WINDOW); // nothing more to copy: read frame by frame
+            loaded = copy_upto(buf, fp, len);
+            off = 0;
+            set(&mut w.loaded, loaded);
+            set(&mut w.base, fp);
+            set(&mut w.reads, get(&w.reads) + 1);
         }
-        let (next, ret) = if off + 16 <= get(&w.loaded) && off < WINDOW {
+        let (next, ret) = if off + 16 <= loaded {
+            set(&mut w.extent, (off + 16).max(get(&w.extent)));
             let i = (opaque(off) / 8) as usize;
             (buf[i & MASK], buf[(i + 1) & MASK])
         } else {
@@ -138,6 +172,7 @@ pub fn capture(regs: &UserRegs) -> Option<Stack> {
     Some(Stack {
         record,
         n: get(&w.n) as usize,
+        extent: get(&w.extent),
     })
 }
 
@@ -150,29 +185,28 @@ fn opaque(mut v: u64) -> u64 {
     v
 }
 
-/// Copies `len` bytes of user memory at `src` into `buf` at byte offset `at`, or, when that range
-/// is not all mapped (the end of the stack), the bytes up to the end of `src`'s page. Returns the
+/// Copies `len` (at most STEP) bytes of user memory at `src` into `buf`, or, when that range is
+/// not all mapped (the end of the stack), the bytes up to the end of `src`'s page. Returns the
 /// bytes copied (0 when `src`'s page is not mapped either).
 #[inline(always)]
-fn copy_upto(buf: &mut [u64; BUF_WORDS], at: u64, src: u64, len: u64) -> u64 {
-    if copy(buf, at, src, len) {
+fn copy_upto(buf: &mut [u64; BUF_WORDS], src: u64, len: u64) -> u64 {
+    if copy(buf, src, len) {
         return len;
     }
     let rest = PAGE - (src & (PAGE - 1));
-    if rest < len && copy(buf, at, src, rest) {
+    if rest < len && copy(buf, src, rest) {
         rest
     } else {
         0
     }
 }
 
-/// Copies `len` bytes of user memory at `src` into `buf` at byte offset `at`.
+/// Copies `len` bytes of user memory at `src` into the start of `buf`.
 #[inline(always)]
-fn copy(buf: &mut [u64; BUF_WORDS], at: u64, src: u64, len: u64) -> bool {
-    let at = (opaque(at) as usize / 8) & (MASK >> 1); // below WINDOW, leaving a page of room
-    let len = (len & (2 * PAGE - 1)).min(PAGE) as u32;
-    // SAFETY: `at * 8 + len` stays inside `buf` (at < 2048 words, len <= 4096 bytes, buf = 32 KiB).
-    unsafe { read_user_raw(buf.as_mut_ptr().add(at).cast(), len, src as *const _) == 0 }
+fn copy(buf: &mut [u64; BUF_WORDS], src: u64, len: u64) -> bool {
+    let len = (opaque(len) & (2 * STEP - 1)).min(STEP) as u32;
+    // SAFETY: `len <= STEP` bytes, the size of `buf`.
+    unsafe { read_user_raw(buf.as_mut_ptr().cast(), len, src as *const _) == 0 }
 }
 
 /// The deep record under construction (see [`DeepStackEvent`]).

@@ -226,9 +226,9 @@ fn read_program_times() -> Vec<(&'static str, f64)> {
 pub fn hold_workload(blocks: u64) -> u64 {
     let mut kept: Vec<usize> = Vec::with_capacity(blocks as usize);
     let per = blocks / 10_000;
-    for m in 0..100 {
+    for mid in MIDS {
         for l in 0..100 {
-            MIDS[m](l, per, &mut kept);
+            mid(l, per, &mut kept);
         }
     }
     kept.len() as u64
