@@ -1,6 +1,9 @@
 //! Heap-level probes: every malloc-family function, exact bytes and blocks per leaking function.
 
-use tests::{fixture, report::frame_fn};
+use tests::{
+    fixture,
+    report::{frame_fn, frame_index},
+};
 
 use crate::line_of;
 
@@ -162,7 +165,10 @@ fn deep_and_sparse_stacks_are_walked_whole() {
         heap.iter().any(|l| l.ends_with(&deep)),
         "no line ending {deep:?} in:\n{text}"
     );
-    for suffix in [";main;big_frame;leak_past_big_frame 4444", ";main;leak_shallow 100"] {
+    for suffix in [
+        ";main;big_frame;leak_past_big_frame 4444",
+        ";main;leak_shallow 100",
+    ] {
         assert!(
             heap.iter().any(|l| l.ends_with(suffix)),
             "no line ending {suffix:?} in:\n{text}"
@@ -173,6 +179,49 @@ fn deep_and_sparse_stacks_are_walked_whole() {
     assert_eq!(r.site("heap", 0, "leak_past_big_frame"), (8888, 2));
     assert_eq!(r.site("heap", 0, "leak_shallow"), (200, 2));
     assert_eq!(r.losses()["unmatched_frees"], 0);
+}
+
+/// Heap records lost to a full ring never leave a made-up stack: a record sends only the frames
+/// that differ from its thread's previous record, so a lost record must not be the base of the
+/// next. Every stack of the burst is one of its two true shapes, whatever was lost.
+#[test]
+fn records_lost_to_a_full_ring_leave_no_made_up_stack() {
+    let Some(t) = fixture::trace_fixture("overflow", &["--ring-mb", "1"], &[]) else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    let lost = r.losses()["ringbuf_full"].as_u64().unwrap();
+    assert!(lost > 0, "the 1 MiB ring overflowed: {lost} records lost");
+    assert_eq!(r.losses()["undecodable"], 0);
+    assert_eq!(r.site("heap", 0, "leak_after"), (3 * 4321, 3));
+    let functions = |s: &serde_json::Value| -> Vec<String> {
+        s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let mut seen = 0;
+    let burst = |s: &serde_json::Value| s["kind"] == "heap" && frame_index(s, "burst").is_some();
+    for s in r.stacks().iter().filter(|s| burst(s)) {
+        let f = functions(s);
+        let want: Vec<&str> = match f[0].as_str() {
+            "leaf_x" => [&["leaf_x"][..], &["rec"; 10], &["burst", "main"]].concat(),
+            "leaf_y" => [&["leaf_y"][..], &["rec"; 20], &["burst", "main"]].concat(),
+            _ => vec!["a leaf of burst"],
+        };
+        assert!(f.len() > want.len() && f[..want.len()] == want, "{f:?}");
+        seen += 1;
+    }
+    assert!(seen > 0, "the burst's stacks are there");
+    // Every block is kept: each one is either in the report or in the losses.
+    let (_, blocks) = r.sum(burst);
+    assert!(
+        blocks <= 450_000 && blocks + lost >= 450_000,
+        "{blocks} blocks seen, {lost} records lost"
+    );
 }
 
 #[test]

@@ -319,9 +319,12 @@ const _: () = assert!(size_of::<StackEvent>() == 64 + 16 + 8 * MAX_FRAMES);
 /// The record of a heap allocation (`--heap full` and `--heap sampled`): the busiest record
 /// there is, so it carries only what an allocation needs. A record's cost in the traced thread grows
 /// with its bytes (each new cache line of the ring is a miss, ~65 ns here), so this header is 48
-/// bytes where a [`StackEvent`]'s is 80. Sent as the header, then `n_frames` return addresses
-/// (the first is the caller), then the thread's `n_frees` frees made before this allocation, in
-/// order (see [`FREES_PER_RECORD`]).
+/// bytes where a [`StackEvent`]'s is 80, and a thread's stack is sent as a change to its previous
+/// one: `n_frames` return addresses (the first is the caller), then, outermost, the last `shared`
+/// frames of the thread's previous heap record (a loop allocating from one place sends no frames).
+/// Then come the thread's `n_frees` frees made before this allocation, in order (see
+/// [`FREES_PER_RECORD`]). The event is a realloc when `func` is realloc or reallocarray, an
+/// allocation otherwise.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HeapRecord {
@@ -331,8 +334,8 @@ pub struct HeapRecord {
     pub tid: u32,
     /// An [`AllocFn`] value.
     pub func: u8,
-    /// [`EventKind::Alloc`] or [`EventKind::Realloc`].
-    pub event: u8,
+    /// Outermost frames taken from the thread's previous heap record.
+    pub shared: u8,
     pub n_frames: u8,
     pub n_frees: u8,
     pub ts_ns: u64,
@@ -373,7 +376,7 @@ const _: () = assert!(DEEP_HEADER + DEEP_MIN_BYTES > size_of::<StackEvent>());
 
 /// An allocator call in flight on one thread (entry seen, return not yet).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Pending {
     /// An [`AllocFn`] value.
     pub func: u32,
@@ -402,8 +405,34 @@ pub struct Pending {
     /// Bytes of stack a walk of this thread's allocations reads at once (0: not walked yet): what
     /// its walks have needed, so that a shallow stack is not copied 2 KiB at a time.
     pub walk_hint: u64,
+    /// The stack of the thread's last heap record that reached the ring, outermost frame first,
+    /// `n_prev` of them: the next record sends only what differs (see [`HeapRecord`]).
+    pub n_prev: u64,
+    pub prev: [u64; MAX_FRAMES],
 }
-const _: () = assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 8);
+const _: () =
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 16 + 8 * MAX_FRAMES);
+
+impl Default for Pending {
+    fn default() -> Self {
+        // SAFETY: plain integers and arrays of them: all zeros is a value.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
+/// A traced syscall in flight on one thread (its entry's arguments, for its exit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SysCall {
+    /// An [`AllocFn`] value.
+    pub func: u32,
+    pub _pad: u32,
+    pub arg0: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub leaf_caller: u64,
+}
+const _: () = assert!(size_of::<SysCall>() == 40);
 
 /// Page-level events parked per allocator call (glibc's arena creation makes four).
 pub const MAX_DEFERRED: usize = 4;
@@ -511,7 +540,7 @@ const _: () = assert!(size_of::<PyStackEvent>() == 64 + 24 * MAX_PY_FRAMES);
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
-    unsafe impl aya::Pod for super::Pending {}
+    unsafe impl aya::Pod for super::SysCall {}
     unsafe impl aya::Pod for super::PyConfig {}
     unsafe impl aya::Pod for super::SampledKey {}
 }

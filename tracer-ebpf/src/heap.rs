@@ -15,9 +15,8 @@ use crate::{
     pages::flush,
     sampling,
     shared::{
-        PENDING, STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees,
-        next_hint, outermost_return, probe_regs, read_len, send_frees, tick_ns, traced_current,
-        untimed_event,
+        PENDING, STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, next_hint,
+        outermost_return, probe_regs, read_len, send_frees, tick_ns, traced_current, untimed_event,
     },
 };
 

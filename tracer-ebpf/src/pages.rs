@@ -12,7 +12,7 @@ use aya_ebpf::{
     maps::{PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
-use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending};
+use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending, SysCall};
 
 use crate::shared::{
     PENDING, STEP, SYS_PENDING, Stack, capture, count, emit, emit_now, emit_with_stack, event,
@@ -70,14 +70,13 @@ fn entry(
 #[inline(always)]
 fn save(func: AllocFn, id: u64, arg0: u64, size: u64, aux: u64, stack: bool) {
     let leaf_caller = if stack { syscall_leaf_caller() } else { 0 };
-    let p = Pending {
+    let p = SysCall {
         func: func as u32,
-        depth: 1,
         arg0,
         size,
         aux,
         leaf_caller,
-        ..Pending::default()
+        ..SysCall::default()
     };
     if SYS_PENDING.insert(&id, &p, 0).is_err() {
         crate::shared::count(tracer_common::Counter::PendingFull);
@@ -86,26 +85,16 @@ fn save(func: AllocFn, id: u64, arg0: u64, size: u64, aux: u64, stack: bool) {
 
 /// Takes the pending entry of the current thread's syscall, if it is `func` and succeeded.
 #[inline(always)]
-fn take(ctx: &TracePointContext, func: AllocFn) -> Option<(u64, Pending, i64)> {
+fn take(ctx: &TracePointContext, func: AllocFn) -> Option<(u64, SysCall, i64)> {
     let (id, _) = traced_current()?;
     let p = SYS_PENDING.get_ptr(&id)?;
-    // SAFETY: map value owned by this thread's key; the fields are copied before removal.
-    let (pfunc, arg0, size, aux, leaf_caller) =
-        unsafe { ((*p).func, (*p).arg0, (*p).size, (*p).aux, (*p).leaf_caller) };
+    // SAFETY: map value owned by this thread's key; copied before removal.
+    let p = unsafe { *p };
     let _ = SYS_PENDING.remove(&id);
     let ret = sys_ret(ctx);
-    if pfunc != func as u32 || (-4095..0).contains(&ret) {
+    if p.func != func as u32 || (-4095..0).contains(&ret) {
         return None;
     }
-    let p = Pending {
-        func: pfunc,
-        depth: 1,
-        arg0,
-        size,
-        aux,
-        leaf_caller,
-        ..Pending::default()
-    };
     Some((id, p, ret))
 }
 
@@ -128,7 +117,7 @@ fn exit(
     ctx: &TracePointContext,
     func: AllocFn,
     kind: EventKind,
-    fill: impl Fn(&mut Event, &Pending, u64),
+    fill: impl Fn(&mut Event, &SysCall, u64),
 ) -> u32 {
     if let Some((id, p, ret)) = take(ctx, func) {
         let mut ev = event(kind, p.func, id);

@@ -14,11 +14,12 @@ use aya_ebpf::{
 };
 use tracer_common::{
     COUNTERS, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES,
-    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
+    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, STOPPED_FOR_PROBES, StackEvent, SysCall,
+    TRACED_HOLD,
 };
 
 use crate::task_storage::TaskStorage;
-pub use crate::unwind::{STEP, Stack, UserRegs, capture, deep, next_hint, read_len};
+pub use crate::unwind::{STEP, Stack, UserRegs, capture, deep, next_hint, read_len, share_suffix};
 
 /// Threads sent a SIGSTOP for new code, until user space handles the stop: what tells it the stop
 /// is the kernel side's own even when the marked record was lost to a full ring (taken for a
@@ -47,7 +48,7 @@ pub static TORCH_PENDING: TaskStorage<Pending> = TaskStorage::new();
 
 /// Traced syscalls in flight, keyed by pid_tgid.
 #[map]
-pub static SYS_PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(MAX_PENDING, 0);
+pub static SYS_PENDING: HashMap<u64, SysCall> = HashMap::with_max_entries(MAX_PENDING, 0);
 
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
@@ -187,14 +188,16 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 }
 
 /// Sends a heap allocation as a [`HeapRecord`] with its stack, carrying the thread's unsent frees
-/// (`p`'s). The compact header is written just before the frames in this CPU's record, and the
-/// frees just after the used frames, so that one copy into the ring sends it all.
+/// (`p`'s). Only the frames that differ from the thread's previous heap record go (the rest are
+/// named by count). The compact header is written just before the frames in this CPU's record,
+/// and the frees just after the frames sent, so that one copy into the ring sends it all.
 #[inline(always)]
 pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
-    let n = stack.n & (MAX_FRAMES * 2 - 1);
+    let shared = share_suffix(stack, &mut p.prev, &mut p.n_prev);
+    let n = stack.n.saturating_sub(shared) & (MAX_FRAMES * 2 - 1);
     let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };
     let m = p.n_frees as usize;
     let m = if m > FREES_PER_RECORD {
@@ -212,7 +215,7 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
             tgid: ev.tgid,
             tid: ev.tid,
             func: ev.func as u8,
-            event: ev.kind as u8,
+            shared: shared as u8,
             n_frames: n as u8,
             n_frees: m as u8,
             ts_ns: ev.ts_ns,
@@ -232,6 +235,7 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     p.n_frees = 0;
     if EVENTS.output(bytes, DATA_FLAGS).is_err() {
         count(Counter::RingbufFull);
+        p.n_prev = 0; // user space never saw this stack: the next record sends its own whole
     }
 }
 

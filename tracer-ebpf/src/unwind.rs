@@ -176,6 +176,45 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     })
 }
 
+/// How many outermost frames of `stack` are the thread's previous heap record's (`prev`,
+/// outermost first, `n_prev` of them); `prev` becomes this stack. The loop indexes live in this
+/// CPU's walk state, as the walk's do, so that the verifier prunes the iterations.
+#[inline(always)]
+pub fn share_suffix(stack: &Stack, prev: &mut [u64; MAX_FRAMES], n_prev: &mut u64) -> usize {
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        *n_prev = 0;
+        return 0;
+    };
+    // SAFETY: this CPU's scratch state and record, filled by `capture` in this program run.
+    let (w, frames) = unsafe { (&mut *w, &(*stack.record).frames) };
+    let n = (stack.n as u64).min(MAX_FRAMES as u64);
+    let np = (*n_prev).min(MAX_FRAMES as u64);
+    let last = MAX_FRAMES - 1;
+    set(&mut w.n, 0);
+    for _ in 0..MAX_FRAMES {
+        let i = get(&w.n);
+        if i >= n || i >= np {
+            break;
+        }
+        if frames[(opaque(n - 1 - i) as usize) & last] != prev[(i as usize) & last] {
+            break;
+        }
+        set(&mut w.n, i + 1);
+    }
+    let shared = get(&w.n);
+    set(&mut w.fp, shared);
+    for _ in 0..MAX_FRAMES {
+        let i = get(&w.fp);
+        if i >= n {
+            break;
+        }
+        prev[(i as usize) & last] = frames[(opaque(n - 1 - i) as usize) & last];
+        set(&mut w.fp, i + 1);
+    }
+    *n_prev = n;
+    shared as usize
+}
+
 /// Hides `v` from the optimizer, so that a mask the verifier needs is not folded away because
 /// LLVM proved it redundant from a comparison the verifier cannot follow.
 #[inline(always)]

@@ -2,6 +2,7 @@
 //! processes live: their executable mappings (maps.rs) and command lines; turns raw kernel stacks
 //! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
 
+mod heap;
 pub mod maps;
 mod ring;
 mod sampled;
@@ -21,8 +22,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, FREES_PER_RECORD, HeapRecord,
-    MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
+    StackEvent,
 };
 
 pub use stacks::{Frame, StackId, StackTable};
@@ -105,7 +106,7 @@ const BATCH: usize = 1024;
 pub struct KernelChannels {
     events: ring::Ring,
     stats: PerCpuArray<MapData, u64>,
-    pending: aya::maps::HashMap<MapData, u64, tracer_common::Pending>,
+    pending: aya::maps::HashMap<MapData, u64, tracer_common::SysCall>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// `--heap sampled`: the mean sampling interval in bytes (0: every allocation is recorded).
     heap_sampling: u64,
@@ -296,11 +297,13 @@ struct Decoder {
     /// `--heap sampled`: the mean interval; recorded heap blocks stand for more bytes.
     heap_sampling: u64,
     sampled: sampled::SampledBlocks,
+    /// Each thread's last heap stack, which its next heap record's frames complete.
+    thread_stacks: heap::ThreadStacks,
 }
 
 impl Decoder {
     /// How full the tables are (counting the in-flight table walks it).
-    fn fill(&self, pending: &aya::maps::HashMap<MapData, u64, tracer_common::Pending>) -> Fill {
+    fn fill(&self, pending: &aya::maps::HashMap<MapData, u64, tracer_common::SysCall>) -> Fill {
         Fill {
             pending: pending.keys().count() as u64,
             stacks: self.stacks.held() as u64,
@@ -391,75 +394,6 @@ impl Decoder {
         self.observe_process(kind, &ev);
         let stack = stack.and_then(|se| self.intern(&se, out));
         self.push_event(kind, &ev, stack, out);
-    }
-
-    /// A heap allocation ([`HeapRecord`]): the thread's frees made before it, then the allocation.
-    fn decode_heap(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
-        const HEADER: usize = size_of::<HeapRecord>();
-        let Some(header) = bytes.first_chunk::<HEADER>() else {
-            self.undecodable += 1;
-            return;
-        };
-        // SAFETY: HEADER bytes; HeapRecord is plain data, read unaligned.
-        let h: HeapRecord = unsafe { std::ptr::read_unaligned(header.as_ptr().cast()) };
-        let words = u64_words(&bytes[HEADER..]);
-        let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
-        let kind = EventKind::from_u32(u32::from(h.event));
-        let (Some(kind), true, true) = (kind, n <= MAX_FRAMES, words.len() == n + m) else {
-            self.undecodable += 1;
-            return;
-        };
-        self.push_frees(h.tgid, &words[n..], out);
-        let ev = Event {
-            kind: kind as u32,
-            func: u32::from(h.func),
-            tgid: h.tgid,
-            tid: h.tid,
-            ts_ns: h.ts_ns,
-            addr: h.addr,
-            size: h.size,
-            old_addr: h.old_addr,
-            ..Event::default()
-        };
-        let mut se = StackEvent {
-            event: ev,
-            stack_bytes: 8 * n as i64,
-            leaf_caller: 0,
-            frames: [0; MAX_FRAMES],
-        };
-        se.frames[..n].copy_from_slice(&words[..n]);
-        let stack = self.intern(&se, out);
-        self.push_event(kind, &ev, stack, out);
-    }
-
-    /// A thread's frees not carried by an allocation ([`FreesEvent`]).
-    fn decode_frees(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
-        let Some(header) = bytes.first_chunk::<16>() else {
-            self.undecodable += 1;
-            return;
-        };
-        let tgid = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        let n = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
-        let addrs = u64_words(&bytes[16..]);
-        if addrs.len() as u64 != n || addrs.len() > FREES_PER_RECORD {
-            self.undecodable += 1;
-            return;
-        }
-        self.push_frees(tgid, &addrs, out);
-    }
-
-    /// A thread's frees, in the order they were made.
-    fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
-        for &addr in addrs {
-            let ev = Event {
-                kind: EventKind::Free as u32,
-                func: AllocFn::Free as u32,
-                tgid,
-                old_addr: addr,
-                ..Event::default()
-            };
-            self.push_event(EventKind::Free, &ev, None, out);
-        }
     }
 
     /// A thread's Python frames, for its next record with a stack.
@@ -579,6 +513,7 @@ impl Decoder {
             }
             EventKind::Exit => {
                 self.sampled.forget(ev.tgid);
+                self.thread_stacks.forget(ev.tgid);
                 self.python.forget(ev.tgid);
                 self.maps.forget(ev.tgid);
                 self.unwinders.forget(ev.tgid);

@@ -1,0 +1,182 @@
+//! Heap records: an allocation with the frees its thread made before it ([`HeapRecord`]), and
+//! frees alone ([`FreesEvent`]). A heap record names by count the outermost frames it shares with
+//! its thread's previous heap record; [`ThreadStacks`] keeps each thread's last stack to complete
+//! it.
+
+use std::collections::HashMap;
+
+use tracer_common::{
+    AllocFn, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, StackEvent,
+};
+
+use super::{Decoder, Input, u64_words};
+
+/// Per thread: its process and the stack of its last heap record, innermost frame first.
+#[derive(Default)]
+pub struct ThreadStacks {
+    last: HashMap<u32, (u32, Vec<u64>)>,
+}
+
+impl ThreadStacks {
+    /// The whole stack of a record of thread `tid` that sent `frames` (innermost first) and shares
+    /// its `shared` outermost frames with the thread's previous heap record; it becomes the
+    /// thread's last stack. None when the thread has no such previous stack (a record of it that
+    /// user space never decoded): the thread's stack is forgotten until a record sends it whole.
+    pub fn complete(
+        &mut self,
+        tgid: u32,
+        tid: u32,
+        frames: &[u64],
+        shared: usize,
+    ) -> Option<&[u64]> {
+        let (owner, last) = self.last.entry(tid).or_default();
+        *owner = tgid;
+        if shared > last.len() {
+            last.clear();
+            return None;
+        }
+        last.drain(..last.len() - shared);
+        last.splice(0..0, frames.iter().copied());
+        Some(last)
+    }
+
+    /// A process exited: its threads' stacks go.
+    pub fn forget(&mut self, tgid: u32) {
+        self.last.retain(|_, (owner, _)| *owner != tgid);
+    }
+
+    /// Every thread's stack goes: after a heap record that could not be decoded, the kernel's
+    /// idea of a thread's previous stack may not be ours.
+    pub fn clear(&mut self) {
+        self.last.clear();
+    }
+}
+
+impl Decoder {
+    /// A heap allocation ([`HeapRecord`]): the thread's frees made before it, then the allocation.
+    pub(super) fn decode_heap(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        const HEADER: usize = size_of::<HeapRecord>();
+        let Some(header) = bytes.first_chunk::<HEADER>() else {
+            self.undecodable_heap();
+            return;
+        };
+        // SAFETY: HEADER bytes; HeapRecord is plain data, read unaligned.
+        let h: HeapRecord = unsafe { std::ptr::read_unaligned(header.as_ptr().cast()) };
+        let words = u64_words(&bytes[HEADER..]);
+        let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
+        let kind = match AllocFn::from_u32(u32::from(h.func)) {
+            Some(AllocFn::Realloc | AllocFn::Reallocarray) => Some(EventKind::Realloc),
+            Some(f) if f.is_heap_alloc() => Some(EventKind::Alloc),
+            _ => None,
+        };
+        let shared = usize::from(h.shared);
+        let (Some(kind), true, true) = (kind, n + shared <= MAX_FRAMES, words.len() == n + m)
+        else {
+            self.undecodable_heap();
+            return;
+        };
+        self.push_frees(h.tgid, &words[n..], out);
+        let ev = Event {
+            kind: kind as u32,
+            func: u32::from(h.func),
+            tgid: h.tgid,
+            tid: h.tid,
+            ts_ns: h.ts_ns,
+            addr: h.addr,
+            size: h.size,
+            old_addr: h.old_addr,
+            ..Event::default()
+        };
+        let stack = match self
+            .thread_stacks
+            .complete(h.tgid, h.tid, &words[..n], shared)
+        {
+            Some(frames) => {
+                let mut se = StackEvent {
+                    event: ev,
+                    stack_bytes: 8 * frames.len() as i64,
+                    leaf_caller: 0,
+                    frames: [0; MAX_FRAMES],
+                };
+                se.frames[..frames.len()].copy_from_slice(frames);
+                self.intern(&se, out)
+            }
+            None => {
+                self.undecodable += 1; // its stack: the event itself counts without one
+                None
+            }
+        };
+        self.push_event(kind, &ev, stack, out);
+    }
+
+    /// A heap record that could not be read: counted, and no thread's stack is trusted after it.
+    fn undecodable_heap(&mut self) {
+        self.undecodable += 1;
+        self.thread_stacks.clear();
+    }
+
+    /// A thread's frees not carried by an allocation ([`FreesEvent`]).
+    pub(super) fn decode_frees(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+        const HEADER: usize = size_of::<FreesEvent>() - 8 * FREES_PER_RECORD;
+        let Some(header) = bytes.first_chunk::<HEADER>() else {
+            self.undecodable += 1;
+            return;
+        };
+        let tgid = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let n = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+        let addrs = u64_words(&bytes[HEADER..]);
+        if addrs.len() as u64 != n || addrs.len() > FREES_PER_RECORD {
+            self.undecodable += 1;
+            return;
+        }
+        self.push_frees(tgid, &addrs, out);
+    }
+
+    /// A thread's frees, in the order they were made.
+    fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
+        for &addr in addrs {
+            let ev = Event {
+                kind: EventKind::Free as u32,
+                func: AllocFn::Free as u32,
+                tgid,
+                old_addr: addr,
+                ..Event::default()
+            };
+            self.push_event(EventKind::Free, &ev, None, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ThreadStacks;
+
+    #[test]
+    fn a_thread_stack_is_completed_from_its_previous_one() {
+        let mut t = ThreadStacks::default();
+        assert_eq!(t.complete(1, 10, &[3, 2, 1], 0), Some(&[3, 2, 1][..]));
+        // Same stack again: nothing sent, all three shared.
+        assert_eq!(t.complete(1, 10, &[], 3), Some(&[3, 2, 1][..]));
+        // A new innermost part under the two outermost frames.
+        assert_eq!(t.complete(1, 10, &[5, 4], 2), Some(&[5, 4, 2, 1][..]));
+        assert_eq!(t.complete(1, 10, &[6], 3), Some(&[6, 4, 2, 1][..]));
+        // Another thread has its own.
+        assert_eq!(t.complete(1, 11, &[7], 0), Some(&[7][..]));
+        assert_eq!(t.complete(1, 10, &[], 4), Some(&[6, 4, 2, 1][..]));
+    }
+
+    #[test]
+    fn a_stack_never_sent_whole_is_not_made_up() {
+        let mut t = ThreadStacks::default();
+        assert_eq!(t.complete(1, 10, &[9], 2), None, "nothing to share from");
+        assert_eq!(t.complete(1, 10, &[2, 1], 0), Some(&[2, 1][..]));
+        assert_eq!(t.complete(1, 10, &[3], 3), None, "more shared than known");
+        assert_eq!(t.complete(1, 10, &[], 1), None, "forgotten after that");
+        assert_eq!(t.complete(1, 10, &[2, 1], 0), Some(&[2, 1][..]));
+        t.forget(1);
+        assert_eq!(t.complete(1, 10, &[], 2), None, "the process exited");
+        assert_eq!(t.complete(2, 10, &[8], 0), Some(&[8][..]));
+        t.clear();
+        assert_eq!(t.complete(2, 10, &[], 1), None, "cleared");
+    }
+}
