@@ -2,7 +2,8 @@
 //! time and the whole process's wall time (libtorch's start-up included: a million allocator calls
 //! before the first step) of the leaky variant untraced and traced in each heap mode (`--heap
 //! full`, `sampled`, `off`: device memory and pages only), side by side, the median of `--rounds`
-//! runs each. Each run starts once no leaktracer is left: one that has finished still unregisters
+//! runs each; then the loop's CPU time (every thread's, user and kernel: where the probes run,
+//! without the time other tasks take from this small machine's CPUs). Each run starts once no leaktracer is left: one that has finished still unregisters
 //! its uprobes for a few seconds, and until then every malloc on the machine traps.
 
 use std::{
@@ -38,8 +39,17 @@ fn settle() {
     }
 }
 
-/// Seconds `cmd` takes, which must succeed, and the seconds its training loop took.
-fn timed(cmd: &mut Command) -> anyhow::Result<(f64, f64)> {
+/// What one run measured, in seconds: the whole process by the wall clock, its training loop by
+/// the wall clock and in CPU time.
+#[derive(Clone, Copy)]
+struct Run {
+    wall: f64,
+    loop_wall: f64,
+    loop_cpu: f64,
+}
+
+/// Runs `cmd`, which must succeed, and reads what its training loop took.
+fn timed(cmd: &mut Command) -> anyhow::Result<Run> {
     settle();
     let file = std::env::temp_dir().join(format!("harness-loop-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&file);
@@ -56,7 +66,15 @@ fn timed(cmd: &mut Command) -> anyhow::Result<(f64, f64)> {
     let wall = t.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&file).context("the loop's time")?;
     let _ = std::fs::remove_file(&file);
-    Ok((wall, text.trim().parse().context("the loop's time")?))
+    let mut it = text.split_whitespace().map(str::parse::<f64>);
+    match (it.next(), it.next()) {
+        (Some(Ok(loop_wall)), Some(Ok(loop_cpu))) => Ok(Run {
+            wall,
+            loop_wall,
+            loop_cpu,
+        }),
+        _ => bail!("the loop's time: expected two numbers, got {text:?}"),
+    }
 }
 
 pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<String> {
@@ -87,34 +105,54 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
         "{:<4} {:>18} {:>28} {:>28} {:>28}",
         "", "untraced", "--heap full", "--heap sampled", "--heap off"
     );
-    let cell = |(wall, lp): (f64, f64), (bwall, blp): (f64, f64)| {
+    let cell = |r: Run, b: Run| {
         format!(
-            "{lp:.3}s {:+.1}% [{wall:.1}s {:+.0}%]",
-            (lp / blp - 1.0) * 100.0,
-            (wall / bwall - 1.0) * 100.0
+            "{:.3}s {:+.1}% [{:.1}s {:+.0}%]",
+            r.loop_wall,
+            (r.loop_wall / b.loop_wall - 1.0) * 100.0,
+            r.wall,
+            (r.wall / b.wall - 1.0) * 100.0
         )
     };
+    let cpu_cell = |r: Run, b: Run| {
+        format!(
+            "{:.3}s {:+.1}%",
+            r.loop_cpu,
+            (r.loop_cpu / b.loop_cpu - 1.0) * 100.0
+        )
+    };
+    let mut cpu_rows = Vec::new();
     for s in SCENARIOS {
-        let mut m: [Vec<(f64, f64)>; 4] = Default::default();
+        let mut m: [Vec<Run>; 4] = Default::default();
         for _ in 0..rounds {
             m[0].push(timed(Command::new(&harness).args(args(s)))?);
             m[1].push(timed(&mut traced(&["--heap", "full"], s))?);
             m[2].push(timed(&mut traced(&["--heap", "sampled"], s))?);
             m[3].push(timed(&mut traced(&["--heap", "off"], s))?);
         }
-        let [base, full, sampled, off] = m.map(|v| {
-            (
-                median(v.iter().map(|x| x.0).collect()),
-                median(v.iter().map(|x| x.1).collect()),
-            )
+        let [base, full, sampled, off] = m.map(|v| Run {
+            wall: median(v.iter().map(|x| x.wall).collect()),
+            loop_wall: median(v.iter().map(|x| x.loop_wall).collect()),
+            loop_cpu: median(v.iter().map(|x| x.loop_cpu).collect()),
         });
         println!(
             "{s:<4} {:>18} {:>28} {:>28} {:>28}",
-            format!("{:.3}s [{:.1}s]", base.1, base.0),
+            format!("{:.3}s [{:.1}s]", base.loop_wall, base.wall),
             cell(full, base),
             cell(sampled, base),
             cell(off, base)
         );
+        cpu_rows.push(format!(
+            "{s:<4} {:>18} {:>28} {:>28} {:>28}",
+            format!("{:.3}s", base.loop_cpu),
+            cpu_cell(full, base),
+            cpu_cell(sampled, base),
+            cpu_cell(off, base)
+        ));
+    }
+    println!("the training loop's CPU time (every thread, user + kernel), median of {rounds}:");
+    for row in cpu_rows {
+        println!("{row}");
     }
     Ok(String::new())
 }

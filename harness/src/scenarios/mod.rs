@@ -27,18 +27,31 @@ pub fn hold_until_exit<T>(state: T) {
 }
 
 /// Runs `step` for every step, marking each with `harness_step` first. With `HARNESS_LOOP_FILE`
-/// set, the loop's seconds are written there (what `harness bench` compares: the training loop
-/// without the process's start-up).
+/// set, the loop's seconds are written there, by the wall clock and in CPU time of the whole
+/// process (what `harness bench` compares: the training loop without the process's start-up).
 pub fn steps(cfg: &Config, mut step: impl FnMut(u64) -> anyhow::Result<()>) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
+    let cpu = process_cpu_s();
     for i in 0..cfg.steps {
         harness_step(i);
         step(i)?;
     }
     if let Some(path) = std::env::var_os("HARNESS_LOOP_FILE") {
-        std::fs::write(path, format!("{}\n", start.elapsed().as_secs_f64()))?;
+        let (wall, cpu) = (start.elapsed().as_secs_f64(), process_cpu_s() - cpu);
+        std::fs::write(path, format!("{wall} {cpu}\n"))?;
     }
     Ok(())
+}
+
+/// The CPU time (user and kernel, every thread) this process has used, in seconds.
+fn process_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// Forked worker processes (DataLoader or compile workers): each runs `body` once and then waits
