@@ -122,17 +122,22 @@ fn frees_of_a_thread_that_then_waits_are_seen_while_it_waits() {
     assert_eq!(last.losses()["unmatched_frees"], 0);
 }
 
+/// Traces fixture `name`, which must exit 0, with `--collapsed FILE`: the run and FILE's text.
+fn trace_collapsed(name: &str) -> Option<(fixture::Traced, String)> {
+    let file = fixture::target_dir().join(format!("{name}.collapsed"));
+    let _ = std::fs::remove_file(&file);
+    let t = fixture::trace_fixture(name, &["--collapsed", file.to_str().unwrap()], &[])?;
+    assert_eq!(t.output.status.code(), Some(0));
+    let text = std::fs::read_to_string(&file).expect("collapsed stacks written");
+    Some((t, text))
+}
+
 /// `--collapsed FILE`: flamegraph input, kind first, frames outermost first, exact bytes.
 #[test]
 fn collapsed_stacks_carry_the_exact_bytes() {
-    let file = fixture::target_dir().join("heap.collapsed");
-    let _ = std::fs::remove_file(&file);
-    let Some(t) = fixture::trace_fixture("heap", &["--collapsed", file.to_str().unwrap()], &[])
-    else {
+    let Some((_, text)) = trace_collapsed("heap") else {
         return;
     };
-    assert_eq!(t.output.status.code(), Some(0));
-    let text = std::fs::read_to_string(&file).expect("collapsed stacks written");
     let line = |suffix: &str| {
         text.lines()
             .find(|l| l.starts_with("heap;") && l.ends_with(suffix))
@@ -151,14 +156,9 @@ fn collapsed_stacks_carry_the_exact_bytes() {
 /// a shallow stack shrank the thread's copies.
 #[test]
 fn deep_and_sparse_stacks_are_walked_whole() {
-    let file = fixture::target_dir().join("deep.collapsed");
-    let _ = std::fs::remove_file(&file);
-    let Some(t) = fixture::trace_fixture("deep", &["--collapsed", file.to_str().unwrap()], &[])
-    else {
+    let Some((t, text)) = trace_collapsed("deep") else {
         return;
     };
-    assert_eq!(t.output.status.code(), Some(0));
-    let text = std::fs::read_to_string(&file).expect("collapsed stacks written");
     let heap: Vec<&str> = text.lines().filter(|l| l.starts_with("heap;")).collect();
     let deep = format!(";main;{}leak_deep 999", "rec;".repeat(41));
     assert!(
