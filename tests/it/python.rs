@@ -215,10 +215,12 @@ fn other_interpreters() -> Vec<(u8, String)> {
         };
         let exe = format!("{root}/versions/{name}/bin/python3.{minor}");
         let new = !found.iter().any(|(m, _)| *m == minor);
-        if (10..=13).contains(&minor) && new && !mine.contains(&format!("python3.{minor}")) {
-            if std::path::Path::new(&exe).exists() {
-                found.push((minor, exe));
-            }
+        if (10..=13).contains(&minor)
+            && new
+            && !mine.contains(&format!("python3.{minor}"))
+            && std::path::Path::new(&exe).exists()
+        {
+            found.push((minor, exe));
         }
     }
     eprintln!("other CPython versions tested: {found:?}");
