@@ -26,8 +26,10 @@ const PAGE: u64 = 4096;
 pub const STEP: u64 = 2048;
 /// Copies a walk makes at most (a deep interpreter stack of dense frames takes several).
 const MAX_READS: u64 = 8;
-/// Buffer words: one copy; a power of two so indexes can be masked for the verifier.
-const BUF_WORDS: usize = STEP as usize / 8;
+/// Buffer words: twice a copy, so that a copy's length needs only a mask for the verifier (a
+/// clamp is a branch, and each branch a state to verify in every round of the walk); a power of
+/// two so indexes can be masked too.
+const BUF_WORDS: usize = 2 * STEP as usize / 8;
 const MASK: usize = BUF_WORDS - 1;
 
 #[map]
@@ -91,7 +93,12 @@ struct Walk {
     loaded: u64,
     base: u64,
     reads: u64,
+    /// The farthest frame record needed from a copy's start so far, over the copies left
+    /// behind, and in the current copy (frames are met in order up the stack).
     extent: u64,
+    last: u64,
+    /// Bytes per copy.
+    len: u64,
 }
 
 #[map]
@@ -130,26 +137,31 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     set(&mut w.n, 1);
     set(&mut w.reads, 1);
     set(&mut w.extent, 0);
-    for _ in 0..MAX_FRAMES {
+    set(&mut w.last, 0);
+    set(&mut w.len, len);
+    // Extra rounds: a round that copies records no frame.
+    for _ in 0..MAX_FRAMES + MAX_READS as usize {
         let (fp, base, n) = (get(&w.fp), get(&w.base), get(&w.n));
         if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 {
             break;
         }
-        let (mut off, mut loaded) = (fp - base, get(&w.loaded));
-        if off + 16 > loaded && get(&w.reads) < MAX_READS {
+        let (off, loaded, reads) = (fp - base, get(&w.loaded), get(&w.reads));
+        if off + 16 > loaded && reads < MAX_READS {
             // The chain left the copy: copy again from the frame it went to (a longer copy would
             // have held it when it is less than STEP away).
-            if off + 16 <= STEP {
-                set(&mut w.extent, (off + 16).max(get(&w.extent)));
-            }
-            loaded = copy_upto(buf, fp, len);
-            off = 0;
-            set(&mut w.loaded, loaded);
+            let needed = if off + 16 <= STEP {
+                off + 16
+            } else {
+                get(&w.last)
+            };
+            set(&mut w.extent, needed.max(get(&w.extent)));
+            set(&mut w.loaded, copy_upto(buf, fp, get(&w.len)));
             set(&mut w.base, fp);
-            set(&mut w.reads, get(&w.reads) + 1);
+            set(&mut w.reads, reads + 1);
+            continue;
         }
         let (next, ret) = if off + 16 <= loaded {
-            set(&mut w.extent, (off + 16).max(get(&w.extent)));
+            set(&mut w.last, off + 16);
             let i = (opaque(off) / 8) as usize;
             (buf[i & MASK], buf[(i + 1) & MASK])
         } else {
@@ -172,7 +184,7 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     Some(Stack {
         record,
         n: get(&w.n) as usize,
-        extent: get(&w.extent),
+        extent: get(&w.extent).max(get(&w.last)),
     })
 }
 
@@ -224,7 +236,7 @@ fn opaque(mut v: u64) -> u64 {
     v
 }
 
-/// Copies `len` (at most STEP) bytes of user memory at `src` into `buf`, or, when that range is
+/// Copies `len` (at most STEP; callers pass no more) bytes of user memory at `src` into `buf`, or, when that range is
 /// not all mapped (the end of the stack), the bytes up to the end of `src`'s page. Returns the
 /// bytes copied (0 when `src`'s page is not mapped either).
 #[inline(always)]
@@ -243,8 +255,8 @@ fn copy_upto(buf: &mut [u64; BUF_WORDS], src: u64, len: u64) -> u64 {
 /// Copies `len` bytes of user memory at `src` into the start of `buf`.
 #[inline(always)]
 fn copy(buf: &mut [u64; BUF_WORDS], src: u64, len: u64) -> bool {
-    let len = (opaque(len) & (2 * STEP - 1)).min(STEP) as u32;
-    // SAFETY: `len <= STEP` bytes, the size of `buf`.
+    let len = (opaque(len) & (2 * STEP - 1)) as u32;
+    // SAFETY: `len < 2 * STEP` bytes, the size of `buf`.
     unsafe { read_user_raw(buf.as_mut_ptr().cast(), len, src as *const _) == 0 }
 }
 
