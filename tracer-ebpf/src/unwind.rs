@@ -58,8 +58,8 @@ pub struct UserRegs {
 pub struct Stack {
     pub record: *mut StackEvent,
     pub n: usize,
-    /// Bytes of a copy the walk needed: the farthest frame record from its copy's start, or from
-    /// where a copy of STEP bytes would have held the next frame but a shorter one did not.
+    /// Bytes of a copy the walk needed: the farthest frame record from its copy's start, and
+    /// where a shorter copy than STEP missed the next frame, at least twice that length.
     pub extent: u64,
 }
 
@@ -149,8 +149,10 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
         if off + 16 > loaded && reads < MAX_READS {
             // The chain left the copy: copy again from the frame it went to (a longer copy would
             // have held it when it is less than STEP away).
+            // A chain of close frames that a short copy cut: twice the length at least, so that
+            // a thread whose copies shrank on shallow stacks gets them back in a few walks.
             let needed = if off + 16 <= STEP {
-                off + 16
+                (off + 16).max(2 * get(&w.len))
             } else {
                 get(&w.last)
             };
