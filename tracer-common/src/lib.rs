@@ -406,12 +406,19 @@ pub struct Pending {
     /// its walks have needed, so that a shallow stack is not copied 2 KiB at a time.
     pub walk_hint: u64,
     /// The stack of the thread's last heap record that reached the ring, outermost frame first,
-    /// `n_prev` of them: the next record sends only what differs (see [`HeapRecord`]).
+    /// `n_prev` of them, and that record's time: the next record sends only what differs (see
+    /// [`HeapRecord`]), unless [`SHARE_NS`] have passed.
     pub n_prev: u64,
+    pub prev_ns: u64,
     pub prev: [u64; MAX_FRAMES],
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 16 + 8 * MAX_FRAMES);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 24 + 8 * MAX_FRAMES);
+
+/// A heap record shares frames only with a record of its thread at most this old: user space
+/// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space
+/// is not told) do not pile up.
+pub const SHARE_NS: u64 = 10_000_000_000;
 
 impl Default for Pending {
     fn default() -> Self {

@@ -14,8 +14,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     COUNTERS, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES,
-    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, STOPPED_FOR_PROBES, StackEvent, SysCall,
-    TRACED_HOLD,
+    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, SHARE_NS, STOPPED_FOR_PROBES, StackEvent,
+    SysCall, TRACED_HOLD,
 };
 
 use crate::task_storage::TaskStorage;
@@ -196,6 +196,10 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    if ev.ts_ns > p.prev_ns.saturating_add(SHARE_NS) {
+        p.n_prev = 0; // user space may have let this thread's last stack go
+    }
+    p.prev_ns = ev.ts_ns;
     let shared = share_suffix(stack, &mut p.prev, &mut p.n_prev);
     let n = stack.n.saturating_sub(shared) & (MAX_FRAMES * 2 - 1);
     let n = if n > MAX_FRAMES { MAX_FRAMES } else { n };

@@ -6,49 +6,92 @@
 use std::collections::HashMap;
 
 use tracer_common::{
-    AllocFn, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, StackEvent,
+    AllocFn, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, SHARE_NS,
+    StackEvent,
 };
 
 use super::{Decoder, Input, u64_words};
 
-/// Per thread: its process and the stack of its last heap record, innermost frame first.
+/// Per thread: its process, the time and the stack (innermost frame first) of its last heap
+/// record. A thread's stack goes when the thread's process exits, or [`KEPT_NS`] after its last
+/// record (the kernel side shares frames only with a record at most [`SHARE_NS`] old): threads
+/// that end are not announced, and their stacks must not pile up.
 #[derive(Default)]
 pub struct ThreadStacks {
-    last: HashMap<u32, (u32, Vec<u64>)>,
+    last: HashMap<u32, Last>,
+    /// The latest record time seen, and when the next sweep of old stacks is due.
+    now_ns: u64,
+    sweep_ns: u64,
 }
 
+struct Last {
+    tgid: u32,
+    ts_ns: u64,
+    frames: Vec<u64>,
+}
+
+/// How long a thread's last stack is kept after its record.
+const KEPT_NS: u64 = 2 * SHARE_NS;
+
 impl ThreadStacks {
-    /// The whole stack of a record of thread `tid` that sent `frames` (innermost first) and shares
-    /// its `shared` outermost frames with the thread's previous heap record; it becomes the
-    /// thread's last stack. None when the thread has no such previous stack (a record of it that
-    /// user space never decoded): the thread's stack is forgotten until a record sends it whole.
+    /// The whole stack of a record of thread `tid` at `ts_ns` that sent `frames` (innermost
+    /// first) and shares its `shared` outermost frames with the thread's previous heap record; it
+    /// becomes the thread's last stack. None when the thread has no such previous stack (a record
+    /// of it that user space never decoded): the thread's stack is forgotten until a record sends
+    /// it whole.
     pub fn complete(
         &mut self,
         tgid: u32,
         tid: u32,
+        ts_ns: u64,
         frames: &[u64],
         shared: usize,
     ) -> Option<&[u64]> {
-        let (owner, last) = self.last.entry(tid).or_default();
-        *owner = tgid;
-        if shared > last.len() {
-            last.clear();
+        self.sweep(ts_ns);
+        let last = self.last.entry(tid).or_insert_with(|| Last {
+            tgid,
+            ts_ns,
+            frames: Vec::new(),
+        });
+        (last.tgid, last.ts_ns) = (tgid, ts_ns);
+        let kept = &mut last.frames;
+        if shared > kept.len() {
+            kept.clear();
             return None;
         }
-        last.drain(..last.len() - shared);
-        last.splice(0..0, frames.iter().copied());
-        Some(last)
+        kept.drain(..kept.len() - shared);
+        kept.splice(0..0, frames.iter().copied());
+        Some(kept)
+    }
+
+    /// Drops the stacks of threads without a record for [`KEPT_NS`], once per [`SHARE_NS`] of
+    /// record time.
+    fn sweep(&mut self, ts_ns: u64) {
+        self.now_ns = self.now_ns.max(ts_ns);
+        if self.now_ns < self.sweep_ns {
+            return;
+        }
+        let now = self.now_ns;
+        self.last
+            .retain(|_, l| l.ts_ns.saturating_add(KEPT_NS) >= now);
+        self.sweep_ns = now + SHARE_NS;
     }
 
     /// A process exited: its threads' stacks go.
     pub fn forget(&mut self, tgid: u32) {
-        self.last.retain(|_, (owner, _)| *owner != tgid);
+        self.last.retain(|_, l| l.tgid != tgid);
     }
 
     /// Every thread's stack goes: after a heap record that could not be decoded, the kernel's
     /// idea of a thread's previous stack may not be ours.
     pub fn clear(&mut self) {
         self.last.clear();
+    }
+
+    /// Threads whose last stack is kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.last.len()
     }
 }
 
@@ -87,10 +130,10 @@ impl Decoder {
             old_addr: h.old_addr,
             ..Event::default()
         };
-        let stack = match self
+        let completed = self
             .thread_stacks
-            .complete(h.tgid, h.tid, &words[..n], shared)
-        {
+            .complete(h.tgid, h.tid, h.ts_ns, &words[..n], shared);
+        let stack = match completed {
             Some(frames) => {
                 let mut se = StackEvent {
                     event: ev,
@@ -149,34 +192,61 @@ impl Decoder {
 
 #[cfg(test)]
 mod tests {
-    use super::ThreadStacks;
+    use super::{KEPT_NS, SHARE_NS, ThreadStacks};
 
     #[test]
     fn a_thread_stack_is_completed_from_its_previous_one() {
         let mut t = ThreadStacks::default();
-        assert_eq!(t.complete(1, 10, &[3, 2, 1], 0), Some(&[3, 2, 1][..]));
+        assert_eq!(t.complete(1, 10, 1, &[3, 2, 1], 0), Some(&[3, 2, 1][..]));
         // Same stack again: nothing sent, all three shared.
-        assert_eq!(t.complete(1, 10, &[], 3), Some(&[3, 2, 1][..]));
+        assert_eq!(t.complete(1, 10, 2, &[], 3), Some(&[3, 2, 1][..]));
         // A new innermost part under the two outermost frames.
-        assert_eq!(t.complete(1, 10, &[5, 4], 2), Some(&[5, 4, 2, 1][..]));
-        assert_eq!(t.complete(1, 10, &[6], 3), Some(&[6, 4, 2, 1][..]));
+        assert_eq!(t.complete(1, 10, 3, &[5, 4], 2), Some(&[5, 4, 2, 1][..]));
+        assert_eq!(t.complete(1, 10, 4, &[6], 3), Some(&[6, 4, 2, 1][..]));
         // Another thread has its own.
-        assert_eq!(t.complete(1, 11, &[7], 0), Some(&[7][..]));
-        assert_eq!(t.complete(1, 10, &[], 4), Some(&[6, 4, 2, 1][..]));
+        assert_eq!(t.complete(1, 11, 5, &[7], 0), Some(&[7][..]));
+        assert_eq!(t.complete(1, 10, 6, &[], 4), Some(&[6, 4, 2, 1][..]));
     }
 
     #[test]
     fn a_stack_never_sent_whole_is_not_made_up() {
         let mut t = ThreadStacks::default();
-        assert_eq!(t.complete(1, 10, &[9], 2), None, "nothing to share from");
-        assert_eq!(t.complete(1, 10, &[2, 1], 0), Some(&[2, 1][..]));
-        assert_eq!(t.complete(1, 10, &[3], 3), None, "more shared than known");
-        assert_eq!(t.complete(1, 10, &[], 1), None, "forgotten after that");
-        assert_eq!(t.complete(1, 10, &[2, 1], 0), Some(&[2, 1][..]));
+        assert_eq!(t.complete(1, 10, 1, &[9], 2), None, "nothing to share from");
+        assert_eq!(t.complete(1, 10, 2, &[2, 1], 0), Some(&[2, 1][..]));
+        assert_eq!(
+            t.complete(1, 10, 3, &[3], 3),
+            None,
+            "more shared than known"
+        );
+        assert_eq!(t.complete(1, 10, 4, &[], 1), None, "forgotten after that");
+        assert_eq!(t.complete(1, 10, 5, &[2, 1], 0), Some(&[2, 1][..]));
         t.forget(1);
-        assert_eq!(t.complete(1, 10, &[], 2), None, "the process exited");
-        assert_eq!(t.complete(2, 10, &[8], 0), Some(&[8][..]));
+        assert_eq!(t.complete(1, 10, 6, &[], 2), None, "the process exited");
+        assert_eq!(t.complete(2, 10, 7, &[8], 0), Some(&[8][..]));
         t.clear();
-        assert_eq!(t.complete(2, 10, &[], 1), None, "cleared");
+        assert_eq!(t.complete(2, 10, 8, &[], 1), None, "cleared");
+    }
+
+    #[test]
+    fn the_stacks_of_threads_gone_quiet_go_but_not_before_the_kernel_stops_sharing() {
+        let mut t = ThreadStacks::default();
+        let s = 1_000_000_000;
+        for tid in 0..1000 {
+            t.complete(1, tid, s, &[tid as u64 + 4096], 0);
+        }
+        // Thread 5 allocates again just within the sharing window: its stack is still there.
+        assert_eq!(
+            t.complete(1, 5, s + SHARE_NS, &[], 1),
+            Some(&[5 + 4096][..])
+        );
+        assert_eq!(t.len(), 1000);
+        // Past KEPT_NS the quiet threads' stacks go; thread 5's (younger) stays.
+        t.complete(1, 7777, s + KEPT_NS + 1, &[1 << 20], 0);
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t.complete(1, 5, s + KEPT_NS + 2, &[], 1),
+            Some(&[5 + 4096][..])
+        );
+        assert_eq!(t.complete(1, 6, s + KEPT_NS + 3, &[], 1), None);
     }
 }
