@@ -262,7 +262,7 @@ impl AllocFn {
 }
 
 /// Frees a thread has made since its last record, at most this many, carried by its next
-/// allocation record ([`StackEvent::frees`]) or sent as a [`FreesEvent`] when the batch is full, when
+/// allocation record ([`HeapRecord`]) or sent as a [`FreesEvent`] when the batch is full, when
 /// the thread is switched out, and before any other record of its heap calls: the free, the busiest
 /// call there is, costs no ring reservation of its own (one reservation a malloc+free pair instead
 /// of two).

@@ -147,10 +147,10 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
         }
         let (off, loaded, reads) = (fp - base, get(&w.loaded), get(&w.reads));
         if off + 16 > loaded && reads < MAX_READS {
-            // The chain left the copy: copy again from the frame it went to (a longer copy would
-            // have held it when it is less than STEP away).
-            // A chain of close frames that a short copy cut: twice the length at least, so that
-            // a thread whose copies shrank on shallow stacks gets them back in a few walks.
+            // The chain left the copy: copy again from the frame it went to. When that frame is
+            // less than STEP away, a longer copy would have held it: the thread's copies are to
+            // be at least twice as long, so that copies shrunk on shallow stacks grow back in a
+            // few walks.
             let needed = if off + 16 <= STEP {
                 (off + 16).max(2 * get(&w.len))
             } else {
@@ -238,7 +238,7 @@ fn opaque(mut v: u64) -> u64 {
     v
 }
 
-/// Copies `len` (at most STEP; callers pass no more) bytes of user memory at `src` into `buf`, or, when that range is
+/// Copies `len` (at most STEP) bytes of user memory at `src` into `buf`, or, when that range is
 /// not all mapped (the end of the stack), the bytes up to the end of `src`'s page. Returns the
 /// bytes copied (0 when `src`'s page is not mapped either).
 #[inline(always)]
