@@ -4,6 +4,7 @@
 pub mod elf;
 pub mod placement;
 pub mod prober;
+mod sets;
 pub mod tracefs;
 
 use std::path::{Path, PathBuf};
@@ -16,12 +17,12 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
-use iced_x86::Register;
 use serde::Serialize;
 
-use tracer_common::{AllocFn, TRACED_HOLD, TRACED_ON};
+use tracer_common::{TRACED_HOLD, TRACED_ON};
 
 use crate::error::Error;
+use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
 
 /// Whether the programs do the work or are empty (the probe floor, for the benchmark).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,179 +65,6 @@ pub struct Library {
     /// The process whose mapping of it was first seen (0: before any).
     pub pid: u32,
 }
-
-/// A function leaktracer probes: its symbol (a C++ one by demangled name), entry and return
-/// programs, and the argument registers its entry program reads.
-struct ProbeFn {
-    name: &'static str,
-    entry: &'static str,
-    ret: Option<&'static str>,
-    args: &'static [Register],
-    /// For multi-attach programs (one link per library and program): the function's cookie.
-    cookie: Option<u64>,
-}
-
-const fn heap_fn(
-    name: &'static str,
-    entry: &'static str,
-    args: &'static [Register],
-    returns: bool,
-) -> ProbeFn {
-    ProbeFn {
-        name,
-        entry,
-        ret: if returns { Some("alloc_return") } else { None },
-        args,
-        cookie: None,
-    }
-}
-
-/// A CUDA function: the shared multi-attach entry and return programs, told apart by a cookie.
-const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
-    ProbeFn {
-        name,
-        entry: "cuda_enter",
-        ret: Some("cuda_return"),
-        args: &[],
-        cookie: Some(func as u64),
-    }
-}
-
-/// Functions probed together in one library, and the symbol that says the library has them.
-struct ProbeSet {
-    role: &'static str,
-    marker: &'static str,
-    /// Only libraries whose file name starts with this (None: any file defining `marker`).
-    file_prefix: Option<&'static str>,
-    fns: &'static [ProbeFn],
-    /// Hot functions: the probe offset is chosen from the prologue (placement.rs). Others take
-    /// the entry, whatever it costs.
-    placed: bool,
-}
-
-const RDI: &[Register] = &[Register::RDI];
-const RDI_RSI: &[Register] = &[Register::RDI, Register::RSI];
-const RDI_RSI_RDX: &[Register] = &[Register::RDI, Register::RSI, Register::RDX];
-
-const HEAP: ProbeSet = ProbeSet {
-    role: "libc",
-    marker: "malloc",
-    file_prefix: Some("libc.so"),
-    placed: true,
-    fns: &[
-        heap_fn("malloc", "malloc_enter", RDI, true),
-        heap_fn("calloc", "calloc_enter", RDI_RSI, true),
-        heap_fn("realloc", "realloc_enter", RDI_RSI, true),
-        heap_fn("reallocarray", "reallocarray_enter", RDI_RSI_RDX, true),
-        heap_fn("posix_memalign", "posix_memalign_enter", RDI_RSI_RDX, true),
-        heap_fn("aligned_alloc", "aligned_alloc_enter", RDI_RSI, true),
-        heap_fn("memalign", "memalign_enter", RDI_RSI, true),
-        heap_fn("valloc", "valloc_enter", RDI, true),
-        heap_fn("pvalloc", "pvalloc_enter", RDI, true),
-        heap_fn("free", "free_enter", RDI, false),
-        // Syscall wrappers probed so their page-level events carry the caller's stack.
-        heap_fn("sbrk", "sbrk_enter", &[], true),
-        heap_fn("mremap", "mremap_wrapper_enter", &[], true),
-    ],
-};
-
-const CUDA_RUNTIME: ProbeSet = ProbeSet {
-    role: "cuda-runtime",
-    marker: "cudaMalloc",
-    file_prefix: None, // libcudart.so.N, or a program that links cudart statically
-    placed: false,
-    fns: &[
-        cuda_fn("cudaMalloc", AllocFn::CudaMalloc),
-        cuda_fn("cudaFree", AllocFn::CudaFree),
-        cuda_fn("cudaMallocAsync", AllocFn::CudaMallocAsync),
-        cuda_fn("cudaFreeAsync", AllocFn::CudaFreeAsync),
-        cuda_fn("cudaMallocManaged", AllocFn::CudaMallocManaged),
-        cuda_fn("cudaMallocHost", AllocFn::CudaMallocHost),
-        cuda_fn("cudaHostAlloc", AllocFn::CudaHostAlloc),
-        cuda_fn("cudaFreeHost", AllocFn::CudaFreeHost),
-        cuda_fn("cudaMallocPitch", AllocFn::CudaMallocPitch),
-    ],
-};
-
-const CUDA_DRIVER: ProbeSet = ProbeSet {
-    role: "cuda-driver",
-    marker: "cuMemAlloc_v2",
-    file_prefix: None,
-    placed: false,
-    fns: &[
-        cuda_fn("cuMemAlloc_v2", AllocFn::CuMemAlloc),
-        cuda_fn("cuMemFree_v2", AllocFn::CuMemFree),
-        cuda_fn("cuMemAllocAsync", AllocFn::CuMemAllocAsync),
-        cuda_fn("cuMemFreeAsync", AllocFn::CuMemFreeAsync),
-        cuda_fn("cuMemAllocHost_v2", AllocFn::CuMemAllocHost),
-        cuda_fn("cuMemHostAlloc", AllocFn::CuMemHostAlloc),
-        cuda_fn("cuMemFreeHost", AllocFn::CuMemFreeHost),
-        cuda_fn("cuMemCreate", AllocFn::CuMemCreate),
-        cuda_fn("cuMemRelease", AllocFn::CuMemRelease),
-        cuda_fn("cuMemMap", AllocFn::CuMemMap),
-        cuda_fn("cuMemUnmap", AllocFn::CuMemUnmap),
-    ],
-};
-
-const TORCH_CPU: ProbeSet = ProbeSet {
-    role: "torch-cpu",
-    marker: "c10::alloc_cpu",
-    file_prefix: None, // libc10.so
-    placed: false,
-    fns: &[ProbeFn {
-        name: "c10::alloc_cpu",
-        entry: "c10_alloc_cpu_enter",
-        ret: Some("c10_alloc_return"),
-        args: RDI,
-        cookie: None,
-    }],
-};
-
-/// PyTorch's CUDA caching allocator (libc10_cuda.so, local symbols found by demangled name).
-const TORCH_CUDA: ProbeSet = ProbeSet {
-    role: "torch-cuda",
-    marker: TORCH_CUDA_MALLOC,
-    file_prefix: None,
-    placed: false,
-    fns: &[
-        ProbeFn {
-            name: TORCH_CUDA_MALLOC,
-            entry: "torch_cuda_malloc_enter",
-            ret: Some("torch_cuda_return"),
-            args: &[],
-            cookie: None,
-        },
-        ProbeFn {
-            name: "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::get_allocated_block",
-            entry: "torch_cuda_free_enter",
-            ret: None,
-            args: &[],
-            cookie: None,
-        },
-    ],
-};
-
-const TORCH_CUDA_MALLOC: &str =
-    "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
-
-const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
-
-/// (program, category, tracepoint)
-const TRACEPOINTS: &[(&str, &str, &str)] = &[
-    ("mmap_enter", "syscalls", "sys_enter_mmap"),
-    ("mmap_exit", "syscalls", "sys_exit_mmap"),
-    ("munmap_enter", "syscalls", "sys_enter_munmap"),
-    ("munmap_exit", "syscalls", "sys_exit_munmap"),
-    ("mprotect_enter", "syscalls", "sys_enter_mprotect"),
-    ("mprotect_exit", "syscalls", "sys_exit_mprotect"),
-    ("mremap_enter", "syscalls", "sys_enter_mremap"),
-    ("mremap_exit", "syscalls", "sys_exit_mremap"),
-    ("brk_enter", "syscalls", "sys_enter_brk"),
-    ("brk_exit", "syscalls", "sys_exit_brk"),
-    ("task_newtask", "task", "task_newtask"),
-    ("process_exec", "sched", "sched_process_exec"),
-    ("process_exit", "sched", "sched_process_exit"),
-];
 
 /// The loaded eBPF object and everything attached from it. Dropping it detaches all probes.
 pub struct Probes {

@@ -1,0 +1,179 @@
+//! What leaktracer probes: the function sets it looks for in each library (the malloc family,
+//! the CUDA runtime and driver, PyTorch's allocators) and the tracepoints of the page level.
+
+use iced_x86::Register;
+
+use tracer_common::AllocFn;
+
+/// A function leaktracer probes: its symbol (a C++ one by demangled name), entry and return
+/// programs, and the argument registers its entry program reads.
+pub(super) struct ProbeFn {
+    pub(super) name: &'static str,
+    pub(super) entry: &'static str,
+    pub(super) ret: Option<&'static str>,
+    pub(super) args: &'static [Register],
+    /// For multi-attach programs (one link per library and program): the function's cookie.
+    pub(super) cookie: Option<u64>,
+}
+
+const fn heap_fn(
+    name: &'static str,
+    entry: &'static str,
+    args: &'static [Register],
+    returns: bool,
+) -> ProbeFn {
+    ProbeFn {
+        name,
+        entry,
+        ret: if returns { Some("alloc_return") } else { None },
+        args,
+        cookie: None,
+    }
+}
+
+/// A CUDA function: the shared multi-attach entry and return programs, told apart by a cookie.
+const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
+    ProbeFn {
+        name,
+        entry: "cuda_enter",
+        ret: Some("cuda_return"),
+        args: &[],
+        cookie: Some(func as u64),
+    }
+}
+
+/// Functions probed together in one library, and the symbol that says the library has them.
+pub(super) struct ProbeSet {
+    pub(super) role: &'static str,
+    pub(super) marker: &'static str,
+    /// Only libraries whose file name starts with this (None: any file defining `marker`).
+    pub(super) file_prefix: Option<&'static str>,
+    pub(super) fns: &'static [ProbeFn],
+    /// Hot functions: the probe offset is chosen from the prologue (placement.rs). Others take
+    /// the entry, whatever it costs.
+    pub(super) placed: bool,
+}
+
+const RDI: &[Register] = &[Register::RDI];
+const RDI_RSI: &[Register] = &[Register::RDI, Register::RSI];
+const RDI_RSI_RDX: &[Register] = &[Register::RDI, Register::RSI, Register::RDX];
+
+pub(super) const HEAP: ProbeSet = ProbeSet {
+    role: "libc",
+    marker: "malloc",
+    file_prefix: Some("libc.so"),
+    placed: true,
+    fns: &[
+        heap_fn("malloc", "malloc_enter", RDI, true),
+        heap_fn("calloc", "calloc_enter", RDI_RSI, true),
+        heap_fn("realloc", "realloc_enter", RDI_RSI, true),
+        heap_fn("reallocarray", "reallocarray_enter", RDI_RSI_RDX, true),
+        heap_fn("posix_memalign", "posix_memalign_enter", RDI_RSI_RDX, true),
+        heap_fn("aligned_alloc", "aligned_alloc_enter", RDI_RSI, true),
+        heap_fn("memalign", "memalign_enter", RDI_RSI, true),
+        heap_fn("valloc", "valloc_enter", RDI, true),
+        heap_fn("pvalloc", "pvalloc_enter", RDI, true),
+        heap_fn("free", "free_enter", RDI, false),
+        // Syscall wrappers probed so their page-level events carry the caller's stack.
+        heap_fn("sbrk", "sbrk_enter", &[], true),
+        heap_fn("mremap", "mremap_wrapper_enter", &[], true),
+    ],
+};
+
+const CUDA_RUNTIME: ProbeSet = ProbeSet {
+    role: "cuda-runtime",
+    marker: "cudaMalloc",
+    file_prefix: None, // libcudart.so.N, or a program that links cudart statically
+    placed: false,
+    fns: &[
+        cuda_fn("cudaMalloc", AllocFn::CudaMalloc),
+        cuda_fn("cudaFree", AllocFn::CudaFree),
+        cuda_fn("cudaMallocAsync", AllocFn::CudaMallocAsync),
+        cuda_fn("cudaFreeAsync", AllocFn::CudaFreeAsync),
+        cuda_fn("cudaMallocManaged", AllocFn::CudaMallocManaged),
+        cuda_fn("cudaMallocHost", AllocFn::CudaMallocHost),
+        cuda_fn("cudaHostAlloc", AllocFn::CudaHostAlloc),
+        cuda_fn("cudaFreeHost", AllocFn::CudaFreeHost),
+        cuda_fn("cudaMallocPitch", AllocFn::CudaMallocPitch),
+    ],
+};
+
+const CUDA_DRIVER: ProbeSet = ProbeSet {
+    role: "cuda-driver",
+    marker: "cuMemAlloc_v2",
+    file_prefix: None,
+    placed: false,
+    fns: &[
+        cuda_fn("cuMemAlloc_v2", AllocFn::CuMemAlloc),
+        cuda_fn("cuMemFree_v2", AllocFn::CuMemFree),
+        cuda_fn("cuMemAllocAsync", AllocFn::CuMemAllocAsync),
+        cuda_fn("cuMemFreeAsync", AllocFn::CuMemFreeAsync),
+        cuda_fn("cuMemAllocHost_v2", AllocFn::CuMemAllocHost),
+        cuda_fn("cuMemHostAlloc", AllocFn::CuMemHostAlloc),
+        cuda_fn("cuMemFreeHost", AllocFn::CuMemFreeHost),
+        cuda_fn("cuMemCreate", AllocFn::CuMemCreate),
+        cuda_fn("cuMemRelease", AllocFn::CuMemRelease),
+        cuda_fn("cuMemMap", AllocFn::CuMemMap),
+        cuda_fn("cuMemUnmap", AllocFn::CuMemUnmap),
+    ],
+};
+
+pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
+    role: "torch-cpu",
+    marker: "c10::alloc_cpu",
+    file_prefix: None, // libc10.so
+    placed: false,
+    fns: &[ProbeFn {
+        name: "c10::alloc_cpu",
+        entry: "c10_alloc_cpu_enter",
+        ret: Some("c10_alloc_return"),
+        args: RDI,
+        cookie: None,
+    }],
+};
+
+/// PyTorch's CUDA caching allocator (libc10_cuda.so, local symbols found by demangled name).
+const TORCH_CUDA: ProbeSet = ProbeSet {
+    role: "torch-cuda",
+    marker: TORCH_CUDA_MALLOC,
+    file_prefix: None,
+    placed: false,
+    fns: &[
+        ProbeFn {
+            name: TORCH_CUDA_MALLOC,
+            entry: "torch_cuda_malloc_enter",
+            ret: Some("torch_cuda_return"),
+            args: &[],
+            cookie: None,
+        },
+        ProbeFn {
+            name: "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::get_allocated_block",
+            entry: "torch_cuda_free_enter",
+            ret: None,
+            args: &[],
+            cookie: None,
+        },
+    ],
+};
+
+const TORCH_CUDA_MALLOC: &str =
+    "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
+
+pub(super) const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
+
+/// (program, category, tracepoint)
+pub(super) const TRACEPOINTS: &[(&str, &str, &str)] = &[
+    ("mmap_enter", "syscalls", "sys_enter_mmap"),
+    ("mmap_exit", "syscalls", "sys_exit_mmap"),
+    ("munmap_enter", "syscalls", "sys_enter_munmap"),
+    ("munmap_exit", "syscalls", "sys_exit_munmap"),
+    ("mprotect_enter", "syscalls", "sys_enter_mprotect"),
+    ("mprotect_exit", "syscalls", "sys_exit_mprotect"),
+    ("mremap_enter", "syscalls", "sys_enter_mremap"),
+    ("mremap_exit", "syscalls", "sys_exit_mremap"),
+    ("brk_enter", "syscalls", "sys_enter_brk"),
+    ("brk_exit", "syscalls", "sys_exit_brk"),
+    ("task_newtask", "task", "task_newtask"),
+    ("process_exec", "sched", "sched_process_exec"),
+    ("process_exit", "sched", "sched_process_exit"),
+];
