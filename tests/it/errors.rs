@@ -136,12 +136,15 @@ fn no_libc_in_target_is_refused() {
 }
 
 #[test]
-fn bad_heap_mode_ring_size_or_sample_interval_is_a_usage_error() {
+fn bad_heap_mode_ring_size_sample_interval_or_heap_start_is_a_usage_error() {
     for args in [
         &["--heap", "some"][..],
         &["--ring-mb", "3"],
         &["--ring-mb", "2048"],
         &["--heap", "sampled", "--sample-bytes", "100"],
+        &["--heap", "off", "--heap-after", "5"],
+        &["--heap-after", "-1"],
+        &["--heap-after", "soon"],
     ] {
         let out = tests::fixture::leaktracer_cmd()
             .arg("run")

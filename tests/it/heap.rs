@@ -253,3 +253,77 @@ fn sampled_heap_estimates_kept_bytes_and_matches_frees_of_recorded_blocks() {
     assert_eq!(r.losses()["unmatched_frees"], 0);
     assert_eq!(r.losses()["sampled_full"], 0);
 }
+
+/// `--heap-after`: the heap functions go in after the delay, or at the step. The fixture's blocks
+/// from before are not seen and its frees of them count as unmatched; the blocks after are exact.
+#[test]
+fn heap_probes_put_in_late_see_exactly_what_comes_after() {
+    let Some(r) = trace_late(&["--heap-after", "0.3"], &[]) else {
+        return;
+    };
+    assert_eq!(r.0["heap"]["after"]["seconds"], 0.3);
+    let libc = r.library("libc.so.6");
+    assert!(libc["timing"]["after_s"].as_f64().unwrap() >= 0.3, "{libc}");
+    let Some(r) = trace_late(
+        &["--step-symbol", "late_step", "--heap-after", "3"],
+        &["steps"],
+    ) else {
+        return;
+    };
+    assert_eq!(r.0["heap"]["after"]["steps"], 3);
+    assert_eq!(r.0["steps"], 3);
+}
+
+/// Traces fixture `late` with `extra`; the fixture waits on its stdin (the tracer's) for a line,
+/// sent once the log says libc's probes are in. Checks what every trigger must give.
+fn trace_late(extra: &[&str], args: &[&str]) -> Option<tests::report::Report> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    if !fixture::bpf_available() {
+        return None;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("late");
+    let out = fixture::target_dir().join("late.json");
+    let mut tracer = fixture::leaktracer_cmd()
+        .args(["-v", "run", "--json", "--top", "1000", "-o"])
+        .arg(&out)
+        .args(extra)
+        .arg("--")
+        .arg(&bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(tracer.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = String::new();
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("heap probes in") && line.contains("libc.so") {
+            break;
+        }
+    }
+    // Whether or not the probes went in, the fixture is let go, so that the tracer ends.
+    let _ = tracer.stdin.take().unwrap().write_all(b"go\n");
+    let status = tracer.wait().unwrap();
+    reader.join().unwrap();
+    log.extend(rx.try_iter().map(|l| l + "\n"));
+    assert!(log.contains("heap probes in"), "{log}");
+    assert_eq!(status.code(), Some(0), "{log}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let r = tests::report::Report::parse(text.lines().last().unwrap()).unwrap();
+    assert_eq!(r.site("heap", 0, "after"), (50 * 3000, 50));
+    assert_eq!(r.site("heap", 0, "before"), (0, 0));
+    assert_eq!(r.losses()["unmatched_frees"], 20);
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "heap_after", "{libc}");
+    Some(r)
+}

@@ -232,6 +232,12 @@ pub struct ReportArgs {
     /// heap function: device memory (CUDA) and pages (mmap, brk) only, the cheapest.
     #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
     pub heap: HeapMode,
+    /// Probe the heap functions only after S seconds of tracing (with --step-symbol: from step
+    /// S on), so that start-up's allocations cost nothing (libtorch's static initialisation
+    /// makes about a million). Blocks allocated before are not seen, and frees of them count as
+    /// unmatched; device memory and pages are traced from the start.
+    #[arg(long, value_name = "S")]
+    pub heap_after: Option<f64>,
     /// MiB of the kernel's event ring (a power of two from 1 to 1024): what bursts are buffered
     /// in while user space catches up; resident in full.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_RING_MB)]
@@ -364,6 +370,13 @@ impl ReportArgs {
         crate::report::HeapTracing {
             mode,
             sample_bytes: (mode == HeapMode::Sampled).then_some(self.sample_bytes),
+            after: self.heap_after.filter(|_| mode != HeapMode::Off).map(|s| {
+                if self.step_symbol.is_some() {
+                    crate::report::HeapAfter::Steps(s.ceil() as u64)
+                } else {
+                    crate::report::HeapAfter::Seconds(s)
+                }
+            }),
         }
     }
 
@@ -419,6 +432,16 @@ impl ReportArgs {
         }
         if !(h.keep_days.is_finite() && h.keep_days > 0.0) || h.keep_mib == 0 {
             return Err("--keep-days and --keep-mib must be positive".into());
+        }
+        if let Some(s) = self.heap_after {
+            if !(s.is_finite() && s >= 0.0) {
+                return Err(format!(
+                    "--heap-after must be a non-negative number of seconds (or steps), got {s}"
+                ));
+            }
+            if self.heap_mode() == HeapMode::Off {
+                return Err("--heap-after needs the heap traced (--heap full or sampled)".into());
+            }
         }
         if !(self.warmup.is_finite() && self.warmup >= 0.0) {
             return Err(format!(

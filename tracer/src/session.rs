@@ -79,6 +79,9 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if args.no_python_stacks {
         probes.skip_python();
     }
+    if args.heap_after.is_some() {
+        probes.defer_heap();
+    }
     // Before the command is started: a history or an address that cannot be opened stops the
     // session here.
     let ui = args
@@ -312,9 +315,24 @@ async fn trace(
             Some(w) => w.snapshot(report(ledger, analysis, sym, stored_top, false), reason),
             None => tracing::warn!("snapshot asked for, but no history is kept (--no-store)"),
         };
+    // --heap-after: the heap probes go in after S seconds, or at step S with --step-symbol.
+    let mut heap_after = args.heap_after;
+    let heap_sleep = tokio::time::sleep(Duration::from_secs_f64(heap_after.unwrap_or(0.0)));
+    tokio::pin!(heap_sleep);
+    let start_heap = |heap_after: &mut Option<f64>| {
+        *heap_after = None;
+        let after_s = started.elapsed().as_secs_f64();
+        let _ = prober.requests.send(ProbeRequest::StartHeap { after_s });
+    };
     let exit_code = loop {
         tokio::select! {
-            Some(batch) = rx.recv() => apply(&mut analysis, &mut ledger, batch),
+            Some(batch) = rx.recv() => {
+                apply(&mut analysis, &mut ledger, batch);
+                if per_step && heap_after.is_some_and(|s| ledger.steps as f64 >= s) {
+                    start_heap(&mut heap_after);
+                }
+            }
+            () = &mut heap_sleep, if !per_step && heap_after.is_some() => start_heap(&mut heap_after),
             _ = sample_tick.tick() => sample(&mut analysis, &ledger),
             _ = tick.tick() => {
                 out.write(&report(&ledger, &analysis, &mut sym, args.top, false), args.json)?
@@ -357,6 +375,12 @@ async fn trace(
     let _ = stop_tx.send(true);
     while let Some(batch) = rx.recv().await {
         apply(&mut analysis, &mut ledger, batch);
+    }
+    if let Some(after) = heap_after {
+        let unit = if per_step { "steps" } else { "s" };
+        tracing::warn!(
+            "the heap was never traced: the run ended before --heap-after {after} {unit}"
+        );
     }
     if per_step && ledger.steps == 0 {
         tracing::warn!(

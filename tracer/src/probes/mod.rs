@@ -53,6 +53,9 @@ pub enum Timing {
     /// Mapped while traced, probed `late_ms` after (the process could not be held): calls in that
     /// window are not seen.
     Late { late_ms: f64 },
+    /// Heap functions probed `after_s` seconds into tracing (`--heap-after`): calls before are
+    /// not seen.
+    HeapAfter { after_s: f64 },
 }
 
 /// A library leaktracer probes, with what it is and when its probes went in.
@@ -89,6 +92,9 @@ pub struct Probes {
     heap_sampling: u64,
     /// Whether `switch_out` is attached (with the first heap probes of `--heap full`).
     switch_out: bool,
+    /// `--heap-after`, until the heap probes go in: the heap sets found, with the library and
+    /// the process seen mapping it (0: leaktracer's own).
+    heap_deferred: Option<Vec<(PathBuf, &'static ProbeSet, u32)>>,
 }
 
 impl Probes {
@@ -239,6 +245,7 @@ impl Probes {
             no_heap: false,
             heap_sampling: 0,
             switch_out: false,
+            heap_deferred: None,
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -299,13 +306,24 @@ impl Probes {
             }
         };
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        // Probed before the command ran: found in leaktracer's own maps, not a traced one.
+        let lib_pid = if timing == Timing::BeforeStart {
+            0
+        } else {
+            pid
+        };
         let mut roles = Vec::new();
-        for set in PROBE_SETS {
-            if self.no_heap && (set.role == HEAP.role || set.role == TORCH_CPU.role) {
+        for &set in PROBE_SETS {
+            let heap = set.role == HEAP.role || set.role == TORCH_CPU.role;
+            if self.no_heap && heap {
                 continue;
             }
             let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
             if named && elf.function(set.marker).is_some() {
+                if heap && let Some(deferred) = &mut self.heap_deferred {
+                    deferred.push((path.to_path_buf(), set, lib_pid));
+                    continue;
+                }
                 if set.role == HEAP.role {
                     self.attach_switch_out()?;
                 }
@@ -331,12 +349,7 @@ impl Probes {
                 path: path.to_path_buf(),
                 roles,
                 timing,
-                // Probed before the command ran: found in leaktracer's own maps, not a traced one.
-                pid: if timing == Timing::BeforeStart {
-                    0
-                } else {
-                    pid
-                },
+                pid: lib_pid,
             });
         }
         Ok(())
@@ -473,16 +486,51 @@ impl Probes {
         Ok(())
     }
 
+    /// `--heap-after`: heap functions found from now on wait for [`Probes::start_heap`].
+    pub fn defer_heap(&mut self) {
+        self.heap_deferred = Some(Vec::new());
+    }
+
+    /// `--heap-after`: probes the heap functions found so far (and from now on, as they are
+    /// found), `after_s` seconds into tracing. A library that cannot be probed is said and left.
+    pub fn start_heap(&mut self, after_s: f64) {
+        for (path, set, pid) in self.heap_deferred.take().unwrap_or_default() {
+            let attached = elf::ElfFile::open(&path)
+                .map_err(|e| Error::Other(e.into()))
+                .and_then(|elf| {
+                    if set.role == HEAP.role {
+                        self.attach_switch_out()?;
+                    }
+                    self.attach_set(&path, &elf, set)
+                });
+            if let Err(e) = attached {
+                tracing::warn!(library = %path.display(), error = %e, "heap functions not probed");
+                continue;
+            }
+            tracing::info!(library = %path.display(), role = set.role, after_s, "heap probes in");
+            self.libraries.push(Library {
+                path,
+                roles: vec![set.role.into()],
+                timing: Timing::HeapAfter { after_s },
+                pid,
+            });
+        }
+    }
+
     /// Whether heap probes are left out (`--no-heap`).
     pub fn heap_skipped(&self) -> bool {
         self.no_heap
     }
 
-    /// Whether a libc's malloc family is probed.
+    /// Whether a libc's malloc family is probed (or is to be, with `--heap-after`).
     pub fn has_heap(&self) -> bool {
+        let deferred = self.heap_deferred.iter().flatten();
         self.libraries
             .iter()
             .any(|l| l.roles.iter().any(|r| r == HEAP.role))
+            || deferred
+                .into_iter()
+                .any(|(_, set, _)| set.role == HEAP.role)
     }
 
     /// Attaches `prog` at (symbol, offset, cookie) points of `library`, in one attach call.

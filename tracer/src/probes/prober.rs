@@ -36,6 +36,8 @@ pub enum ProbeRequest {
     },
     /// Stop the kernel side from stopping threads (the holder is going away); answers when done.
     EndHolds(mpsc::Sender<()>),
+    /// `--heap-after`: probe the heap functions now, `after_s` seconds into tracing.
+    StartHeap { after_s: f64 },
     /// `serve`: probe the code a running process has mapped, then trace it; answers with the pid
     /// and whether it worked.
     Adopt {
@@ -125,6 +127,10 @@ fn serve(
             }
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
+            }
+            ProbeRequest::StartHeap { after_s } => {
+                probes.start_heap(after_s);
+                info.send_replace(Arc::new(info_of(&probes)));
             }
             ProbeRequest::EndHolds(done) => {
                 probes.release_holds();

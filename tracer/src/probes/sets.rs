@@ -159,7 +159,8 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
 const TORCH_CUDA_MALLOC: &str =
     "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
 
-pub(super) const PROBE_SETS: &[&ProbeSet] = &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
+pub(super) const PROBE_SETS: &[&ProbeSet] =
+    &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
 
 /// (program, category, tracepoint)
 pub(super) const TRACEPOINTS: &[(&str, &str, &str)] = &[

@@ -223,11 +223,24 @@ pub struct Report {
 /// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
 /// absent, not zero), or `sampled` with the mean interval in bytes (heap bytes are then
 /// estimates, scaled from the blocks recorded; blocks count the recorded ones).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HeapTracing {
     pub mode: crate::cli::HeapMode,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sample_bytes: Option<u64>,
+    /// `--heap-after`: the heap functions are probed from this point on only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<HeapAfter>,
+}
+
+/// Where heap tracing starts with `--heap-after`: blocks allocated before are not seen.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum HeapAfter {
+    /// Seconds into tracing.
+    Seconds(f64),
+    /// The step (with `--step-symbol`).
+    Steps(u64),
 }
 
 impl Default for HeapTracing {
@@ -235,6 +248,7 @@ impl Default for HeapTracing {
         Self {
             mode: crate::cli::HeapMode::Full,
             sample_bytes: None,
+            after: None,
         }
     }
 }

@@ -36,6 +36,17 @@ pub fn text(r: &Report) -> String {
         }
         _ => {}
     }
+    let from = match r.heap.after {
+        Some(super::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
+        Some(super::HeapAfter::Steps(n)) => format!("step {n}"),
+        None => String::new(),
+    };
+    if !from.is_empty() {
+        let _ = writeln!(
+            s,
+            "heap: probed from {from} on (--heap-after): blocks allocated before are not seen"
+        );
+    }
     let l = &r.losses;
     let _ = writeln!(
         s,
@@ -191,6 +202,9 @@ fn libraries(s: &mut String, r: &Report) {
             Timing::AlreadyLoaded => "already loaded: calls before the attach not seen".into(),
             Timing::Late { late_ms } => {
                 format!("probed {late_ms:.1} ms after it was mapped: calls in between not seen")
+            }
+            Timing::HeapAfter { after_s } => {
+                format!("probed {after_s:.1} s into tracing (--heap-after): calls before not seen")
             }
         };
         let _ = writeln!(
