@@ -1,10 +1,12 @@
 //! `harness bench --leaktracer PATH`: leaktracer's overhead on each scenario: the training loop's
 //! time and the whole process's wall time (libtorch's start-up included: a million allocator calls
 //! before the first step) of the leaky variant untraced and traced in each heap mode (`--heap
-//! full`, `sampled`, `off`: device memory and pages only), side by side, the median of `--rounds`
-//! runs each; then the loop's CPU time (every thread's, user and kernel: where the probes run,
-//! without the time other tasks take from this small machine's CPUs). Each run starts once no leaktracer is left: one that has finished still unregisters
-//! its uprobes for a few seconds, and until then every malloc on the machine traps.
+//! full`, `sampled`, `off`: device memory and pages only; and full from the first step on, with
+//! `--heap-after`), side by side, the median of `--rounds` runs each; then the loop's CPU time
+//! (every thread's, user and kernel: where the probes run, without the time other tasks take from
+//! this small machine's CPUs). Each run starts once no leaktracer is left: one that has finished
+//! still unregisters its uprobes for a few seconds, and until then every malloc on the machine
+//! traps.
 
 use std::{
     path::Path,
@@ -15,6 +17,16 @@ use std::{
 use anyhow::{Context as _, bail};
 
 const SCENARIOS: [&str; 5] = ["s0", "s1", "s2", "s3", "s4"];
+
+/// `--heap full` with the heap probes put in at the first step: start-up untraced.
+const FROM_STEP_1: &[&str] = &[
+    "--heap",
+    "full",
+    "--step-symbol",
+    "harness_step",
+    "--heap-after",
+    "1",
+];
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -102,8 +114,8 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
          brackets the whole process's (libtorch's start-up included)"
     );
     println!(
-        "{:<4} {:>18} {:>28} {:>28} {:>28}",
-        "", "untraced", "--heap full", "--heap sampled", "--heap off"
+        "{:<4} {:>18} {:>28} {:>28} {:>28} {:>28}",
+        "", "untraced", "--heap full", "--heap sampled", "--heap off", "full from step 1"
     );
     let cell = |r: Run, b: Run| {
         format!(
@@ -123,31 +135,34 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
     };
     let mut cpu_rows = Vec::new();
     for s in SCENARIOS {
-        let mut m: [Vec<Run>; 4] = Default::default();
+        let mut m: [Vec<Run>; 5] = Default::default();
         for _ in 0..rounds {
             m[0].push(timed(Command::new(&harness).args(args(s)))?);
             m[1].push(timed(&mut traced(&["--heap", "full"], s))?);
             m[2].push(timed(&mut traced(&["--heap", "sampled"], s))?);
             m[3].push(timed(&mut traced(&["--heap", "off"], s))?);
+            m[4].push(timed(&mut traced(FROM_STEP_1, s))?);
         }
-        let [base, full, sampled, off] = m.map(|v| Run {
+        let [base, full, sampled, off, late] = m.map(|v| Run {
             wall: median(v.iter().map(|x| x.wall).collect()),
             loop_wall: median(v.iter().map(|x| x.loop_wall).collect()),
             loop_cpu: median(v.iter().map(|x| x.loop_cpu).collect()),
         });
         println!(
-            "{s:<4} {:>18} {:>28} {:>28} {:>28}",
+            "{s:<4} {:>18} {:>28} {:>28} {:>28} {:>28}",
             format!("{:.3}s [{:.1}s]", base.loop_wall, base.wall),
             cell(full, base),
             cell(sampled, base),
-            cell(off, base)
+            cell(off, base),
+            cell(late, base)
         );
         cpu_rows.push(format!(
-            "{s:<4} {:>18} {:>28} {:>28} {:>28}",
+            "{s:<4} {:>18} {:>28} {:>28} {:>28} {:>28}",
             format!("{:.3}s", base.loop_cpu),
             cpu_cell(full, base),
             cpu_cell(sampled, base),
-            cpu_cell(off, base)
+            cpu_cell(off, base),
+            cpu_cell(late, base)
         ));
     }
     println!("the training loop's CPU time (every thread, user + kernel), median of {rounds}:");
