@@ -134,6 +134,7 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
         )
     };
     let mut cpu_rows = Vec::new();
+    let mut base_cpu = Vec::new();
     for s in SCENARIOS {
         let mut m: [Vec<Run>; 5] = Default::default();
         for _ in 0..rounds {
@@ -148,6 +149,7 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
             loop_wall: median(v.iter().map(|x| x.loop_wall).collect()),
             loop_cpu: median(v.iter().map(|x| x.loop_cpu).collect()),
         });
+        base_cpu.push(base.loop_cpu);
         println!(
             "{s:<4} {:>18} {:>28} {:>28} {:>28} {:>28}",
             format!("{:.3}s [{:.1}s]", base.loop_wall, base.wall),
@@ -169,5 +171,46 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
     for row in cpu_rows {
         println!("{row}");
     }
+    println!(
+        "kernel time in leaktracer's programs under --heap off over the whole run (one run, \
+         --probe-cost; the probe traps not included), against the loop's untraced CPU time:"
+    );
+    for (s, base) in SCENARIOS.iter().zip(base_cpu) {
+        let file = std::env::temp_dir().join(format!("harness-cost-{}.json", std::process::id()));
+        let mut c = Command::new(leaktracer);
+        c.args([
+            "run",
+            "--no-store",
+            "--json",
+            "--probe-cost",
+            "--heap",
+            "off",
+            "-o",
+        ])
+        .arg(&file)
+        .arg("--")
+        .arg(&harness)
+        .args(args(s));
+        timed(&mut c)?;
+        let (calls, ns) = probe_cost(&file)?;
+        let _ = std::fs::remove_file(&file);
+        println!(
+            "{s:<4} {calls} runs, {:.2} ms: {:.3}% of {base:.3}s",
+            ns as f64 / 1e6,
+            ns as f64 / 1e9 / base * 100.0
+        );
+    }
     Ok(String::new())
+}
+
+/// Program runs and nanoseconds in the final report's `probe_cost`.
+fn probe_cost(report: &Path) -> anyhow::Result<(u64, u64)> {
+    let text = std::fs::read_to_string(report).context("the traced run's report")?;
+    let last = text.lines().last().context("no report")?;
+    let r: serde_json::Value = serde_json::from_str(last).context("the report's JSON")?;
+    let programs = r["probe_cost"]
+        .as_array()
+        .context("no probe_cost in the report")?;
+    let sum = |key: &str| programs.iter().filter_map(|p| p[key].as_u64()).sum::<u64>();
+    Ok((sum("calls"), sum("ns")))
 }

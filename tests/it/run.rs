@@ -40,6 +40,10 @@ fn free_is_not_probed_on_a_single_stepped_instruction() {
     }
     let _x = fixture::exclusive();
     let t = fixture::trace(&[], &["true"]).unwrap();
+    assert!(
+        t.last().0.get("probe_cost").is_none(),
+        "only with --probe-cost"
+    );
     let probes = t.last().0["probes"].as_array().unwrap().clone();
     let free = probes
         .iter()
@@ -55,5 +59,32 @@ fn free_is_not_probed_on_a_single_stepped_instruction() {
     assert_eq!(
         malloc["offset"], 0,
         "malloc starts with push, which is emulated: {malloc}"
+    );
+}
+
+/// `--probe-cost`: each program that ran, with its runs and kernel time; the heap fixture's own
+/// calls are among the runs (the probes fire for every process, and are filtered in them).
+#[test]
+fn probe_cost_counts_each_programs_runs() {
+    let Some(t) = fixture::trace_fixture("heap", &["--probe-cost"], &[]) else {
+        return;
+    };
+    let cost = t.last().0["probe_cost"].as_array().unwrap().clone();
+    let runs = |name: &str| {
+        cost.iter()
+            .find(|p| p["program"] == name)
+            .and_then(|p| p["calls"].as_u64())
+            .unwrap_or(0)
+    };
+    // heap.c: 20 mallocs and 10 callocs in its leak and control functions, and their 15 frees.
+    assert!(runs("malloc_enter") >= 20, "{cost:?}");
+    assert!(runs("calloc_enter") >= 10, "{cost:?}");
+    assert!(runs("alloc_return") >= 30, "{cost:?}");
+    assert!(runs("free_enter") >= 15, "{cost:?}");
+    assert!(cost.iter().all(|p| p["ns"].as_u64() > Some(0)), "{cost:?}");
+    let ns: Vec<u64> = cost.iter().map(|p| p["ns"].as_u64().unwrap()).collect();
+    assert!(
+        ns.windows(2).all(|w| w[0] >= w[1]),
+        "costliest first: {ns:?}"
     );
 }

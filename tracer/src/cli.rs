@@ -238,6 +238,11 @@ pub struct ReportArgs {
     /// unmatched; device memory and pages are traced from the start.
     #[arg(long, value_name = "S")]
     pub heap_after: Option<f64>,
+    /// Measure what leaktracer's own programs cost: each one's runs and kernel time, in the
+    /// report (`probe_cost`). The kernel's statistics are on for the session and add two clock
+    /// reads to every program run; the probe traps themselves are not in the figures.
+    #[arg(long)]
+    pub probe_cost: bool,
     /// MiB of the kernel's event ring (a power of two from 1 to 1024): what bursts are buffered
     /// in while user space catches up; resident in full.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_RING_MB)]

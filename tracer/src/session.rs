@@ -82,6 +82,11 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if args.heap_after.is_some() {
         probes.defer_heap();
     }
+    // Held to the end of the session: the statistics stay on while it is.
+    let _stats = args
+        .probe_cost
+        .then(crate::probes::cost::enable)
+        .transpose()?;
     // Before the command is started: a history or an address that cannot be opened stops the
     // session here.
     let ui = args
@@ -628,6 +633,11 @@ fn make_report(
         warmup_s: args.warmup,
         per_step: args.step_symbol.is_some(),
         heap: args.heap_tracing(),
+        probe_cost: if args.probe_cost {
+            crate::probes::cost::read(&src.probes.programs)
+        } else {
+            Vec::new()
+        },
     };
     report::build(ledger, sym, &cx)
 }

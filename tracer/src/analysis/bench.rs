@@ -98,6 +98,7 @@ pub(crate) fn report_of(ledger: &Ledger, analysis: &Analysis, top: usize) -> rep
         warmup_s: 0.0,
         per_step: false,
         heap: Default::default(),
+        probe_cost: Vec::new(),
     };
     report::build(ledger, &mut sym, &cx)
 }

@@ -1,6 +1,7 @@
 //! Loading the eBPF object, attaching its programs, and owning the links for the tracer's
 //! lifetime. Also the checks that turn a missing privilege or kernel feature into a clear error.
 
+pub mod cost;
 pub mod elf;
 pub mod placement;
 pub mod prober;
@@ -515,6 +516,15 @@ impl Probes {
                 pid,
             });
         }
+    }
+
+    /// The kernel's ids of the programs loaded so far (for [`cost::read`]).
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.bpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .map(|i| i.id())
+            .collect()
     }
 
     /// Whether heap probes are left out (`--no-heap`).

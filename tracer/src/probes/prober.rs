@@ -51,6 +51,8 @@ pub enum ProbeRequest {
 pub struct ProbesInfo {
     pub attached: Vec<AttachedFn>,
     pub libraries: Vec<Library>,
+    /// The kernel's ids of leaktracer's programs loaded so far.
+    pub programs: Vec<u32>,
 }
 
 /// The running prober.
@@ -93,6 +95,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
     ProbesInfo {
         attached: probes.attached().to_vec(),
         libraries: probes.libraries().to_vec(),
+        programs: probes.program_ids(),
     }
 }
 

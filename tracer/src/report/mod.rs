@@ -218,6 +218,9 @@ pub struct Report {
     /// What was traced of the heap.
     #[serde(default)]
     pub heap: HeapTracing,
+    /// `--probe-cost`: leaktracer's programs' runs and kernel time, the costliest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
 }
 
 /// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
@@ -268,6 +271,7 @@ pub struct Context<'a> {
     /// Verdicts are sampled per step (`--step-symbol`), not per second.
     pub per_step: bool,
     pub heap: HeapTracing,
+    pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
 }
 
 pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report {
@@ -367,6 +371,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         verdicts_per: if cx.per_step { "step" } else { "second" }.into(),
         steps: ledger.steps,
         heap: cx.heap,
+        probe_cost: cx.probe_cost.clone(),
     }
 }
 

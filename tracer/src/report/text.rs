@@ -79,6 +79,7 @@ pub fn text(r: &Report) -> String {
         }
     }
     libraries(&mut s, r);
+    probe_cost(&mut s, r);
     gpu(&mut s, r);
     let _ = writeln!(s, "\nprocesses:");
     for p in &r.processes {
@@ -189,6 +190,27 @@ fn kinds(t: &KindTotals) -> String {
         .map(|(k, a)| format!("{} {} ({})", k.name(), human(a.bytes), a.blocks))
         .collect();
     parts.join(", ")
+}
+
+/// `--probe-cost`: "probe cost: 1234 runs, 2.1 ms in the kernel (alloc_return 700 × 596 ns, …)".
+fn probe_cost(s: &mut String, r: &Report) {
+    if r.probe_cost.is_empty() {
+        return;
+    }
+    let calls: u64 = r.probe_cost.iter().map(|p| p.calls).sum();
+    let ns: u64 = r.probe_cost.iter().map(|p| p.ns).sum();
+    let top: Vec<String> = r
+        .probe_cost
+        .iter()
+        .take(3)
+        .map(|p| format!("{} {} × {} ns", p.program, p.calls, p.ns / p.calls.max(1)))
+        .collect();
+    let _ = writeln!(
+        s,
+        "probe cost: {calls} program runs, {:.1} ms in the kernel ({}; traps not included)",
+        ns as f64 / 1e6,
+        top.join(", ")
+    );
 }
 
 fn libraries(s: &mut String, r: &Report) {
