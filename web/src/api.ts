@@ -15,6 +15,10 @@ export interface Health {
   dropped: number;
   map_fill: { name: string; used: number; capacity: number; peak?: number }[];
   libraries: { path: string; roles: string[]; when: string }[];
+  /// What the heap figures are (sampled estimates, not traced, traced late); empty when exact.
+  heap: string[];
+  /// --probe-cost: leaktracer's programs' runs and kernel time, the costliest first.
+  probe_cost: { program: string; calls: number; ns: number }[];
 }
 
 export interface Update {

@@ -76,6 +76,13 @@ function renderHealth(h: Health): void {
     byId('libraries'),
     ...h.libraries.map((l) => el('li', {}, el('span', { class: 'module' }, l.path), ` ${l.roles.join(', ')} (${l.when})`)),
   );
+  const note = byId('heap-note');
+  note.hidden = h.heap.length === 0;
+  fill(note, ...h.heap.map((n) => el('div', {}, n)));
+  fill(
+    byId('probe-cost'),
+    ...h.probe_cost.map((p) => el('li', {}, `${p.program}: ${count(p.calls)} runs, ${(p.ns / 1e6).toFixed(1)} ms in the kernel (${Math.round(p.ns / Math.max(p.calls, 1))} ns each)`)),
+  );
 }
 
 let refreshing: Promise<void> | null = null;

@@ -40,6 +40,11 @@ pub struct Health {
     /// How full the tables that drop what does not fit are.
     pub map_fill: Vec<FillDto>,
     pub libraries: Vec<LibraryDto>,
+    /// What the heap figures are (sampled estimates, not traced, traced late); empty when every
+    /// allocation is traced from the start.
+    pub heap: Vec<String>,
+    /// `--probe-cost`: leaktracer's programs' runs and kernel time, the costliest first.
+    pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,6 +77,8 @@ impl Health {
                 dropped: 0,
                 map_fill: Vec::new(),
                 libraries: Vec::new(),
+                heap: Vec::new(),
+                probe_cost: Vec::new(),
             };
         };
         let losses: BTreeMap<String, u64> = match serde_json::to_value(&r.losses) {
@@ -120,6 +127,8 @@ impl Health {
                         .unwrap_or_default(),
                 })
                 .collect(),
+            heap: crate::report::heap_notes(&r.heap),
+            probe_cost: r.probe_cost.clone(),
         }
     }
 }

@@ -464,3 +464,37 @@ async fn the_page_is_served_with_a_strict_policy_and_without_the_token() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn health_says_what_the_heap_figures_are_and_what_the_probes_cost() {
+    let (status, v) = get_json(live_state(), "/api/v1/health").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["heap"], serde_json::json!([]), "exact: nothing to say");
+    assert_eq!(v["probe_cost"], serde_json::json!([]));
+    let (ledger, analysis) = ledger_with(5, 6);
+    let mut report = report_of(&ledger, &analysis, 5);
+    report.heap = crate::report::HeapTracing {
+        mode: crate::cli::HeapMode::Sampled,
+        sample_bytes: Some(524_288),
+        after: Some(crate::report::HeapAfter::Steps(3)),
+    };
+    report.probe_cost = vec![crate::probes::cost::ProgramCost {
+        program: "alloc_return".into(),
+        calls: 1000,
+        ns: 600_000,
+    }];
+    let timeline = timeline_of(&report);
+    let state = state_with(Some(Published::new(report, &analysis, &timeline)), None);
+    let (_, v) = get_json(state, "/api/v1/health").await;
+    assert_eq!(
+        v["heap"],
+        serde_json::json!([
+            "heap: sampled, one point every 524288 bytes on average: heap bytes are estimates",
+            "heap: probed from step 3 on (--heap-after): blocks allocated before are not seen"
+        ])
+    );
+    assert_eq!(
+        v["probe_cost"],
+        serde_json::json!([{"program": "alloc_return", "calls": 1000, "ns": 600_000}])
+    );
+}

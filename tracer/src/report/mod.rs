@@ -22,7 +22,7 @@ pub mod prometheus;
 mod text;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
-pub use text::{human, text};
+pub use text::{heap_notes, human, text};
 
 pub const SCHEMA: &str = "leaktracer.report/1";
 

@@ -24,28 +24,8 @@ pub fn text(r: &Report) -> String {
         r.elapsed_s, r.events
     );
     let _ = writeln!(s, "outstanding: {}", kinds(&r.totals));
-    match (r.heap.mode, r.heap.sample_bytes) {
-        (crate::cli::HeapMode::Sampled, Some(b)) => {
-            let _ = writeln!(
-                s,
-                "heap: sampled, one point every {b} bytes on average: heap bytes are estimates"
-            );
-        }
-        (crate::cli::HeapMode::Off, _) => {
-            let _ = writeln!(s, "heap: not traced (--heap off)");
-        }
-        _ => {}
-    }
-    let from = match r.heap.after {
-        Some(super::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
-        Some(super::HeapAfter::Steps(n)) => format!("step {n}"),
-        None => String::new(),
-    };
-    if !from.is_empty() {
-        let _ = writeln!(
-            s,
-            "heap: probed from {from} on (--heap-after): blocks allocated before are not seen"
-        );
+    for note in heap_notes(&r.heap) {
+        let _ = writeln!(s, "{note}");
     }
     let l = &r.losses;
     let _ = writeln!(
@@ -190,6 +170,27 @@ fn kinds(t: &KindTotals) -> String {
         .map(|(k, a)| format!("{} {} ({})", k.name(), human(a.bytes), a.blocks))
         .collect();
     parts.join(", ")
+}
+
+/// What a reader must know of the heap figures, unless every allocation was traced from the start.
+pub fn heap_notes(h: &super::HeapTracing) -> Vec<String> {
+    let mut notes = Vec::new();
+    match (h.mode, h.sample_bytes) {
+        (crate::cli::HeapMode::Sampled, Some(b)) => notes.push(format!(
+            "heap: sampled, one point every {b} bytes on average: heap bytes are estimates"
+        )),
+        (crate::cli::HeapMode::Off, _) => notes.push("heap: not traced (--heap off)".into()),
+        _ => {}
+    }
+    let from = match h.after {
+        Some(super::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
+        Some(super::HeapAfter::Steps(n)) => format!("step {n}"),
+        None => return notes,
+    };
+    notes.push(format!(
+        "heap: probed from {from} on (--heap-after): blocks allocated before are not seen"
+    ));
+    notes
 }
 
 /// `--probe-cost`: "probe cost: 1234 runs, 2.1 ms in the kernel (alloc_return 700 × 596 ns, …)".
