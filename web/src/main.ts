@@ -79,9 +79,12 @@ function renderHealth(h: Health): void {
   const note = byId('heap-note');
   note.hidden = h.heap.length === 0;
   fill(note, ...h.heap.map((n) => el('div', {}, n)));
+  const ms = (ns: number): string => `${(ns / 1e6).toFixed(1)} ms`;
+  const total = h.probe_cost.reduce((a, p) => ({ calls: a.calls + p.calls, ns: a.ns + p.ns }), { calls: 0, ns: 0 });
   fill(
     byId('probe-cost'),
-    ...h.probe_cost.map((p) => el('li', {}, `${p.program}: ${count(p.calls)} runs, ${(p.ns / 1e6).toFixed(1)} ms in the kernel (${Math.round(p.ns / Math.max(p.calls, 1))} ns each)`)),
+    ...(h.probe_cost.length ? [el('li', {}, `probes: ${count(total.calls)} runs, ${ms(total.ns)} in the kernel (the traps not included); the costliest:`)] : []),
+    ...h.probe_cost.slice(0, 6).map((p) => el('li', {}, `${p.program}: ${count(p.calls)} runs, ${ms(p.ns)} (${Math.round(p.ns / Math.max(p.calls, 1))} ns each)`)),
   );
 }
 

@@ -23,15 +23,19 @@ pub fn enable() -> Result<OwnedFd, Error> {
         .map_err(|e| Error::Kernel(format!("program statistics (BPF_ENABLE_STATS): {e}")))
 }
 
-/// The programs among `ids` that ran, the costliest first.
-pub fn read(ids: &[u32]) -> Vec<ProgramCost> {
+/// The programs among `programs` (kernel id, name: the kernel keeps 15 characters of it) that
+/// ran, the costliest first.
+pub fn read(programs: &[(u32, String)]) -> Vec<ProgramCost> {
     let mut out: Vec<ProgramCost> = aya::programs::loaded_programs()
         .flatten()
-        .filter(|p| ids.contains(&p.id()) && p.run_count() > 0)
-        .map(|p| ProgramCost {
-            program: p.name_as_str().unwrap_or("?").to_string(),
-            calls: p.run_count(),
-            ns: p.run_time().as_nanos() as u64,
+        .filter(|p| p.run_count() > 0)
+        .filter_map(|p| {
+            let (_, name) = programs.iter().find(|(id, _)| *id == p.id())?;
+            Some(ProgramCost {
+                program: name.clone(),
+                calls: p.run_count(),
+                ns: p.run_time().as_nanos() as u64,
+            })
         })
         .collect();
     out.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.program.cmp(&b.program)));

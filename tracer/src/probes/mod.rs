@@ -518,12 +518,11 @@ impl Probes {
         }
     }
 
-    /// The kernel's ids of the programs loaded so far (for [`cost::read`]).
-    pub fn program_ids(&self) -> Vec<u32> {
+    /// The programs loaded so far: kernel id and name (for [`cost::read`]).
+    pub fn program_ids(&self) -> Vec<(u32, String)> {
         self.bpf
             .programs()
-            .filter_map(|(_, p)| p.info().ok())
-            .map(|i| i.id())
+            .filter_map(|(name, p)| Some((p.info().ok()?.id(), name.to_string())))
             .collect()
     }
 

@@ -51,8 +51,8 @@ pub enum ProbeRequest {
 pub struct ProbesInfo {
     pub attached: Vec<AttachedFn>,
     pub libraries: Vec<Library>,
-    /// The kernel's ids of leaktracer's programs loaded so far.
-    pub programs: Vec<u32>,
+    /// Leaktracer's programs loaded so far: kernel id and name.
+    pub programs: Vec<(u32, String)>,
 }
 
 /// The running prober.
