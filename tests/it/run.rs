@@ -76,11 +76,14 @@ fn probe_cost_counts_each_programs_runs() {
             .and_then(|p| p["calls"].as_u64())
             .unwrap_or(0)
     };
-    // heap.c: 20 mallocs and 10 callocs in its leak and control functions, and their 15 frees.
+    // heap.c: 20 mallocs and 10 callocs in its leak and control functions, their 15 frees, and
+    // 3 posix_memaligns.
     assert!(runs("malloc_enter") >= 20, "{cost:?}");
     assert!(runs("calloc_enter") >= 10, "{cost:?}");
     assert!(runs("alloc_return") >= 30, "{cost:?}");
     assert!(runs("free_enter") >= 15, "{cost:?}");
+    // Named in full, not as the kernel keeps them (15 characters: "posix_memalign_").
+    assert!(runs("posix_memalign_enter") >= 3, "{cost:?}");
     assert!(cost.iter().all(|p| p["ns"].as_u64() > Some(0)), "{cost:?}");
     let ns: Vec<u64> = cost.iter().map(|p| p["ns"].as_u64().unwrap()).collect();
     assert!(
