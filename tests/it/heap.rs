@@ -256,6 +256,8 @@ fn sampled_heap_estimates_kept_bytes_and_matches_frees_of_recorded_blocks() {
 
 /// `--heap-after`: the heap functions go in after the delay, or at the step. The fixture's blocks
 /// from before are not seen and its frees of them count as unmatched; the blocks after are exact.
+/// With steps nothing waits but the tracer's hold of the thread entering step 3: the blocks right
+/// after it are all seen.
 #[test]
 fn heap_probes_put_in_late_see_exactly_what_comes_after() {
     let Some(r) = trace_late(&["--heap-after", "0.3"], &[]) else {
@@ -274,8 +276,9 @@ fn heap_probes_put_in_late_see_exactly_what_comes_after() {
     assert_eq!(r.0["steps"], 3);
 }
 
-/// Traces fixture `late` with `extra`; the fixture waits on its stdin (the tracer's) for a line,
-/// sent once the log says libc's probes are in. Checks what every trigger must give.
+/// Traces fixture `late` with `extra`; without `args` the fixture waits on its stdin (the
+/// tracer's) for a line, sent once the log says libc's probes are in. Checks what every trigger
+/// must give.
 fn trace_late(extra: &[&str], args: &[&str]) -> Option<tests::report::Report> {
     use std::io::{BufRead, BufReader, Write};
     use std::process::Stdio;

@@ -107,11 +107,30 @@ fn flush_current_frees() {
     }
 }
 
+/// `--heap-after N` with `--step-symbol`: [0] the step at whose entry the stepping thread is
+/// stopped until the heap probes are in (0: none), [1] the steps counted so far.
+#[aya_ebpf::macros::map]
+static HEAP_STEP: aya_ebpf::maps::Array<u64> = aya_ebpf::maps::Array::with_max_entries(2, 0);
+
 /// Entry of the step function named by `--step-symbol`: a step boundary, for per-step verdicts.
 #[aya_ebpf::macros::uprobe]
 pub fn step_enter(_ctx: aya_ebpf::programs::ProbeContext) -> u32 {
-    if let Some((id, _)) = traced_current() {
-        crate::shared::emit(&event(EventKind::Step, 0, id));
+    if let Some((id, _, flags)) = traced_flags() {
+        let mut ev = event(EventKind::Step, 0, id);
+        if let (Some(&target), Some(seen)) = (HEAP_STEP.get(0), HEAP_STEP.get_ptr_mut(1))
+            && target != 0
+        {
+            // SAFETY: a map value. Not atomic (no such add for this target): the step function is
+            // one thread's, and two threads stepping at once could only count one step less.
+            let n = unsafe {
+                *seen += 1;
+                *seen
+            };
+            if n == target {
+                stop_for_probes(flags, &mut ev);
+            }
+        }
+        crate::shared::emit(&ev);
     }
     0
 }

@@ -79,8 +79,11 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     if args.no_python_stacks {
         probes.skip_python();
     }
-    if args.heap_after.is_some() {
+    if let Some(after) = args.heap_after {
         probes.defer_heap();
+        if args.step_symbol.is_some() && after >= 1.0 {
+            probes.hold_heap_at_step(after.ceil() as u64)?;
+        }
     }
     // Held to the end of the session: the statistics stay on while it is.
     let _stats = args
@@ -326,8 +329,7 @@ async fn trace(
     tokio::pin!(heap_sleep);
     let start_heap = |heap_after: &mut Option<f64>| {
         *heap_after = None;
-        let after_s = started.elapsed().as_secs_f64();
-        let _ = prober.requests.send(ProbeRequest::StartHeap { after_s });
+        let _ = prober.requests.send(ProbeRequest::StartHeap);
     };
     let exit_code = loop {
         tokio::select! {

@@ -508,6 +508,15 @@ impl Decoder {
                 self.maps.refresh(ev.tgid);
             }
             EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
+            // `--heap-after N` with steps: the thread is stopped at step N until the heap
+            // probes are in (asked before its release, which the prober answers after).
+            EventKind::Step if held => {
+                self.stopped.insert(ev.tid);
+                if let Some(probe) = &self.probe {
+                    let _ = probe.send(ProbeRequest::StartHeap);
+                }
+                return;
+            }
             EventKind::Mmap if (ev.aux >> 32) & PROT_EXEC != 0 && ev.aux & MAP_ANONYMOUS == 0 => {
                 self.maps.refresh(ev.tgid)
             }

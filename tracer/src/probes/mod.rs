@@ -492,6 +492,21 @@ impl Probes {
         self.heap_deferred = Some(Vec::new());
     }
 
+    /// `--heap-after N` with `--step-symbol`: the thread entering step N is stopped (in a held
+    /// process) until the heap probes are in, so that they see all of step N.
+    pub fn hold_heap_at_step(&mut self, step: u64) -> Result<(), Error> {
+        let map = self
+            .bpf
+            .map_mut("HEAP_STEP")
+            .ok_or_else(|| anyhow::anyhow!("no HEAP_STEP map"))?;
+        let mut steps = aya::maps::Array::<_, u64>::try_from(map)
+            .map_err(|e| anyhow::anyhow!("HEAP_STEP map: {e}"))?;
+        steps
+            .set(0, &step, 0)
+            .map_err(|e| anyhow::anyhow!("HEAP_STEP map: {e}"))?;
+        Ok(())
+    }
+
     /// `--heap-after`: probes the heap functions found so far (and from now on, as they are
     /// found), `after_s` seconds into tracing. A library that cannot be probed is said and left.
     pub fn start_heap(&mut self, after_s: f64) {

@@ -36,8 +36,8 @@ pub enum ProbeRequest {
     },
     /// Stop the kernel side from stopping threads (the holder is going away); answers when done.
     EndHolds(mpsc::Sender<()>),
-    /// `--heap-after`: probe the heap functions now, `after_s` seconds into tracing.
-    StartHeap { after_s: f64 },
+    /// `--heap-after`: probe the heap functions now (once; later asks do nothing).
+    StartHeap,
     /// `serve`: probe the code a running process has mapped, then trace it; answers with the pid
     /// and whether it worked.
     Adopt {
@@ -104,6 +104,7 @@ fn serve(
     rx: &mpsc::Receiver<ProbeRequest>,
     info: &watch::Sender<Arc<ProbesInfo>>,
 ) -> Probes {
+    let started = std::time::Instant::now();
     for req in rx {
         match req {
             ProbeRequest::Code {
@@ -131,8 +132,8 @@ fn serve(
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
             }
-            ProbeRequest::StartHeap { after_s } => {
-                probes.start_heap(after_s);
+            ProbeRequest::StartHeap => {
+                probes.start_heap(started.elapsed().as_secs_f64());
                 info.send_replace(Arc::new(info_of(&probes)));
             }
             ProbeRequest::EndHolds(done) => {
