@@ -81,7 +81,7 @@ pub fn run(target: Target, args: ReportArgs) -> Result<Outcome, Error> {
     }
     if let Some(after) = args.heap_after {
         probes.defer_heap();
-        if args.step_symbol.is_some() && after >= 1.0 {
+        if args.step_symbol.is_some() && after > 0.0 {
             probes.hold_heap_at_step(after.ceil() as u64)?;
         }
     }
