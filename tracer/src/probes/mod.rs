@@ -474,16 +474,22 @@ impl Probes {
     /// `--heap sampled`: the kernel side records heap allocations at sample points `mean` bytes
     /// apart on average (tensors all), and frees of recorded blocks only.
     pub fn sample_heap(&mut self, mean: u64) -> Result<(), Error> {
+        self.set_setting("HEAP_SAMPLING", mean)?;
+        self.heap_sampling = mean;
+        Ok(())
+    }
+
+    /// Sets slot 0 of the kernel side's setting array `name`.
+    fn set_setting(&mut self, name: &str, value: u64) -> Result<(), Error> {
         let map = self
             .bpf
-            .map_mut("HEAP_SAMPLING")
-            .ok_or_else(|| anyhow::anyhow!("no HEAP_SAMPLING map"))?;
-        let mut sampling = aya::maps::Array::<_, u64>::try_from(map)
-            .map_err(|e| anyhow::anyhow!("HEAP_SAMPLING map: {e}"))?;
-        sampling
-            .set(0, &mean, 0)
-            .map_err(|e| anyhow::anyhow!("HEAP_SAMPLING map: {e}"))?;
-        self.heap_sampling = mean;
+            .map_mut(name)
+            .ok_or_else(|| anyhow::anyhow!("no {name} map"))?;
+        let mut array = aya::maps::Array::<_, u64>::try_from(map)
+            .map_err(|e| anyhow::anyhow!("{name} map: {e}"))?;
+        array
+            .set(0, &value, 0)
+            .map_err(|e| anyhow::anyhow!("{name} map: {e}"))?;
         Ok(())
     }
 
@@ -495,16 +501,7 @@ impl Probes {
     /// `--heap-after N` with `--step-symbol`: the thread entering step N is stopped (in a held
     /// process) until the heap probes are in, so that they see all of step N.
     pub fn hold_heap_at_step(&mut self, step: u64) -> Result<(), Error> {
-        let map = self
-            .bpf
-            .map_mut("HEAP_STEP")
-            .ok_or_else(|| anyhow::anyhow!("no HEAP_STEP map"))?;
-        let mut steps = aya::maps::Array::<_, u64>::try_from(map)
-            .map_err(|e| anyhow::anyhow!("HEAP_STEP map: {e}"))?;
-        steps
-            .set(0, &step, 0)
-            .map_err(|e| anyhow::anyhow!("HEAP_STEP map: {e}"))?;
-        Ok(())
+        self.set_setting("HEAP_STEP", step)
     }
 
     /// `--heap-after`: probes the heap functions found so far (and from now on, as they are
