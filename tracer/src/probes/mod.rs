@@ -531,7 +531,7 @@ impl Probes {
     }
 
     /// The programs loaded so far: kernel id and name (for [`cost::read`]).
-    pub fn program_ids(&self) -> Vec<(u32, String)> {
+    pub fn loaded_programs(&self) -> Vec<(u32, String)> {
         self.bpf
             .programs()
             .filter_map(|(name, p)| Some((p.info().ok()?.id(), name.to_string())))

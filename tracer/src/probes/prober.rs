@@ -95,7 +95,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
     ProbesInfo {
         attached: probes.attached().to_vec(),
         libraries: probes.libraries().to_vec(),
-        programs: probes.program_ids(),
+        programs: probes.loaded_programs(),
     }
 }
 
