@@ -60,8 +60,12 @@ struct Run {
     loop_cpu: f64,
 }
 
-/// Runs `cmd`, which must succeed, and reads what its training loop took.
-fn timed(cmd: &mut Command) -> anyhow::Result<Run> {
+/// A BPF program's runs and kernel time (ns) during the training loop, by its name.
+type ProgramTime = (String, u64, u64);
+
+/// Runs `cmd`, which must succeed, and reads what its training loop took (and, when the harness
+/// was asked to, what each BPF program took meanwhile).
+fn timed(cmd: &mut Command) -> anyhow::Result<(Run, Vec<ProgramTime>)> {
     settle();
     let file = std::env::temp_dir().join(format!("harness-loop-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&file);
@@ -78,15 +82,29 @@ fn timed(cmd: &mut Command) -> anyhow::Result<Run> {
     let wall = t.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&file).context("the loop's time")?;
     let _ = std::fs::remove_file(&file);
-    let mut it = text.split_whitespace().map(str::parse::<f64>);
-    match (it.next(), it.next()) {
-        (Some(Ok(loop_wall)), Some(Ok(loop_cpu))) => Ok(Run {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    let mut it = first.split_whitespace().map(str::parse::<f64>);
+    let run = match (it.next(), it.next()) {
+        (Some(Ok(loop_wall)), Some(Ok(loop_cpu))) => Run {
             wall,
             loop_wall,
             loop_cpu,
-        }),
+        },
         _ => bail!("the loop's time: expected two numbers, got {text:?}"),
-    }
+    };
+    let programs = lines
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next(), w.next()) {
+                (Some("program"), Some(name), Some(runs), Some(ns)) => {
+                    Some((name.to_string(), runs.parse().ok()?, ns.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    Ok((run, programs))
 }
 
 pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<String> {
@@ -138,11 +156,11 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
     for s in SCENARIOS {
         let mut m: [Vec<Run>; 5] = Default::default();
         for _ in 0..rounds {
-            m[0].push(timed(Command::new(&harness).args(args(s)))?);
-            m[1].push(timed(&mut traced(&["--heap", "full"], s))?);
-            m[2].push(timed(&mut traced(&["--heap", "sampled"], s))?);
-            m[3].push(timed(&mut traced(&["--heap", "off"], s))?);
-            m[4].push(timed(&mut traced(FROM_STEP_1, s))?);
+            m[0].push(timed(Command::new(&harness).args(args(s)))?.0);
+            m[1].push(timed(&mut traced(&["--heap", "full"], s))?.0);
+            m[2].push(timed(&mut traced(&["--heap", "sampled"], s))?.0);
+            m[3].push(timed(&mut traced(&["--heap", "off"], s))?.0);
+            m[4].push(timed(&mut traced(FROM_STEP_1, s))?.0);
         }
         let [base, full, sampled, off, late] = m.map(|v| Run {
             wall: median(v.iter().map(|x| x.wall).collect()),
@@ -172,8 +190,9 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
         println!("{row}");
     }
     println!(
-        "kernel time in leaktracer's programs under --heap off over the whole run (one run, \
-         --probe-cost; the probe traps not included), against the loop's untraced CPU time:"
+        "kernel time in leaktracer's programs under --heap off (one run, --probe-cost; the probe \
+         traps not included), over the whole run (start-up included) and over the training loop \
+         alone, against the loop's untraced CPU time:"
     );
     for (s, base) in SCENARIOS.iter().zip(base_cpu) {
         let file = std::env::temp_dir().join(format!("harness-cost-{}.json", std::process::id()));
@@ -190,27 +209,50 @@ pub fn run(leaktracer: &Path, steps: u64, rounds: usize) -> anyhow::Result<Strin
         .arg(&file)
         .arg("--")
         .arg(&harness)
-        .args(args(s));
-        timed(&mut c)?;
-        let (calls, ns) = probe_cost(&file)?;
+        .args(args(s))
+        .env("HARNESS_PROGRAM_TIME", "1");
+        let (_, during_loop) = timed(&mut c)?;
+        let whole = probe_cost(&file)?;
         let _ = std::fs::remove_file(&file);
+        // The loop's figures: the programs that ran while the loop did, leaktracer's told by
+        // their names in its report (the kernel keeps 15 characters of a name).
+        let ours = |name: &str| whole.iter().any(|(n, _, _)| n.starts_with(name));
+        let (runs, ns) = during_loop
+            .iter()
+            .filter(|(name, _, _)| ours(name))
+            .fold((0, 0), |(r, t), (_, runs, ns)| (r + runs, t + ns));
+        let (wruns, wns) = whole
+            .iter()
+            .fold((0, 0), |(r, t), (_, runs, ns)| (r + runs, t + ns));
+        let pct = |ns: u64| ns as f64 / 1e9 / base * 100.0;
         println!(
-            "{s:<4} {calls} runs, {:.2} ms: {:.3}% of {base:.3}s",
+            "{s:<4} whole run {wruns} runs {:.2} ms {:.3}%   loop {runs} runs {:.2} ms {:.3}%   of \
+             {base:.3}s",
+            wns as f64 / 1e6,
+            pct(wns),
             ns as f64 / 1e6,
-            ns as f64 / 1e9 / base * 100.0
+            pct(ns),
         );
     }
     Ok(String::new())
 }
 
-/// Program runs and nanoseconds in the final report's `probe_cost`.
-fn probe_cost(report: &Path) -> anyhow::Result<(u64, u64)> {
+/// Each program's name, runs and nanoseconds in the final report's `probe_cost`.
+fn probe_cost(report: &Path) -> anyhow::Result<Vec<ProgramTime>> {
     let text = std::fs::read_to_string(report).context("the traced run's report")?;
     let last = text.lines().last().context("no report")?;
     let r: serde_json::Value = serde_json::from_str(last).context("the report's JSON")?;
     let programs = r["probe_cost"]
         .as_array()
         .context("no probe_cost in the report")?;
-    let sum = |key: &str| programs.iter().filter_map(|p| p[key].as_u64()).sum::<u64>();
-    Ok((sum("calls"), sum("ns")))
+    Ok(programs
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["program"].as_str()?.to_string(),
+                p["calls"].as_u64()?,
+                p["ns"].as_u64()?,
+            ))
+        })
+        .collect())
 }

@@ -11,8 +11,6 @@ use core::mem::size_of;
 pub const MAX_FRAMES: usize = 64;
 /// Traced processes (tgids) the kernel filter can hold at once.
 pub const MAX_TRACED: u32 = 16_384;
-/// Threads that may be inside a traced syscall at the same time (allocator calls live in task storage).
-pub const MAX_PENDING: u32 = 65_536;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size); `--ring-mb` sets it
 /// at load time.
 pub const RINGBUF_BYTES: u32 = 32 << 20;
@@ -427,20 +425,6 @@ impl Default for Pending {
     }
 }
 
-/// A traced syscall in flight on one thread (its entry's arguments, for its exit).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SysCall {
-    /// An [`AllocFn`] value.
-    pub func: u32,
-    pub _pad: u32,
-    pub arg0: u64,
-    pub size: u64,
-    pub aux: u64,
-    pub leaf_caller: u64,
-}
-const _: () = assert!(size_of::<SysCall>() == 40);
-
 /// Page-level events parked per allocator call (glibc's arena creation makes four).
 pub const MAX_DEFERRED: usize = 4;
 
@@ -547,7 +531,6 @@ const _: () = assert!(size_of::<PyStackEvent>() == 64 + 24 * MAX_PY_FRAMES);
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
-    unsafe impl aya::Pod for super::SysCall {}
     unsafe impl aya::Pod for super::PyConfig {}
     unsafe impl aya::Pod for super::SampledKey {}
 }

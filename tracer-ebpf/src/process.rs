@@ -8,7 +8,7 @@ use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
 use crate::shared::{
-    PENDING, SYS_PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes,
+    PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes,
     traced_current, traced_flags,
 };
 
@@ -82,7 +82,6 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     let Some((id, tgid)) = traced_current() else {
         return 0;
     };
-    let _ = SYS_PENDING.remove(&id);
     flush_current_frees();
     let off = EXIT_GROUP_DEAD_OFF.load();
     let group_dead = if off != 0 {

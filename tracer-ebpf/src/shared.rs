@@ -14,8 +14,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     COUNTERS, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES,
-    MAX_PENDING, MAX_TRACED, Pending, RINGBUF_BYTES, SHARE_NS, STOPPED_FOR_PROBES, StackEvent,
-    SysCall, TRACED_HOLD,
+    MAX_TRACED, Pending, RINGBUF_BYTES, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
 };
 
 use crate::task_storage::TaskStorage;
@@ -45,10 +44,6 @@ pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 /// device calls of their own: segments beside blocks).
 #[btf_map]
 pub static TORCH_PENDING: TaskStorage<Pending> = TaskStorage::new();
-
-/// Traced syscalls in flight, keyed by pid_tgid.
-#[map]
-pub static SYS_PENDING: HashMap<u64, SysCall> = HashMap::with_max_entries(MAX_PENDING, 0);
 
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
@@ -356,29 +351,21 @@ pub fn probe_regs(regs: *const pt_regs) -> UserRegs {
     }
 }
 
-/// The user registers of the current task, saved at syscall entry.
+/// The current task's user registers, saved at syscall entry: at a syscall's exit they still
+/// hold the call's arguments and its caller's stack. One read of the whole block.
 #[inline(always)]
-pub fn task_regs() -> UserRegs {
-    // SAFETY: helpers return the current task and its saved user registers; reads fail cleanly.
+pub fn saved_regs() -> Option<pt_regs> {
+    // SAFETY: helpers return the current task and its saved user registers; the read fails
+    // cleanly.
     unsafe {
         let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
-        UserRegs {
-            ip: bpf_probe_read_kernel(&(*regs).rip).unwrap_or(0),
-            sp: bpf_probe_read_kernel(&(*regs).rsp).unwrap_or(0),
-            bp: bpf_probe_read_kernel(&(*regs).rbp).unwrap_or(0),
-        }
+        bpf_probe_read_kernel(regs).ok()
     }
 }
 
-/// The return address at the user stack pointer when the bytes before it encode a call: the caller
-/// of a frameless function, which a frame-pointer walk skips. Used where the thread is inside a
-/// syscall (the user registers are the task's saved ones).
-#[inline(always)]
-pub fn syscall_leaf_caller() -> u64 {
-    leaf_caller_at(task_regs().sp)
-}
-
-/// As [`syscall_leaf_caller`] for a known user stack pointer.
+/// The return address at the user stack pointer `sp` when the bytes before it encode a call: the
+/// caller of a frameless function, which a frame-pointer walk skips. Used where the thread is
+/// inside a syscall.
 #[inline(always)]
 pub fn leaf_caller_at(sp: u64) -> u64 {
     // SAFETY: user memory reads that fail cleanly.

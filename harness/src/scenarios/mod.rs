@@ -28,19 +28,43 @@ pub fn hold_until_exit<T>(state: T) {
 
 /// Runs `step` for every step, marking each with `harness_step` first. With `HARNESS_LOOP_FILE`
 /// set, the loop's seconds are written there, by the wall clock and in CPU time of the whole
-/// process (what `harness bench` compares: the training loop without the process's start-up).
+/// process (what `harness bench` compares: the training loop without the process's start-up);
+/// with `HARNESS_PROGRAM_TIME` set too, then a line per BPF program that ran during the loop, with
+/// its runs and kernel time over the loop (the kernel's statistics, on while a tracer asks for
+/// them: what the tracer's programs took while the loop ran, start-up left out).
 pub fn steps(cfg: &Config, mut step: impl FnMut(u64) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let programs = std::env::var_os("HARNESS_PROGRAM_TIME").map(|_| program_time());
     let start = std::time::Instant::now();
     let cpu = process_cpu_s();
     for i in 0..cfg.steps {
         harness_step(i);
         step(i)?;
     }
+    let (wall, cpu) = (start.elapsed().as_secs_f64(), process_cpu_s() - cpu);
     if let Some(path) = std::env::var_os("HARNESS_LOOP_FILE") {
-        let (wall, cpu) = (start.elapsed().as_secs_f64(), process_cpu_s() - cpu);
-        std::fs::write(path, format!("{wall} {cpu}\n"))?;
+        let mut out = format!("{wall} {cpu}\n");
+        if let Some(before) = programs {
+            for (id, (name, runs, ns)) in program_time() {
+                let (_, runs0, ns0) = before.get(&id).cloned().unwrap_or_default();
+                if runs > runs0 {
+                    out += &format!("program {name} {} {}\n", runs - runs0, ns - ns0);
+                }
+            }
+        }
+        std::fs::write(path, out)?;
     }
     Ok(())
+}
+
+/// Every loaded BPF program's name, runs and kernel time in ns, by program id.
+fn program_time() -> std::collections::BTreeMap<u32, (String, u64, u64)> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| {
+            let name = p.name_as_str().unwrap_or("?").to_string();
+            (p.id(), (name, p.run_count(), p.run_time().as_nanos() as u64))
+        })
+        .collect()
 }
 
 /// The CPU time (user and kernel, every thread) this process has used, in seconds.

@@ -89,8 +89,6 @@ pub const STACK_CAPACITY: usize = stacks::MAX_STACKS;
 /// Entries in use in the tables that drop what does not fit.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Fill {
-    /// Allocator and syscall entries waiting for their return (SYS_PENDING).
-    pub pending: u64,
     /// Distinct stacks interned by ingest, now and at most.
     pub stacks: u64,
     pub stacks_peak: u64,
@@ -106,7 +104,6 @@ const BATCH: usize = 1024;
 pub struct KernelChannels {
     events: ring::Ring,
     stats: PerCpuArray<MapData, u64>,
-    pending: aya::maps::HashMap<MapData, u64, tracer_common::SysCall>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// `--heap sampled`: the mean sampling interval in bytes (0: every allocation is recorded).
     heap_sampling: u64,
@@ -129,8 +126,6 @@ impl KernelChannels {
         };
         let stats =
             PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
-        let pending = aya::maps::HashMap::try_from(map("SYS_PENDING")?)
-            .map_err(|e| anyhow::anyhow!("SYS_PENDING: {e}"))?;
         let sampled = aya::maps::HashMap::try_from(map("SAMPLED")?)
             .map_err(|e| anyhow::anyhow!("SAMPLED: {e}"))?;
         let stops = aya::maps::HashMap::try_from(map("STOPS")?)
@@ -145,7 +140,6 @@ impl KernelChannels {
         Ok(Self {
             events,
             stats,
-            pending,
             logger,
             heap_sampling,
             sampled,
@@ -166,7 +160,6 @@ pub async fn run(
     let KernelChannels {
         events,
         stats,
-        pending,
         logger,
         heap_sampling,
         sampled,
@@ -224,10 +217,10 @@ pub async fn run(
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
-                // Counting the in-flight table walks it: once a second is enough.
+                // Once a second is enough.
                 ticks += 1;
                 if ticks % 5 == 1 {
-                    tx.send(vec![Input::Fill(decoder.fill(&pending))]).await?;
+                    tx.send(vec![Input::Fill(decoder.fill())]).await?;
                 }
             }
             _ = stop.changed() => break,
@@ -235,7 +228,7 @@ pub async fn run(
     }
     decoder.drain(ring.get_mut(), &tx).await?;
     // The final report's table fill: counted once more, after the last events.
-    tx.send(vec![Input::Fill(decoder.fill(&pending))]).await?;
+    tx.send(vec![Input::Fill(decoder.fill())]).await?;
     if let Some(l) = logs.as_mut() {
         l.get_mut().flush();
     }
@@ -302,10 +295,9 @@ struct Decoder {
 }
 
 impl Decoder {
-    /// How full the tables are (counting the in-flight table walks it).
-    fn fill(&self, pending: &aya::maps::HashMap<MapData, u64, tracer_common::SysCall>) -> Fill {
+    /// How full the tables are.
+    fn fill(&self) -> Fill {
         Fill {
-            pending: pending.keys().count() as u64,
             stacks: self.stacks.held() as u64,
             stacks_peak: self.stacks.peak() as u64,
             sampled: self.sampled.held() as u64,

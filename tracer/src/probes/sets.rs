@@ -164,15 +164,10 @@ pub(super) const PROBE_SETS: &[&ProbeSet] =
 
 /// (program, category, tracepoint)
 pub(super) const TRACEPOINTS: &[(&str, &str, &str)] = &[
-    ("mmap_enter", "syscalls", "sys_enter_mmap"),
     ("mmap_exit", "syscalls", "sys_exit_mmap"),
-    ("munmap_enter", "syscalls", "sys_enter_munmap"),
     ("munmap_exit", "syscalls", "sys_exit_munmap"),
-    ("mprotect_enter", "syscalls", "sys_enter_mprotect"),
     ("mprotect_exit", "syscalls", "sys_exit_mprotect"),
-    ("mremap_enter", "syscalls", "sys_enter_mremap"),
     ("mremap_exit", "syscalls", "sys_exit_mremap"),
-    ("brk_enter", "syscalls", "sys_enter_brk"),
     ("brk_exit", "syscalls", "sys_exit_brk"),
     ("task_newtask", "task", "task_newtask"),
     ("process_exec", "sched", "sched_process_exec"),

@@ -168,11 +168,6 @@ fn map_fill(ledger: &Ledger) -> Vec<MapFill> {
             live,
             u64::from(tracer_common::MAX_TRACED),
         ),
-        fill(
-            "calls in flight",
-            ledger.fill.pending,
-            u64::from(tracer_common::MAX_PENDING),
-        ),
         MapFill {
             peak: Some(ledger.fill.stacks_peak),
             ..fill(
