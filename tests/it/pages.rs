@@ -35,3 +35,40 @@ fn mmap_munmap_mremap_and_sbrk_per_call_site() {
     assert_eq!(r.site("brk", 0, "control_sbrk"), (0, 0));
     assert_eq!(r.site("mmap", 0, "failed_mmap"), (0, 0));
 }
+
+/// `--heap off`: the page level alone, each call seen by its exit program only (its arguments read
+/// from the user registers saved at syscall entry): the same regions, sizes and call sites as
+/// with the heap probes in, one program run per call, and no syscall entry program.
+#[test]
+fn heap_off_sees_each_call_by_its_exit_alone() {
+    let Some(t) = fixture::trace_fixture("pages", &["--heap", "off", "--probe-cost"], &[]) else {
+        return;
+    };
+    let r = t.last();
+    let mapped_from = |f: &str| {
+        r.sum(|s| {
+            s["kind"] == "mmap" && frame_index(s, "map") == Some(1) && frame_index(s, f) == Some(2)
+        })
+    };
+    assert_eq!(mapped_from("leak_mmap"), (3 * 5 * PAGE, 3));
+    assert_eq!(mapped_from("control_mmap"), (0, 0));
+    assert_eq!(mapped_from("leak_munmap_partial"), (8 * PAGE, 2));
+    assert_eq!(mapped_from("leak_mremap_grow"), (16 * PAGE, 1));
+    assert_eq!(mapped_from("leak_mremap_shrink"), (2 * PAGE, 1));
+    // The break: +4 and -4 pages, then +16 (the fixture allocates nothing else from the heap).
+    assert_eq!(r.sum(|s| s["kind"] == "brk"), (16 * PAGE, 1));
+    let cost = r.0["probe_cost"].as_array().unwrap().clone();
+    let runs = |name: &str| {
+        cost.iter()
+            .find(|p| p["program"] == name)
+            .and_then(|p| p["calls"].as_u64())
+            .unwrap_or(0)
+    };
+    // The fixture's own calls (ld.so and libc make more): 3 + 1 munmaps, 2 mremaps, 3 sbrks.
+    assert!(runs("munmap_exit") >= 4, "{cost:?}");
+    assert!(runs("mremap_exit") >= 2, "{cost:?}");
+    assert!(runs("brk_exit") >= 3, "{cost:?}");
+    for call in ["mmap", "munmap", "mprotect", "mremap", "brk"] {
+        assert_eq!(runs(&format!("{call}_enter")), 0, "{cost:?}");
+    }
+}
