@@ -403,6 +403,10 @@ pub struct Pending {
     /// Bytes of stack a walk of this thread's allocations reads at once (0: not walked yet): what
     /// its walks have needed, so that a shallow stack is not copied 2 KiB at a time.
     pub walk_hint: u64,
+    /// Whether the thread's process has Python frames to walk (1) or not (0), as found when
+    /// user space had configured `py_gen - 1` processes' interpreters (0: not looked up yet).
+    pub py_gen: u64,
+    pub py: u64,
     /// The stack of the thread's last heap record that reached the ring, outermost frame first,
     /// `n_prev` of them, and that record's time: the next record sends only what differs (see
     /// [`HeapRecord`]), unless [`SHARE_NS`] have passed.
@@ -411,7 +415,7 @@ pub struct Pending {
     pub prev: [u64; MAX_FRAMES],
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 24 + 8 * MAX_FRAMES);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 40 + 8 * MAX_FRAMES);
 
 /// A heap record shares frames only with a record of its thread at most this old: user space
 /// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space

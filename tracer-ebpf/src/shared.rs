@@ -190,7 +190,9 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
-    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    if crate::python::walks_python(p, ev.tgid) {
+        crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    }
     if ev.ts_ns > p.prev_ns.saturating_add(SHARE_NS) {
         p.n_prev = 0; // user space may have let this thread's last stack go
     }

@@ -79,6 +79,8 @@ pub struct Probes {
     python: BpfHashMap<MapData, u32, tracer_common::PyConfig>,
     /// CPython versions seen that have no known layout (said once each).
     python_unknown: std::collections::HashSet<(u8, u8)>,
+    /// Interpreters configured so far: the kernel side's `PY_GEN`.
+    python_configured: u64,
     /// `--no-python-stacks`.
     no_python: bool,
     attached: Vec<AttachedFn>,
@@ -238,6 +240,7 @@ impl Probes {
             traced,
             python,
             python_unknown: Default::default(),
+            python_configured: 0,
             no_python: false,
             attached: Vec::new(),
             libraries: Vec::new(),
@@ -448,7 +451,12 @@ impl Probes {
                 };
                 match self.python.insert(&pid, &cfg, 0) {
                     Ok(()) => tracing::info!(pid, path = %found.path, "Python frames walked"),
-                    Err(e) => tracing::warn!(pid, "Python frames not walked: {e}"),
+                    Err(e) => return tracing::warn!(pid, "Python frames not walked: {e}"),
+                }
+                // After the insert: threads that looked before it look again.
+                self.python_configured += 1;
+                if let Err(e) = self.set_setting("PY_GEN", self.python_configured) {
+                    tracing::warn!(pid, "Python frames not walked: {e}");
                 }
             }
             Err(why) => {
