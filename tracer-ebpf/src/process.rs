@@ -8,8 +8,8 @@ use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
 use crate::shared::{
-    PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes,
-    traced_current, traced_flags,
+    PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes, traced_current,
+    traced_flags,
 };
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).

@@ -62,7 +62,10 @@ fn program_time() -> std::collections::BTreeMap<u32, (String, u64, u64)> {
         .flatten()
         .map(|p| {
             let name = p.name_as_str().unwrap_or("?").to_string();
-            (p.id(), (name, p.run_count(), p.run_time().as_nanos() as u64))
+            (
+                p.id(),
+                (name, p.run_count(), p.run_time().as_nanos() as u64),
+            )
         })
         .collect()
 }
