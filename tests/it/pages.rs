@@ -1,17 +1,16 @@
 //! Page-level probes: anonymous mmap, partial munmap, mremap grow/shrink, sbrk; the direct caller
 //! of libc's frameless syscall wrappers is in the stack.
 
-use tests::{fixture, report::frame_index};
+use tests::{
+    fixture,
+    report::{Report, frame_index},
+};
 
 const PAGE: u64 = 4096;
 
-#[test]
-fn mmap_munmap_mremap_and_sbrk_per_call_site() {
-    let Some(t) = fixture::trace_fixture("pages", &[], &[]) else {
-        return;
-    };
-    let r = t.last();
-    // mmap goes through a helper `map`, called from each leaking function.
+/// The fixture's mappings, by the function that made them: mmap goes through a helper `map`,
+/// called from each leaking function.
+fn assert_mappings(r: &Report) {
     let mapped_from = |f: &str| {
         r.sum(|s| {
             s["kind"] == "mmap" && frame_index(s, "map") == Some(1) && frame_index(s, f) == Some(2)
@@ -30,6 +29,15 @@ fn mmap_munmap_mremap_and_sbrk_per_call_site() {
         "mremap keeps the mapping's stack"
     );
     assert_eq!(mapped_from("leak_mremap_shrink"), (2 * PAGE, 1));
+}
+
+#[test]
+fn mmap_munmap_mremap_and_sbrk_per_call_site() {
+    let Some(t) = fixture::trace_fixture("pages", &[], &[]) else {
+        return;
+    };
+    let r = t.last();
+    assert_mappings(r);
     // sbrk: libc's wrapper chain has no frame pointers; the caller must still be frame 0.
     assert_eq!(r.site("brk", 0, "leak_sbrk"), (16 * PAGE, 1));
     assert_eq!(r.site("brk", 0, "control_sbrk"), (0, 0));
@@ -45,30 +53,16 @@ fn heap_off_sees_each_call_by_its_exit_alone() {
         return;
     };
     let r = t.last();
-    let mapped_from = |f: &str| {
-        r.sum(|s| {
-            s["kind"] == "mmap" && frame_index(s, "map") == Some(1) && frame_index(s, f) == Some(2)
-        })
-    };
-    assert_eq!(mapped_from("leak_mmap"), (3 * 5 * PAGE, 3));
-    assert_eq!(mapped_from("control_mmap"), (0, 0));
-    assert_eq!(mapped_from("leak_munmap_partial"), (8 * PAGE, 2));
-    assert_eq!(mapped_from("leak_mremap_grow"), (16 * PAGE, 1));
-    assert_eq!(mapped_from("leak_mremap_shrink"), (2 * PAGE, 1));
+    assert_mappings(r);
     // The break: +4 and -4 pages, then +16 (the fixture allocates nothing else from the heap).
     assert_eq!(r.sum(|s| s["kind"] == "brk"), (16 * PAGE, 1));
-    let cost = r.0["probe_cost"].as_array().unwrap().clone();
-    let runs = |name: &str| {
-        cost.iter()
-            .find(|p| p["program"] == name)
-            .and_then(|p| p["calls"].as_u64())
-            .unwrap_or(0)
-    };
+    let runs = |name: &str| r.program_runs(name);
+    let cost = &r.0["probe_cost"];
     // The fixture's own calls (ld.so and libc make more): 3 + 1 munmaps, 2 mremaps, 3 sbrks.
-    assert!(runs("munmap_exit") >= 4, "{cost:?}");
-    assert!(runs("mremap_exit") >= 2, "{cost:?}");
-    assert!(runs("brk_exit") >= 3, "{cost:?}");
+    assert!(runs("munmap_exit") >= 4, "{cost}");
+    assert!(runs("mremap_exit") >= 2, "{cost}");
+    assert!(runs("brk_exit") >= 3, "{cost}");
     for call in ["mmap", "munmap", "mprotect", "mremap", "brk"] {
-        assert_eq!(runs(&format!("{call}_enter")), 0, "{cost:?}");
+        assert_eq!(runs(&format!("{call}_enter")), 0, "{cost}");
     }
 }

@@ -70,12 +70,7 @@ fn probe_cost_counts_each_programs_runs() {
         return;
     };
     let cost = t.last().0["probe_cost"].as_array().unwrap().clone();
-    let runs = |name: &str| {
-        cost.iter()
-            .find(|p| p["program"] == name)
-            .and_then(|p| p["calls"].as_u64())
-            .unwrap_or(0)
-    };
+    let runs = |name: &str| t.last().program_runs(name);
     // heap.c: 20 mallocs and 10 callocs in its leak and control functions, their 15 frees, and
     // 3 posix_memaligns.
     assert!(runs("malloc_enter") >= 20, "{cost:?}");

@@ -69,6 +69,15 @@ impl Report {
             })
     }
 
+    /// Runs of leaktracer's program `name` in `probe_cost` (`--probe-cost`; 0 when it never ran).
+    pub fn program_runs(&self, name: &str) -> u64 {
+        self.0["probe_cost"]
+            .as_array()
+            .and_then(|cost| cost.iter().find(|p| p["program"] == name))
+            .and_then(|p| p["calls"].as_u64())
+            .unwrap_or(0)
+    }
+
     /// (bytes, blocks) of `kind` whose frame `index` is `function` (own memory, not inherited).
     pub fn site(&self, kind: &str, index: usize, function: &str) -> (u64, u64) {
         self.sum(|s| {
