@@ -20,7 +20,7 @@ use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending};
 
 use crate::shared::{
     PENDING, STEP, Stack, UserRegs, capture, count, emit, emit_now, emit_with_stack, event,
-    leaf_caller_at, saved_regs, stop_for_probes, traced_current, traced_flags,
+    leaf_caller_at, probe_regs, saved_regs, stop_for_probes, traced_current, traced_flags,
 };
 
 /// What an exit hands [`page_send`]: the event, the registers its stack is walked from, and
@@ -31,9 +31,7 @@ struct PageJob {
     leaf_caller: u64,
     /// 1: the thread's parked events are full: send them (with the stack) and park `ev`.
     flush_and_park: u64,
-    ip: u64,
-    sp: u64,
-    bp: u64,
+    regs: UserRegs,
 }
 
 #[map]
@@ -161,7 +159,7 @@ fn hand_off(
             (*job).ev = *ev;
             (*job).leaf_caller = leaf_caller;
             (*job).flush_and_park = flush_and_park;
-            ((*job).ip, (*job).sp, (*job).bp) = (regs.rip, regs.rsp, regs.rbp);
+            (*job).regs = probe_regs(regs);
             PAGE_SEND.tail_call(ctx, 0);
         }
     }
@@ -179,13 +177,12 @@ pub fn page_send(_ctx: TracePointContext) -> u32 {
     };
     // SAFETY: this CPU's slot, written by the exit that tail-called this program.
     let (ev, leaf_caller, flush_and_park, regs) = unsafe {
-        let j = &*job;
-        let regs = UserRegs {
-            ip: j.ip,
-            sp: j.sp,
-            bp: j.bp,
-        };
-        (j.ev, j.leaf_caller, j.flush_and_park, regs)
+        (
+            (*job).ev,
+            (*job).leaf_caller,
+            (*job).flush_and_park,
+            (*job).regs,
+        )
     };
     let stack = capture(&regs, STEP);
     if flush_and_park == 0 {

@@ -48,6 +48,8 @@ pub struct RecordBuf {
 }
 
 /// The user registers a walk starts from.
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct UserRegs {
     pub ip: u64,
     pub sp: u64,

@@ -165,7 +165,6 @@ pub async fn run(
         sampled,
         mut stops,
     } = ch;
-    let mut ticks = 0u64;
     let mut ring = register(events)?;
     let mut logs = match logger {
         Some(l) => Some(register(l)?),
@@ -217,11 +216,7 @@ pub async fn run(
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
-                // Once a second is enough.
-                ticks += 1;
-                if ticks % 5 == 1 {
-                    tx.send(vec![Input::Fill(decoder.fill())]).await?;
-                }
+                tx.send(vec![Input::Fill(decoder.fill())]).await?;
             }
             _ = stop.changed() => break,
         }

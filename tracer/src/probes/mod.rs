@@ -456,7 +456,10 @@ impl Probes {
                 // After the insert: threads that looked before it look again.
                 self.python_configured += 1;
                 if let Err(e) = self.set_setting("PY_GEN", self.python_configured) {
-                    tracing::warn!(pid, "Python frames not walked: {e}");
+                    tracing::warn!(
+                        pid,
+                        "Python frames not walked for threads already seen: {e}"
+                    );
                 }
             }
             Err(why) => {
