@@ -81,6 +81,29 @@ fn eight_threads_allocating_at_once_are_exact() {
     assert_eq!(r.losses()["pending_full"], 0);
 }
 
+/// A thread's heap entry is resident in its CPU's slot while it runs and goes home when it is
+/// switched out: threads that move to another CPU between allocations find their entry whole
+/// there. The entry holds the thread's last stack, against which a record names the frames it
+/// shares: a stale one would put blocks under the wrong caller.
+#[test]
+fn threads_moving_between_cpus_keep_their_entries() {
+    let Some(t) = fixture::trace_fixture("migrate", &[], &[]) else {
+        return;
+    };
+    let r = t.last();
+    assert_eq!(
+        r.site("heap", 0, "leak_here"),
+        (4 * 100 * (100 + 300), 4 * 200)
+    );
+    assert_eq!(r.site("heap", 1, "from_even"), (4 * 100 * 100, 4 * 100));
+    assert_eq!(r.site("heap", 1, "from_odd"), (4 * 100 * 300, 4 * 100));
+    assert_eq!(r.site("heap", 0, "from_even"), (0, 0));
+    assert_eq!(r.site("heap", 0, "from_odd"), (0, 0));
+    for lost in ["ringbuf_full", "pending_full", "return_without_entry"] {
+        assert_eq!(r.losses()[lost], 0, "{lost}");
+    }
+}
+
 /// Records that wrap around the end of the kernel's ring are read whole: ~4 MB of records through
 /// a 1 MiB ring, paced so that nothing is lost, and every byte accounted.
 #[test]

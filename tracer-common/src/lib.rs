@@ -407,6 +407,9 @@ pub struct Pending {
     /// user space had configured `py_gen - 1` processes' interpreters (0: not looked up yet).
     pub py_gen: u64,
     pub py: u64,
+    /// The CPU (+1) whose slot may still hold a copy of this entry, kept there by a thread
+    /// preempted inside the kernel (tracer-ebpf's `entries`); 0: none.
+    pub kept_on: u64,
     /// The stack of the thread's last heap record that reached the ring, outermost frame first,
     /// `n_prev` of them, and that record's time: the next record sends only what differs (see
     /// [`HeapRecord`]), unless [`SHARE_NS`] have passed.
@@ -415,7 +418,7 @@ pub struct Pending {
     pub prev: [u64; MAX_FRAMES],
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 40 + 8 * MAX_FRAMES);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 48 + 8 * MAX_FRAMES);
 
 /// A heap record shares frames only with a record of its thread at most this old: user space
 /// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space

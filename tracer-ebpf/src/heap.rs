@@ -3,7 +3,6 @@
 //! the frame-pointer chain is intact and the direct caller is the first frame).
 
 use aya_ebpf::{
-    bindings::task_struct,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{btf_tracepoint, map, uprobe, uretprobe},
     maps::ProgramArray,
@@ -12,10 +11,11 @@ use aya_ebpf::{
 use tracer_common::{AllocFn, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, Pending};
 
 use crate::{
+    entries,
     pages::flush,
     sampling,
     shared::{
-        PENDING, STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, next_hint,
+        STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, next_hint,
         outermost_return, probe_regs, read_len, send_frees, tick_ns, traced_current, untimed_event,
     },
 };
@@ -29,7 +29,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(p) = PENDING.current() {
+    if let Some(p) = entries::current() {
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
@@ -42,7 +42,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     if traced_current().is_none() {
         return 0;
     }
-    match PENDING.current_or_create() {
+    match entries::current_or_create() {
         Some(p) => {
             // A new thread's first sample point.
             let mean = sampling::interval();
@@ -152,7 +152,7 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(&PENDING) else {
+    let Some(p) = outermost_return(entries::current()) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -206,7 +206,7 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
     // SAFETY: same program type; on success this does not return.
     unsafe { HEAP_FLUSH.tail_call(ctx, 0) };
     count(Counter::StackErrors);
-    if let Some(p) = PENDING.current() {
+    if let Some(p) = entries::current() {
         flush(None, p);
     }
 }
@@ -216,7 +216,7 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
 /// reached by tail call from the allocator returns.
 #[uretprobe(multi)]
 pub fn heap_flush(ctx: RetProbeContext) -> u32 {
-    if let Some(p) = PENDING.current() {
+    if let Some(p) = entries::current() {
         let stack = capture(&probe_regs(ctx.regs), STEP);
         flush(stack.as_ref(), p);
     }
@@ -248,7 +248,7 @@ fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
 #[uretprobe(multi)]
 pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(&PENDING) else {
+    let Some(p) = outermost_return(entries::current()) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -324,7 +324,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    let p = match PENDING.current() {
+    let p = match entries::current() {
         Some(p) if p.depth > 0 && sp <= p.sp => {
             count(Counter::Nested); // realloc(p, 0) frees through free's public address
             return 0;
@@ -340,7 +340,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     // `--heap full`: the free waits in the thread's entry for its next record.
-    let Some(p) = p.or_else(|| PENDING.current_or_create()) else {
+    let Some(p) = p.or_else(|| entries::current_or_create()) else {
         count(Counter::PendingFull);
         send_free(tgid, ptr);
         return 0;
@@ -374,11 +374,9 @@ fn send_free(tgid: u32, addr: u64) {
 /// otherwise hold them back for as long as it waits.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn switch_out(ctx: BtfTracePointContext) -> i32 {
-    // sched_switch's second argument: the task switched out.
-    let prev: *mut task_struct = ctx.arg(1);
-    if let Some(p) = PENDING.of(prev) {
-        flush_frees(p);
-    }
+    // sched_switch's first argument: whether the task switched out was preempted in the kernel.
+    let preempt: u64 = ctx.arg(0);
+    entries::switch_out(preempt & 0xff != 0);
     0
 }
 

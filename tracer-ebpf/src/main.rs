@@ -5,6 +5,8 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
+mod entries;
+#[cfg(target_arch = "bpf")]
 mod gpu;
 #[cfg(target_arch = "bpf")]
 mod heap;

@@ -18,9 +18,10 @@ use aya_ebpf::{
 };
 use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending};
 
+use crate::entries;
 use crate::shared::{
-    PENDING, STEP, Stack, UserRegs, capture, count, emit, emit_now, emit_with_stack, event,
-    leaf_caller_at, probe_regs, saved_regs, stop_for_probes, traced_current, traced_flags,
+    STEP, Stack, UserRegs, capture, count, emit, emit_now, emit_with_stack, event, leaf_caller_at,
+    probe_regs, saved_regs, stop_for_probes, traced_current, traced_flags,
 };
 
 /// What an exit hands [`page_send`]: the event, the registers its stack is walked from, and
@@ -117,7 +118,7 @@ pub fn flush(stack: Option<&Stack>, p: &mut Pending) {
 /// the stack walked from `regs`, the call's, when it needs one).
 #[inline(always)]
 fn defer_or_send(ctx: &TracePointContext, ev: &Event, regs: &pt_regs) {
-    let Some(p) = PENDING.current().filter(|p| p.depth > 0) else {
+    let Some(p) = entries::current().filter(|p| p.depth > 0) else {
         if needs_stack(ev) {
             // The caller of a frameless libc wrapper, which the frame-pointer walk skips.
             hand_off(ctx, ev, regs, leaf_caller_at(regs.rsp), 0);
@@ -187,7 +188,7 @@ pub fn page_send(_ctx: TracePointContext) -> u32 {
     let stack = capture(&regs, STEP);
     if flush_and_park == 0 {
         send(stack.as_ref(), &ev, leaf_caller);
-    } else if let Some(p) = PENDING.current() {
+    } else if let Some(p) = entries::current() {
         flush(stack.as_ref(), p);
         park(p, &ev);
     }

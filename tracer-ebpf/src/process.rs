@@ -8,8 +8,7 @@ use aya_log_ebpf::warn;
 use tracer_common::{Counter, EventKind};
 
 use crate::shared::{
-    PENDING, TRACED, count, emit_now, event, flush_frees, stop_for_probes, traced_current,
-    traced_flags,
+    TRACED, count, emit_now, event, flush_frees, stop_for_probes, traced_current, traced_flags,
 };
 
 /// Field offsets read by user space from the tracepoints' format files (they move between kernels).
@@ -101,7 +100,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
 /// The exiting or exec'ing thread's unsent frees go before its process's end or new image.
 #[inline(always)]
 fn flush_current_frees() {
-    if let Some(p) = PENDING.current() {
+    if let Some(p) = crate::entries::current() {
         flush_frees(p);
     }
 }

@@ -30,12 +30,8 @@ pub static STOPS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 #[map]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 
-/// Each thread's allocator call in flight (idle between calls: depth 0). A thread has one only
-/// once its process is traced, and it goes away with the thread.
-#[btf_map]
-pub static PENDING: TaskStorage<Pending> = TaskStorage::new();
-
-/// Each thread's device-memory call in flight (CUDA runtime and driver), apart from `PENDING`: host
+/// Each thread's device-memory call in flight (CUDA runtime and driver), apart from its heap entry
+/// (`entries`): host
 /// allocations made inside a device call are real host allocations.
 #[btf_map]
 pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
@@ -314,11 +310,11 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event) {
     }
 }
 
-/// The thread's entry in `storage` when this return ends its outermost call (the entry is then
+/// The thread's entry (`entry`) when this return ends its outermost call (the entry is then
 /// idle); None for a nested call's return or a return without an entry (counted).
 #[inline(always)]
-pub fn outermost_return(storage: &TaskStorage<Pending>) -> Option<&mut Pending> {
-    let Some(p) = storage.current() else {
+pub fn outermost_return(entry: Option<&mut Pending>) -> Option<&mut Pending> {
+    let Some(p) = entry else {
         if traced_current().is_some() {
             count(Counter::ReturnWithoutEntry);
         }

@@ -7,7 +7,6 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     bindings::{
         BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE,
-        task_struct,
     },
     helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
 };
@@ -38,17 +37,12 @@ impl<T> TaskStorage<T> {
 
     #[inline(always)]
     fn lookup(&self, flags: u64) -> Option<&mut T> {
-        // SAFETY: the current task is a valid BTF task pointer.
-        self.lookup_task(unsafe { bpf_get_current_task_btf() }, flags)
-    }
-
-    #[inline(always)]
-    fn lookup_task(&self, task: *mut task_struct, flags: u64) -> Option<&mut T> {
-        // SAFETY: `task` is a trusted BTF task pointer; the helper returns its value or null.
+        // SAFETY: the current task is a trusted BTF task pointer; the helper returns its value or
+        // null.
         let p = unsafe {
             bpf_task_storage_get(
                 ptr::from_ref(self).cast_mut().cast::<c_void>(),
-                task,
+                bpf_get_current_task_btf(),
                 ptr::null_mut(),
                 flags,
             )
@@ -61,12 +55,6 @@ impl<T> TaskStorage<T> {
     #[inline(always)]
     pub fn current(&self) -> Option<&mut T> {
         self.lookup(0)
-    }
-
-    /// The value of `task` (a trusted task pointer: a BTF tracepoint's argument), if it has one.
-    #[inline(always)]
-    pub fn of(&self, task: *mut task_struct) -> Option<&mut T> {
-        self.lookup_task(task, 0)
     }
 
     /// The current thread's value, created zeroed if missing (None when memory is short).

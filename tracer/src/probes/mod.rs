@@ -93,7 +93,7 @@ pub struct Probes {
     no_heap: bool,
     /// `--heap sampled`: the mean interval in bytes (0: every allocation).
     heap_sampling: u64,
-    /// Whether `switch_out` is attached (with the first heap probes of `--heap full`).
+    /// Whether `switch_out` is attached (with the first heap probes).
     switch_out: bool,
     /// `--heap-after`, until the heap probes go in: the heap sets found, with the library and
     /// the process seen mapping it (0: leaktracer's own).
@@ -257,10 +257,11 @@ impl Probes {
         Ok(probes)
     }
 
-    /// `--heap full` keeps a thread's frees in its entry until its next record; a thread switched
-    /// out sends them (tracer-ebpf's `switch_out`). Attached before the first heap probe.
+    /// A thread's heap entry is resident in its CPU's slot while it runs, and `--heap full` keeps
+    /// its frees there until its next record: a thread switched out sends them and takes its entry
+    /// home (tracer-ebpf's `switch_out`, `entries`). Attached before the first heap probe.
     fn attach_switch_out(&mut self) -> Result<(), Error> {
-        if self.switch_out || self.mode != Mode::Full || self.heap_sampling != 0 {
+        if self.switch_out || self.mode != Mode::Full {
             return Ok(());
         }
         let btf = aya::Btf::from_sys_fs()
@@ -328,7 +329,7 @@ impl Probes {
                     deferred.push((path.to_path_buf(), set, lib_pid));
                     continue;
                 }
-                if set.role == HEAP.role {
+                if heap {
                     self.attach_switch_out()?;
                 }
                 self.attach_set(path, &elf, set)?;
@@ -522,7 +523,7 @@ impl Probes {
             let attached = elf::ElfFile::open(&path)
                 .map_err(|e| Error::Other(e.into()))
                 .and_then(|elf| {
-                    if set.role == HEAP.role {
+                    if set.role == HEAP.role || set.role == TORCH_CPU.role {
                         self.attach_switch_out()?;
                     }
                     self.attach_set(&path, &elf, set)
