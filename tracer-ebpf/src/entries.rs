@@ -45,7 +45,13 @@ static SLOT: PerCpuArray<Slot> = PerCpuArray::with_max_entries(1, 0);
 /// The calling thread's entry, if it has one.
 #[inline(always)]
 pub fn current() -> Option<&'static mut Pending> {
-    let tid = bpf_get_current_pid_tgid() as u32 as u64;
+    current_of(bpf_get_current_pid_tgid())
+}
+
+/// As [`current`], for the calling thread's `bpf_get_current_pid_tgid()` already read.
+#[inline(always)]
+pub fn current_of(id: u64) -> Option<&'static mut Pending> {
+    let tid = id as u32 as u64;
     // SAFETY: this CPU's slot, written only by programs of the thread it names (see above).
     let slot = unsafe { &mut *SLOT.get_ptr_mut(0)? };
     if slot.tid == tid {
@@ -55,10 +61,11 @@ pub fn current() -> Option<&'static mut Pending> {
     Some(bring_in(slot, home, tid))
 }
 
-/// The calling thread's entry, created (zeroed) if it has none; None when memory is short.
+/// The calling thread's entry (`id`: its `bpf_get_current_pid_tgid()`), created (zeroed) if it
+/// has none; None when memory is short.
 #[inline(always)]
-pub fn current_or_create() -> Option<&'static mut Pending> {
-    let tid = bpf_get_current_pid_tgid() as u32 as u64;
+pub fn current_or_create(id: u64) -> Option<&'static mut Pending> {
+    let tid = id as u32 as u64;
     // SAFETY: as in `current`.
     let slot = unsafe { &mut *SLOT.get_ptr_mut(0)? };
     if slot.tid == tid {

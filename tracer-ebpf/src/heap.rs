@@ -29,7 +29,8 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(p) = entries::current() {
+    let id = bpf_get_current_pid_tgid();
+    if let Some(p) = entries::current_of(id) {
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
@@ -42,7 +43,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     if traced_current().is_none() {
         return 0;
     }
-    match entries::current_or_create() {
+    match entries::current_or_create(id) {
         Some(p) => {
             // A new thread's first sample point.
             let mean = sampling::interval();
@@ -152,7 +153,7 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(entries::current()) else {
+    let Some(p) = outermost_return(entries::current_of(id)) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -248,7 +249,7 @@ fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
 #[uretprobe(multi)]
 pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(entries::current()) else {
+    let Some(p) = outermost_return(entries::current_of(id)) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -324,7 +325,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    let p = match entries::current() {
+    let p = match entries::current_of(id) {
         Some(p) if p.depth > 0 && sp <= p.sp => {
             count(Counter::Nested); // realloc(p, 0) frees through free's public address
             return 0;
@@ -340,7 +341,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     // `--heap full`: the free waits in the thread's entry for its next record.
-    let Some(p) = p.or_else(|| entries::current_or_create()) else {
+    let Some(p) = p.or_else(|| entries::current_or_create(id)) else {
         count(Counter::PendingFull);
         send_free(tgid, ptr);
         return 0;

@@ -234,7 +234,7 @@ pub fn share_suffix(stack: &Stack, prev: &mut [u64; MAX_FRAMES], n_prev: &mut u6
 /// Hides `v` from the optimizer, so that a mask the verifier needs is not folded away because
 /// LLVM proved it redundant from a comparison the verifier cannot follow.
 #[inline(always)]
-fn opaque(mut v: u64) -> u64 {
+pub fn opaque(mut v: u64) -> u64 {
     // SAFETY: a register move onto itself (one real instruction: BTF line info needs one).
     unsafe { core::arch::asm!("{0} = {0}", inout(reg) v) };
     v
