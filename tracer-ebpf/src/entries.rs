@@ -51,27 +51,29 @@ pub fn current() -> Option<&'static mut Pending> {
 /// As [`current`], for the calling thread's `bpf_get_current_pid_tgid()` already read.
 #[inline(always)]
 pub fn current_of(id: u64) -> Option<&'static mut Pending> {
-    let tid = id as u32 as u64;
-    // SAFETY: this CPU's slot, written only by programs of the thread it names (see above).
-    let slot = unsafe { &mut *SLOT.get_ptr_mut(0)? };
-    if slot.tid == tid {
-        return Some(&mut slot.entry);
-    }
-    let home = HOME.current()?;
-    Some(bring_in(slot, home, tid))
+    entry(id, false)
 }
 
 /// The calling thread's entry (`id`: its `bpf_get_current_pid_tgid()`), created (zeroed) if it
 /// has none; None when memory is short.
 #[inline(always)]
 pub fn current_or_create(id: u64) -> Option<&'static mut Pending> {
+    entry(id, true)
+}
+
+#[inline(always)]
+fn entry(id: u64, create: bool) -> Option<&'static mut Pending> {
     let tid = id as u32 as u64;
-    // SAFETY: as in `current`.
+    // SAFETY: this CPU's slot, written only by programs of the thread it names (see above).
     let slot = unsafe { &mut *SLOT.get_ptr_mut(0)? };
     if slot.tid == tid {
         return Some(&mut slot.entry);
     }
-    let home = HOME.current_or_create()?;
+    let home = if create {
+        HOME.current_or_create()?
+    } else {
+        HOME.current()?
+    };
     Some(bring_in(slot, home, tid))
 }
 
