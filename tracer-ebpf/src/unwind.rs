@@ -130,10 +130,17 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     // SAFETY: per-CPU scratch buffers, used only while this program runs on this CPU.
     let (out, buf, w) = unsafe { (&mut (*record).frames, &mut *buf, &mut *w) };
     out[0] = regs.ip;
-    let base = regs.sp & !7;
-    // First copy: `len` bytes from the stack pointer, or up to the end of its page (mapped: the
-    // thread is using it) where the stack ends sooner.
-    set(&mut w.loaded, copy_upto(buf, base, len));
+    // First copy: `len` bytes from the first frame record, or up to the end of its page where the
+    // stack ends sooner. Every record the chain visits lies at or above it: the caller's locals
+    // below it (a 5 KiB frame costs a second read when the copy starts at the stack pointer) are
+    // never needed. A frame pointer outside the stack ends the walk at its first frame.
+    let base = regs.bp;
+    let loaded = if base >= regs.sp && base & 7 == 0 {
+        copy_upto(buf, base, len)
+    } else {
+        0
+    };
+    set(&mut w.loaded, loaded);
     set(&mut w.base, base);
     set(&mut w.fp, regs.bp);
     set(&mut w.n, 1);
@@ -144,7 +151,7 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     // Extra rounds: a round that copies records no frame.
     for _ in 0..MAX_FRAMES + MAX_READS as usize {
         let (fp, base, n) = (get(&w.fp), get(&w.base), get(&w.n));
-        if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 {
+        if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 || get(&w.loaded) == 0 {
             break;
         }
         let (off, loaded, reads) = (fp - base, get(&w.loaded), get(&w.reads));

@@ -1,6 +1,7 @@
 //! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
 //! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
-//! leaktracer's programs (`--heap full` and `--heap sampled`), with leaktracer's programs but
+//! leaktracer's programs (`--heap full`, also with the loop below a 6000-byte frame, and
+//! `--heap sampled`), with leaktracer's programs but
 //! `free` probed at its first instruction (the single-step cost that probe placement removes), and
 //! with bcc's memleak on the same workload when it is installed. Figures are printed, never
 //! asserted.
@@ -25,8 +26,12 @@ fn pin_to(cpu: usize) {
     }
 }
 
+/// The CPUs online, whatever this thread's affinity (the workload is started from the benchmark
+/// pinned to CPU 0, and must still find the others).
 fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }
 
 /// What one run of the workload measured, per pair: wall-clock time and the thread's CPU time
@@ -70,9 +75,34 @@ fn thread_cpu_ns() -> u128 {
 
 /// The loop the workload runs: `pairs` malloc(64)+free pairs; returns the cost per pair. It runs
 /// on the last CPU, the tracer on the others, so that the comparison measures the probes, not the
-/// scheduler sharing one CPU between the workload and the tracer's own threads.
-pub fn workload(pairs: u64) -> PairCost {
-    pin_to(cpus() - 1);
+/// scheduler sharing one CPU between the workload and the tracer's own threads. It runs on a
+/// thread of its own, whose stack holds a few small frames as a C program's `main` would, not the
+/// CLI's: with `big_frame`, below a function with a 6000-byte frame, which a walk of the stack
+/// copies in two reads instead of one.
+pub fn workload(pairs: u64, big_frame: bool) -> PairCost {
+    std::thread::spawn(move || {
+        pin_to(cpus() - 1);
+        if big_frame {
+            below_big_frame(pairs)
+        } else {
+            pair_loop(pairs)
+        }
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+#[inline(never)]
+fn below_big_frame(pairs: u64) -> PairCost {
+    let mut pad = [0u8; 6000];
+    std::hint::black_box(&mut pad);
+    let cost = pair_loop(pairs);
+    std::hint::black_box(&pad);
+    cost
+}
+
+#[inline(never)]
+fn pair_loop(pairs: u64) -> PairCost {
     let start = Instant::now();
     let cpu = thread_cpu_ns();
     for _ in 0..pairs {
@@ -95,6 +125,7 @@ enum Config {
     Untraced,
     Floor,
     Leaktracer,
+    BigFrame,
     Sampled,
     FreeAtEntry,
     Memleak,
@@ -106,6 +137,7 @@ impl Config {
             Config::Untraced => "untraced",
             Config::Floor => "bare probes (floor)",
             Config::Leaktracer => "leaktracer (--heap full)",
+            Config::BigFrame => "leaktracer, below a 6000-byte frame",
             Config::Sampled => "leaktracer --heap sampled",
             Config::FreeAtEntry => "leaktracer, free probed at +0",
             Config::Memleak => "bcc memleak (memleak-bpfcc -p)",
@@ -127,6 +159,7 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
         Config::Untraced,
         Config::Floor,
         Config::Leaktracer,
+        Config::BigFrame,
         Config::Sampled,
         Config::FreeAtEntry,
     ];
@@ -180,6 +213,7 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
     let lt = median(Config::Leaktracer);
     let rows = [
         ("leaktracer / floor", lt, floor),
+        ("leaktracer below a 6000-byte frame / floor", median(Config::BigFrame), floor),
         ("leaktracer sampled / floor", median(Config::Sampled), floor),
         (
             "(leaktracer - untraced) / (floor - untraced)",
@@ -215,12 +249,15 @@ fn measure(
 ) -> Result<PairCost, Error> {
     let out = std::env::temp_dir().join(format!("leaktracer-bench-{}.txt", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
-    let argv = vec![
+    let mut argv = vec![
         exe.display().to_string(),
         "bench-workload".into(),
         pairs.to_string(),
         out.display().to_string(),
     ];
+    if config == Config::BigFrame {
+        argv.push("--big-frame".into());
+    }
     let at_entry = if config == Config::FreeAtEntry {
         "1"
     } else {
@@ -236,7 +273,7 @@ fn measure(
         }
         Config::Floor => bare(&argv)?,
         Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
-        Config::Leaktracer | Config::FreeAtEntry | Config::Sampled => {
+        Config::Leaktracer | Config::BigFrame | Config::FreeAtEntry | Config::Sampled => {
             let mut flags = vec!["--top", "1", "--json", "-o", "/dev/null", "--no-store"];
             if config == Config::Sampled {
                 flags.extend(["--heap", "sampled"]);

@@ -184,7 +184,13 @@ pub enum Command {
     },
     /// The benchmark's workload (internal): PAIRS malloc+free pairs, ns per pair written to FILE.
     #[command(hide = true)]
-    BenchWorkload { pairs: u64, file: PathBuf },
+    BenchWorkload {
+        pairs: u64,
+        file: PathBuf,
+        /// The loop runs below a function with a 6000-byte frame.
+        #[arg(long)]
+        big_frame: bool,
+    },
     /// The storm's workload (internal): THREADS threads for SECONDS, pairs made written to FILE.
     #[command(hide = true)]
     BenchStorm {

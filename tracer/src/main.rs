@@ -99,9 +99,11 @@ fn main() {
         Command::BenchHold { blocks, file } => {
             workload_result(&file, tracer::stress::hold_workload(blocks))
         }
-        Command::BenchWorkload { pairs, file } => {
-            workload_result(&file, tracer::bench::workload(pairs.max(1)))
-        }
+        Command::BenchWorkload {
+            pairs,
+            file,
+            big_frame,
+        } => workload_result(&file, tracer::bench::workload(pairs.max(1), big_frame)),
         Command::Run { report, command } => (Target::Launch(command), report),
         Command::Check {
             report,
