@@ -1,7 +1,8 @@
 //! Each traced thread's entry ([`Pending`]): its allocator call in flight, its unsent frees, its
 //! last stack. The entry's home is the thread's task storage; while the thread runs, the entry is
-//! resident in its CPU's slot, and the allocator probes reach it there by comparing a thread id
-//! (a task-storage lookup costs ~19 ns here, three a malloc+free pair).
+//! resident in its CPU's slot, and the allocator probes reach it there by comparing the address
+//! of the thread's saved user registers, their context (a task-storage lookup costs ~19 ns here,
+//! three a malloc+free pair; even the thread-id helper's call and return cost ~8 ns).
 //!
 //! The slot is a cache with one writer at a time:
 //! - a thread's first heap call after it was switched in brings its entry in, when the slot is
@@ -10,12 +11,13 @@
 //!   kernel (`preempt`: it may be in the middle of one of these programs, which run with migration
 //!   disabled and hold the slot's address) keeps the slot: it comes back to this CPU to finish,
 //!   and its next switch-out writes back again. Its home is marked with this CPU, so that the
-//!   thread, if it resumes elsewhere after all, empties this slot before it brings its entry into
-//!   another;
+//!   thread, if it resumes elsewhere after all, empties this slot before it uses its entry there,
+//!   or at its next switch-out;
 //! - a thread that finds the slot kept by another uses its home directly, as every thread did
 //!   before the slot.
 
 use aya_ebpf::{
+    bindings::pt_regs,
     helpers::{
         bpf_get_current_pid_tgid,
         generated::{bpf_get_smp_processor_id, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel},
@@ -32,78 +34,110 @@ use crate::{shared::flush_frees, task_storage::TaskStorage};
 #[btf_map]
 static HOME: TaskStorage<Pending> = TaskStorage::new();
 
-/// Per CPU: the thread whose entry is resident (0: none; the idle task makes no heap calls).
+/// Per CPU: the thread whose entry is resident, by two names: `key`, the address of its saved
+/// user registers (what a uprobe program's context points to: the top of the thread's kernel
+/// stack, one address per live thread, so the allocator probes name the thread without a helper
+/// call), and `id`, its `bpf_get_current_pid_tgid()`; 0: none (the idle task makes no heap calls).
 #[repr(C)]
 pub struct Slot {
-    tid: u64,
+    key: u64,
+    id: u64,
     entry: Pending,
 }
 
 #[map]
 static SLOT: PerCpuArray<Slot> = PerCpuArray::with_max_entries(1, 0);
 
-/// The calling thread's entry, if it has one.
+/// This CPU's slot.
 #[inline(always)]
-pub fn current() -> Option<&'static mut Pending> {
-    current_of(bpf_get_current_pid_tgid())
-}
-
-/// As [`current`], for the calling thread's `bpf_get_current_pid_tgid()` already read.
-#[inline(always)]
-pub fn current_of(id: u64) -> Option<&'static mut Pending> {
-    entry(id, false)
-}
-
-/// The calling thread's entry (`id`: its `bpf_get_current_pid_tgid()`), created (zeroed) if it
-/// has none; None when memory is short.
-#[inline(always)]
-pub fn current_or_create(id: u64) -> Option<&'static mut Pending> {
-    entry(id, true)
-}
-
-#[inline(always)]
-fn entry(id: u64, create: bool) -> Option<&'static mut Pending> {
-    let tid = id as u32 as u64;
+fn slot() -> Option<&'static mut Slot> {
     // SAFETY: this CPU's slot, written only by programs of the thread it names (see above).
-    let slot = unsafe { &mut *SLOT.get_ptr_mut(0)? };
-    if slot.tid == tid {
-        return Some(&mut slot.entry);
+    SLOT.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+}
+
+/// The entry of the thread a uprobe program runs in (`regs`: the program's context), with the
+/// thread's `bpf_get_current_pid_tgid()`, if it has one.
+#[inline(always)]
+pub fn of_probe(regs: *const pt_regs) -> Option<(&'static mut Pending, u64)> {
+    of_probe_entry(regs, false)
+}
+
+/// As [`of_probe`], the entry created (zeroed) if the thread has none; None when memory is short.
+#[inline(always)]
+pub fn of_probe_or_create(regs: *const pt_regs) -> Option<(&'static mut Pending, u64)> {
+    of_probe_entry(regs, true)
+}
+
+#[inline(always)]
+fn of_probe_entry(regs: *const pt_regs, create: bool) -> Option<(&'static mut Pending, u64)> {
+    let key = regs as u64;
+    let slot = slot()?;
+    if slot.key == key {
+        let id = slot.id;
+        return Some((&mut slot.entry, id));
     }
+    let id = bpf_get_current_pid_tgid();
     let home = if create {
         HOME.current_or_create()?
     } else {
         HOME.current()?
     };
-    Some(bring_in(slot, home, tid))
+    Some((bring_in(slot, home, key, id), id))
+}
+
+/// The calling thread's entry, if it has one, for programs other than uprobes (found by thread
+/// id; not brought into the slot when it is elsewhere).
+#[inline(always)]
+pub fn current() -> Option<&'static mut Pending> {
+    let id = bpf_get_current_pid_tgid();
+    let slot = slot()?;
+    if slot.id == id {
+        return Some(&mut slot.entry);
+    }
+    let home = HOME.current()?;
+    settle(home, id);
+    Some(home)
+}
+
+/// Empties the slot of another CPU that may still hold a copy of `home`'s entry, kept there when
+/// its thread (`id`) was preempted (its home has had that copy since). First, whatever happens
+/// next: the entry is about to change at home or in this CPU's slot.
+#[inline(always)]
+fn settle(home: &mut Pending, id: u64) {
+    if home.kept_on == 0 {
+        return;
+    }
+    // SAFETY: helper without memory arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    if home.kept_on != u64::from(cpu) + 1 {
+        evict_elsewhere(home.kept_on - 1, id);
+    }
+    home.kept_on = 0;
 }
 
 /// Makes `home`'s entry resident in `slot` when the slot is free, and returns where the entry is
 /// to be used.
 #[inline(always)]
-fn bring_in(slot: &'static mut Slot, home: &'static mut Pending, tid: u64) -> &'static mut Pending {
-    // First, whatever happens here: the entry is about to change at home or in this slot.
-    if home.kept_on != 0 {
-        // SAFETY: helper without memory arguments.
-        let cpu = unsafe { bpf_get_smp_processor_id() };
-        if home.kept_on != u64::from(cpu) + 1 {
-            evict_elsewhere(home.kept_on - 1, tid);
-        }
-        home.kept_on = 0;
-    }
-    if slot.tid != 0 {
+fn bring_in(
+    slot: &'static mut Slot,
+    home: &'static mut Pending,
+    key: u64,
+    id: u64,
+) -> &'static mut Pending {
+    settle(home, id);
+    if slot.key != 0 {
         return home; // kept by a thread preempted on this CPU
     }
     if copy(&mut slot.entry, home) {
-        slot.tid = tid;
+        (slot.key, slot.id) = (key, id);
         return &mut slot.entry;
     }
     home
 }
 
-/// Empties CPU `cpu`'s slot if it still holds thread `tid`'s entry, kept there when the thread
-/// was preempted (its home has had that copy since).
+/// Empties CPU `cpu`'s slot if it still holds thread `id`'s entry.
 #[inline(always)]
-fn evict_elsewhere(cpu: u64, tid: u64) {
+fn evict_elsewhere(cpu: u64, id: u64) {
     let key = 0u32;
     // SAFETY: the helper returns that CPU's value or null. That slot is this thread's while it
     // names it: no other program writes it until it is emptied.
@@ -115,9 +149,9 @@ fn evict_elsewhere(cpu: u64, tid: u64) {
         )
         .cast::<Slot>();
         if let Some(other) = other.as_mut()
-            && other.tid == tid
+            && other.id == id
         {
-            other.tid = 0;
+            (other.key, other.id) = (0, 0);
         }
     }
 }
@@ -127,15 +161,20 @@ fn evict_elsewhere(cpu: u64, tid: u64) {
 /// of these programs, and keeps the slot (see the module's notes).
 #[inline(always)]
 pub fn switch_out(preempt: bool) {
-    let tid = bpf_get_current_pid_tgid() as u32 as u64;
-    let Some(home) = HOME.current() else {
-        return; // not a traced thread
-    };
-    // SAFETY: as in `current`.
-    let Some(slot) = SLOT.get_ptr_mut(0).map(|s| unsafe { &mut *s }) else {
+    let id = bpf_get_current_pid_tgid();
+    let Some(slot) = slot() else {
         return;
     };
-    if slot.tid != tid {
+    let Some(home) = HOME.current() else {
+        if slot.id == id {
+            (slot.key, slot.id) = (0, 0); // an entry cannot lose its home: never left in place
+        }
+        return; // not a traced thread
+    };
+    // A copy kept elsewhere goes now, at the latest when the thread dies: a slot must not outlive
+    // its thread (a new thread may be given the same kernel stack, and so the same key).
+    settle(home, id);
+    if slot.id != id {
         flush_frees(home);
         return;
     }
@@ -145,7 +184,7 @@ pub fn switch_out(preempt: bool) {
             // SAFETY: helper without memory arguments.
             home.kept_on = u64::from(unsafe { bpf_get_smp_processor_id() }) + 1;
         } else {
-            slot.tid = 0;
+            (slot.key, slot.id) = (0, 0);
         }
     }
 }

@@ -29,8 +29,7 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    let id = bpf_get_current_pid_tgid();
-    if let Some(p) = entries::current_of(id) {
+    if let Some((p, _)) = entries::of_probe(ctx.regs) {
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
@@ -43,8 +42,8 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     if traced_current().is_none() {
         return 0;
     }
-    match entries::current_or_create(id) {
-        Some(p) => {
+    match entries::of_probe_or_create(ctx.regs) {
+        Some((p, _)) => {
             // A new thread's first sample point.
             let mean = sampling::interval();
             if mean != 0 {
@@ -152,8 +151,7 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Shared return program of every allocator above (one multi-attach link per library).
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(entries::current_of(id)) else {
+    let Some((p, id)) = outermost_return(entries::of_probe(ctx.regs)) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -207,7 +205,7 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
     // SAFETY: same program type; on success this does not return.
     unsafe { HEAP_FLUSH.tail_call(ctx, 0) };
     count(Counter::StackErrors);
-    if let Some(p) = entries::current() {
+    if let Some((p, _)) = entries::of_probe(ctx.regs) {
         flush(None, p);
     }
 }
@@ -217,7 +215,7 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
 /// reached by tail call from the allocator returns.
 #[uretprobe(multi)]
 pub fn heap_flush(ctx: RetProbeContext) -> u32 {
-    if let Some(p) = entries::current() {
+    if let Some((p, _)) = entries::of_probe(ctx.regs) {
         let stack = capture(&probe_regs(ctx.regs), STEP);
         flush(stack.as_ref(), p);
     }
@@ -248,8 +246,7 @@ fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
 /// of the call (a large tensor is its own mmap) go with the frame-pointer walk.
 #[uretprobe(multi)]
 pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let Some(p) = outermost_return(entries::current_of(id)) else {
+    let Some((p, id)) = outermost_return(entries::of_probe(ctx.regs)) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -316,35 +313,30 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if ptr == 0 {
         return 0;
     }
-    let id = bpf_get_current_pid_tgid();
-    let tgid = (id >> 32) as u32;
-    // `--heap sampled`: only recorded blocks are released; most are not, and go first.
-    let sampled = sampling::interval() != 0;
-    if sampled && !sampling::recorded(tgid, ptr) {
-        return 0;
-    }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    let p = match entries::current_of(id) {
-        Some(p) if p.depth > 0 && sp <= p.sp => {
-            count(Counter::Nested); // realloc(p, 0) frees through free's public address
-            return 0;
-        }
-        Some(p) => Some(p), // an entry means a traced thread
-        None if traced_current().is_none() => return 0,
-        None => None,
-    };
-    if sampled {
-        if sampling::forget(tgid, ptr) {
-            send_free(tgid, ptr);
-        }
+    if sampling::interval() != 0 {
+        free_sampled(&ctx, sp, ptr);
         return 0;
     }
     // `--heap full`: the free waits in the thread's entry for its next record.
-    let Some(p) = p.or_else(|| entries::current_or_create(id)) else {
-        count(Counter::PendingFull);
-        send_free(tgid, ptr);
-        return 0;
+    let (p, tgid) = match entries::of_probe(ctx.regs) {
+        Some((p, _)) if p.depth > 0 && sp <= p.sp => {
+            count(Counter::Nested); // realloc(p, 0) frees through free's public address
+            return 0;
+        }
+        Some((p, id)) => (p, (id >> 32) as u32), // an entry means a traced thread
+        None => {
+            let Some((_, tgid)) = traced_current() else {
+                return 0;
+            };
+            let Some((p, _)) = entries::of_probe_or_create(ctx.regs) else {
+                count(Counter::PendingFull);
+                send_free(tgid, ptr);
+                return 0;
+            };
+            (p, tgid)
+        }
     };
     let i = p.n_frees as usize;
     if i < FREES_PER_RECORD {
@@ -356,6 +348,24 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         flush_frees(p);
     }
     0
+}
+
+/// `free` under `--heap sampled`: only recorded blocks are released; most are not, and go first.
+#[inline(always)]
+fn free_sampled(ctx: &ProbeContext, sp: u64, ptr: u64) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !sampling::recorded(tgid, ptr) {
+        return;
+    }
+    match entries::of_probe(ctx.regs) {
+        Some((p, _)) if p.depth > 0 && sp <= p.sp => count(Counter::Nested),
+        None if traced_current().is_none() => {}
+        _ => {
+            if sampling::forget(tgid, ptr) {
+                send_free(tgid, ptr);
+            }
+        }
+    }
 }
 
 /// Sends one free in a record of its own.

@@ -315,11 +315,11 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event) {
     }
 }
 
-/// The thread's entry (`entry`) when this return ends its outermost call (the entry is then
-/// idle); None for a nested call's return or a return without an entry (counted).
+/// The thread's entry and id (`entry`) when this return ends its outermost call (the entry is
+/// then idle); None for a nested call's return or a return without an entry (counted).
 #[inline(always)]
-pub fn outermost_return(entry: Option<&mut Pending>) -> Option<&mut Pending> {
-    let Some(p) = entry else {
+pub fn outermost_return(entry: Option<(&mut Pending, u64)>) -> Option<(&mut Pending, u64)> {
+    let Some((p, id)) = entry else {
         if traced_current().is_some() {
             count(Counter::ReturnWithoutEntry);
         }
@@ -332,7 +332,7 @@ pub fn outermost_return(entry: Option<&mut Pending>) -> Option<&mut Pending> {
         }
         1 => {
             p.depth = 0;
-            Some(p)
+            Some((p, id))
         }
         _ => {
             p.depth -= 1;
