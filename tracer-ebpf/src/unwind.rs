@@ -1,12 +1,12 @@
 //! Frame-pointer walk of the user stack, cheaper than `bpf_get_stack` here: the helper reads user
-//! memory twice per frame, and each read costs ~120 ns on this kind of machine (a nested VM) whatever
-//! its size up to a page or two (~50 ns more per KiB). So the walk copies 2 KiB of the stack at a
-//! time into a per-CPU buffer and follows the chain in that copy: most walks take one read (~80 ns
-//! of an allocation's ~200 here, a third of it the kernel's hardened-usercopy check of the
-//! destination). The first copy starts at the first frame record, not at the stack pointer: the
-//! caller's locals below it are never needed. When the chain leaves the copy, the next copy starts
-//! at the frame it went to, not where the last copy ended: a large frame (a `main` with 5 KiB of
-//! locals) costs one read, not one per 2 KiB it spans.
+//! memory twice per frame, and each read costs ~80 ns on this kind of machine (a nested VM) whatever
+//! its size up to a page or two (a third of it the kernel's hardened-usercopy check of the
+//! destination; ~50 ns more per KiB). So the walk copies up to 2 KiB of the stack at a time into a
+//! per-CPU buffer and follows the chain in that copy: most walks take one read. The first copy
+//! starts at the first frame record, not at the stack pointer: the caller's locals below it are
+//! never needed. When the chain leaves the copy, the next copy starts at the frame it went to, not
+//! where the last copy ended: a large frame (a `main` with 5 KiB of locals) costs one read, not
+//! one per 2 KiB it spans.
 //! After [`MAX_READS`] copies, frames are read one by one. A copy's length follows what the
 //! thread's walks needed (see [`Stack::extent`]): a shallow stack is copied a few hundred bytes
 //! at a time.
@@ -134,9 +134,10 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     let (out, buf, w) = unsafe { (&mut (*record).frames, &mut *buf, &mut *w) };
     out[0] = regs.ip;
     // First copy: `len` bytes from the first frame record, or up to the end of its page where the
-    // stack ends sooner. Every record the chain visits lies at or above it: the caller's locals
-    // below it (a 5 KiB frame costs a second read when the copy starts at the stack pointer) are
-    // never needed. A frame pointer outside the stack ends the walk at its first frame.
+    // stack ends sooner. Every record the chain visits lies at or above it; the caller's own
+    // locals below it are never needed (with 5 KiB of them, a copy from the stack pointer would
+    // take a second read). A frame pointer below the stack pointer is none: the walk ends at the
+    // first frame, without a read.
     let base = regs.bp;
     let loaded = if base >= regs.sp && base & 7 == 0 {
         copy_upto(buf, base, len)
