@@ -213,7 +213,11 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
     let lt = median(Config::Leaktracer);
     let rows = [
         ("leaktracer / floor", lt, floor),
-        ("leaktracer below a 6000-byte frame / floor", median(Config::BigFrame), floor),
+        (
+            "leaktracer below a 6000-byte frame / floor",
+            median(Config::BigFrame),
+            floor,
+        ),
         ("leaktracer sampled / floor", median(Config::Sampled), floor),
         (
             "(leaktracer - untraced) / (floor - untraced)",
