@@ -166,9 +166,6 @@ pub fn switch_out(preempt: bool) {
         return;
     };
     let Some(home) = HOME.current() else {
-        if slot.id == id {
-            (slot.key, slot.id) = (0, 0); // an entry cannot lose its home: never left in place
-        }
         return; // not a traced thread
     };
     // A copy kept elsewhere goes now, at the latest when the thread dies: a slot must not outlive

@@ -31,8 +31,7 @@ pub static STOPS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACED, 0);
 
 /// Each thread's device-memory call in flight (CUDA runtime and driver), apart from its heap entry
-/// (`entries`): host
-/// allocations made inside a device call are real host allocations.
+/// (`entries`): host allocations made inside a device call are real host allocations.
 #[btf_map]
 pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 

@@ -1,10 +1,9 @@
 //! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
 //! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
 //! leaktracer's programs (`--heap full`, also with the loop below a 6000-byte frame, and
-//! `--heap sampled`), with leaktracer's programs but
-//! `free` probed at its first instruction (the single-step cost that probe placement removes), and
-//! with bcc's memleak on the same workload when it is installed. Figures are printed, never
-//! asserted.
+//! `--heap sampled`), with leaktracer's programs but `free` probed at its first instruction (the
+//! single-step cost that probe placement removes), and with bcc's memleak on the same workload
+//! when it is installed. Figures are printed, never asserted.
 
 use std::time::Instant;
 

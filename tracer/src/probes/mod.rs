@@ -523,9 +523,7 @@ impl Probes {
             let attached = elf::ElfFile::open(&path)
                 .map_err(|e| Error::Other(e.into()))
                 .and_then(|elf| {
-                    if set.role == HEAP.role || set.role == TORCH_CPU.role {
-                        self.attach_switch_out()?;
-                    }
+                    self.attach_switch_out()?; // every set held back is a heap set
                     self.attach_set(&path, &elf, set)
                 });
             if let Err(e) = attached {
