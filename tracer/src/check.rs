@@ -9,8 +9,9 @@ use std::{fmt::Write as _, path::Path};
 
 use crate::{
     analysis::Verdict,
-    ledger::Kind,
-    report::{Report, StackReport, human},
+    model::Kind,
+    render::human,
+    report::{Report, StackReport},
 };
 
 pub mod exit {

@@ -1,4 +1,5 @@
-//! The command line (clap derive): every flag documented here, validated into a session config.
+//! The command line (clap derive): every flag documented here. Raw flags go to `config`, which
+//! validates them; nothing else reads them.
 
 use std::path::PathBuf;
 
@@ -141,7 +142,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        exports: Exports,
+        exports: ExportArgs,
     },
     /// Measure ns per malloc+free pair: untraced, empty probes (the floor), leaktracer, and
     /// leaktracer with `free` probed at +0, in one run with ratios.
@@ -237,7 +238,7 @@ pub struct ReportArgs {
     /// tensors are all recorded) and reports heap bytes scaled up without bias; `off` probes no
     /// heap function: device memory (CUDA) and pages (mmap, brk) only, the cheapest.
     #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
-    pub heap: HeapMode,
+    pub heap: crate::model::HeapMode,
     /// Probe the heap functions only after S seconds of tracing (with --step-symbol: from step
     /// S on), so that start-up's allocations cost nothing (libtorch's static initialisation
     /// makes about a million). Blocks allocated before are not seen, and frees of them count as
@@ -287,17 +288,14 @@ pub struct ReportArgs {
     #[arg(long, value_name = "DIR", requires = "ui")]
     pub web_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub exports: Exports,
+    pub exports: ExportArgs,
     #[command(flatten)]
     pub history: HistoryArgs,
-    /// Set by `check` (stored runs say which command made them).
-    #[arg(skip)]
-    pub check: bool,
 }
 
 /// Files the final report (or a stored snapshot) is also written to.
 #[derive(Debug, Args, Clone, Default)]
-pub struct Exports {
+pub struct ExportArgs {
     /// Collapsed stacks (flamegraph, inferno, speedscope input: kind;outermost;…;innermost BYTES).
     #[arg(long, value_name = "FILE")]
     pub collapsed: Option<PathBuf>,
@@ -332,65 +330,7 @@ pub struct HistoryArgs {
     pub keep_mib: u64,
 }
 
-impl HistoryArgs {
-    /// The history file in use, if any.
-    pub fn path(&self) -> Option<PathBuf> {
-        if self.no_store {
-            None
-        } else {
-            Some(
-                self.store
-                    .clone()
-                    .unwrap_or_else(crate::store::default_path),
-            )
-        }
-    }
-
-    pub fn retention(&self) -> crate::store::Retention {
-        crate::store::Retention {
-            max_age_days: self.keep_days,
-            max_bytes: self.keep_mib.saturating_mul(1 << 20),
-        }
-    }
-}
-
-/// `--heap`.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum HeapMode {
-    Off,
-    Sampled,
-    Full,
-}
-
 impl ReportArgs {
-    /// The heap mode, `--no-heap` folded in.
-    pub fn heap_mode(&self) -> HeapMode {
-        if self.no_heap {
-            HeapMode::Off
-        } else {
-            self.heap
-        }
-    }
-
-    /// The heap mode as the report states it.
-    pub fn heap_tracing(&self) -> crate::report::HeapTracing {
-        let mode = self.heap_mode();
-        crate::report::HeapTracing {
-            mode,
-            sample_bytes: (mode == HeapMode::Sampled).then_some(self.sample_bytes),
-            after: self.heap_after.filter(|_| mode != HeapMode::Off).map(|s| {
-                if self.step_symbol.is_some() {
-                    crate::report::HeapAfter::Steps(s.ceil() as u64)
-                } else {
-                    crate::report::HeapAfter::Seconds(s)
-                }
-            }),
-        }
-    }
-
     /// The options as parsed from `flags` alone (clap's own defaults for the rest), for sessions
     /// started from code (benchmarks, tests).
     pub fn from_flags(flags: &[&str]) -> Result<Self, String> {
@@ -403,64 +343,6 @@ impl ReportArgs {
         Only::try_parse_from(argv)
             .map(|o| o.report)
             .map_err(|e| e.to_string())
-    }
-
-    /// Checks values clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(self.interval.is_finite() && self.interval >= 0.0) {
-            return Err(format!(
-                "--interval must be a non-negative number of seconds, got {}",
-                self.interval
-            ));
-        }
-        if self.top == 0 {
-            return Err("--top must be at least 1".into());
-        }
-        if !(self.ring_mb.is_power_of_two() && self.ring_mb <= 1024) {
-            return Err(format!(
-                "--ring-mb must be a power of two from 1 to 1024, got {}",
-                self.ring_mb
-            ));
-        }
-        if self.heap_mode() == HeapMode::Sampled && !(4096..=1 << 40).contains(&self.sample_bytes) {
-            return Err(format!(
-                "--sample-bytes must be between 4096 and 2^40, got {}",
-                self.sample_bytes
-            ));
-        }
-        if !(self.sample.is_finite() && self.sample >= 0.01) {
-            return Err(format!(
-                "--sample must be at least 0.01 seconds, got {}",
-                self.sample
-            ));
-        }
-        let h = &self.history;
-        if !(h.snapshot.is_finite() && h.snapshot >= 0.0) {
-            return Err(format!(
-                "--snapshot must be a non-negative number of seconds, got {}",
-                h.snapshot
-            ));
-        }
-        if !(h.keep_days.is_finite() && h.keep_days > 0.0) || h.keep_mib == 0 {
-            return Err("--keep-days and --keep-mib must be positive".into());
-        }
-        if let Some(s) = self.heap_after {
-            if !(s.is_finite() && s >= 0.0) {
-                return Err(format!(
-                    "--heap-after must be a non-negative number of seconds (or steps), got {s}"
-                ));
-            }
-            if self.heap_mode() == HeapMode::Off {
-                return Err("--heap-after needs the heap traced (--heap full or sampled)".into());
-            }
-        }
-        if !(self.warmup.is_finite() && self.warmup >= 0.0) {
-            return Err(format!(
-                "--warmup must be a non-negative number of seconds, got {}",
-                self.warmup
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -493,19 +375,14 @@ mod tests {
         assert_eq!(report.top, 3);
         assert_eq!(command, ["prog", "--top", "-x"]);
     }
+}
 
-    #[test]
-    fn bad_interval_is_rejected() {
-        let r = ReportArgs {
-            interval: -1.0,
-            ..ReportArgs::from_flags(&["--no-store"]).unwrap()
-        };
-        assert!(r.validate().unwrap_err().contains("--interval"));
-        let r = ReportArgs {
-            interval: 0.0,
-            sample: 0.0,
-            ..r
-        };
-        assert!(r.validate().unwrap_err().contains("--sample"));
+impl From<ExportArgs> for crate::render::Exports {
+    fn from(a: ExportArgs) -> Self {
+        Self {
+            collapsed: a.collapsed,
+            pprof: a.pprof,
+            prometheus: a.prometheus,
+        }
     }
 }

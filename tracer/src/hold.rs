@@ -82,7 +82,7 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
 fn seize(pid: u32) -> bool {
     let mut seized: Vec<u32> = Vec::new();
     loop {
-        let threads = threads_of(pid);
+        let threads = crate::procfs::threads(pid);
         let new: Vec<u32> = threads
             .into_iter()
             .filter(|t| !seized.contains(t))
@@ -101,20 +101,6 @@ fn seize(pid: u32) -> bool {
             seized.push(tid);
         }
     }
-}
-
-fn threads_of(pid: u32) -> Vec<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
-    let mut tids: Vec<u32> = tasks
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    if tids.is_empty() {
-        tids.push(pid);
-    }
-    tids.sort_unstable();
-    tids
 }
 
 fn seize_one(tid: u32) -> std::io::Result<()> {
@@ -193,7 +179,7 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
     let (request, data) = match event {
         libc::PTRACE_EVENT_EXIT => {
             // Only the whole process's exit matters: other threads go at once.
-            let tgid = tgid_of(tid);
+            let tgid = crate::procfs::tgid_of(tid);
             if tgid == Some(tid) {
                 ask(tid, tid, HoldReason::Exit, requests);
             }
@@ -208,7 +194,7 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
             (libc::PTRACE_LISTEN, 0) // a real group stop: leave it stopped
         }
         0 if sig == libc::SIGSTOP => {
-            let tgid = tgid_of(tid).unwrap_or(tid);
+            let tgid = crate::procfs::tgid_of(tid).unwrap_or(tid);
             let ours = ask(tid, tgid, HoldReason::Stop, requests);
             (libc::PTRACE_CONT, if ours { 0 } else { sig })
         }
@@ -239,11 +225,3 @@ fn ask(tid: u32, tgid: u32, reason: HoldReason, requests: &mpsc::Sender<HoldRequ
     })
 }
 
-/// The process a thread belongs to.
-fn tgid_of(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-}

@@ -1,21 +1,32 @@
-//! leaktracer: an eBPF leak tracer. Data flows one way: probes → ingest → ledger → report.
+//! leaktracer: an eBPF leak tracer. Data flows one way, and the modules are layered the same way
+//! (each imports only those below it):
+//!
+//! ```text
+//! main → config (flags → Config) → session (the owner) → bench (behind its subcommand)
+//!          probes → ingest → ledger → analysis → report → render · store · api · check
+//!          python · hold · launch · serve · symbolize · gpu
+//!          model (shared vocabulary) · procfs (every /proc read) · error
+//! ```
 
 pub mod analysis;
 pub mod api;
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod config;
 pub mod error;
 pub mod gpu;
 pub mod hold;
 pub mod ingest;
 pub mod launch;
 pub mod ledger;
+pub mod model;
 pub mod probes;
+pub mod procfs;
 pub mod python;
+pub mod render;
 pub mod report;
 pub mod serve;
 pub mod session;
 pub mod store;
-pub mod stress;
 pub mod symbolize;

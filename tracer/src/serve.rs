@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use crate::error::Error;
+use crate::{error::Error, procfs};
 
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
@@ -40,7 +40,7 @@ impl Filter {
             ));
         }
         for &pid in &self.pids {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if !procfs::exists(pid) {
                 return Err(Error::NoSuchProcess(pid as i32));
             }
         }
@@ -55,8 +55,8 @@ impl Filter {
             return true;
         }
         if !self.comms.is_empty() {
-            let comm = read(pid, "comm");
-            let argv0 = read(pid, "cmdline");
+            let comm = procfs::read(pid, "comm");
+            let argv0 = procfs::read(pid, "cmdline");
             let argv0 = argv0.split('\0').next().unwrap_or("");
             let base = argv0.rsplit('/').next().unwrap_or("");
             if self.comms.iter().any(|c| c == comm.trim_end() || c == base) {
@@ -64,7 +64,7 @@ impl Filter {
             }
         }
         if !self.cgroups.is_empty() {
-            let lines = read(pid, "cgroup");
+            let lines = procfs::read(pid, "cgroup");
             let inside = lines
                 .lines()
                 .filter_map(|l| l.splitn(3, ':').nth(2))
@@ -111,14 +111,8 @@ fn cgroup_path(given: &str) -> Result<String, Error> {
     Ok(given.trim_end_matches('/').to_string()).map(|p| if p.is_empty() { "/".into() } else { p })
 }
 
-fn read(pid: u32, file: &str) -> String {
-    std::fs::read(format!("/proc/{pid}/{file}"))
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
-}
-
 fn maps_cuda(pid: u32) -> bool {
-    read(pid, "maps").lines().any(|l| {
+    procfs::read(pid, "maps").lines().any(|l| {
         l.rsplit('/')
             .next()
             .is_some_and(|f| f.starts_with("libcudart.so") || f.starts_with("libcuda.so"))
@@ -129,12 +123,8 @@ fn maps_cuda(pid: u32) -> bool {
 /// traced process's children) and are not leaktracer itself or a kernel thread.
 pub fn scan(filter: &Filter, known: &HashSet<u32>) -> Vec<u32> {
     let me = std::process::id();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+    let mut pids: Vec<u32> = procfs::pids()
+        .into_iter()
         .filter(|&pid| pid != me && !known.contains(&pid))
         .filter(|&pid| !kernel_thread(pid))
         .filter(|&pid| filter.matches(pid))
@@ -145,7 +135,7 @@ pub fn scan(filter: &Filter, known: &HashSet<u32>) -> Vec<u32> {
 
 fn kernel_thread(pid: u32) -> bool {
     // Kernel threads have no command line and no memory map.
-    read(pid, "cmdline").is_empty() && read(pid, "maps").is_empty()
+    procfs::read(pid, "cmdline").is_empty() && procfs::read(pid, "maps").is_empty()
 }
 
 /// What `serve` was asked to watch, for the run's name in the history.

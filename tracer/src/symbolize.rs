@@ -10,7 +10,7 @@ use blazesym::symbolize::{
 };
 use serde::Serialize;
 
-use crate::ingest::Frame;
+use crate::model::Frame;
 
 /// A symbolized frame, as reports and the JSON schema show it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]

@@ -2,7 +2,6 @@
 //! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
 //! at each sample tick; read by the report.
 
-pub mod bench;
 pub mod series;
 pub mod verdict;
 
@@ -11,13 +10,10 @@ use rustc_hash::FxHashMap;
 pub use verdict::{Evidence, Verdict, classify};
 
 use crate::{
-    ingest::StackId,
-    ledger::{Kind, Ledger},
+    ledger::Ledger,
+    model::{GroupKey, Kind},
 };
 use series::Series;
-
-/// A stack group's identity across samples.
-pub type GroupKey = (u32, Option<StackId>, Kind, bool);
 
 /// Series per stack group and per process.
 #[derive(Default)]
@@ -61,8 +57,8 @@ impl Analysis {
             let t = self.groups.entry(key).or_default();
             t.series.push(t_s, bytes);
             t.round = round;
-            let e = per_proc.entry(key.0).or_default();
-            match key.2 {
+            let e = per_proc.entry(key.pid).or_default();
+            match key.kind {
                 Kind::Heap | Kind::Tensor => e.0 += bytes,
                 // The allocator's own heap: mmap regions are mostly the program's (or freed
                 // with the block they hold), so they do not tell retention.
@@ -94,9 +90,19 @@ impl Analysis {
         self.procs.get(&pid).map(|(h, p)| (h.points(), p.points()))
     }
 
-    /// The verdict of a group, from `warmup_s` on.
-    pub fn group(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
-        classify(&self.groups.get(key)?.series, warmup_s)
+    /// The verdict of a group, from `warmup_s` on. The brk heap of a process whose heap bytes
+    /// stay flat while its pages grow is retention by the allocator, not a leak.
+    pub fn judge(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
+        let mut evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
+        if evidence.verdict == Verdict::Leak
+            && key.kind == Kind::Brk
+            && self
+                .retention(key.pid, warmup_s)
+                .is_some_and(|r| r.retention)
+        {
+            evidence.verdict = Verdict::Retention;
+        }
+        Some(evidence)
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released

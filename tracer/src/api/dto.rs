@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::{
-    ledger::Kind,
-    report::{Report, StackReport, prometheus::stack_id},
+    model::Kind,
+    render::prometheus::stack_id,
+    report::{Report, StackReport},
 };
 
 /// Bytes per kind, only kinds that hold something.
@@ -127,7 +128,7 @@ impl Health {
                         .unwrap_or_default(),
                 })
                 .collect(),
-            heap: crate::report::heap_notes(&r.heap),
+            heap: crate::render::heap_notes(&r.heap),
             probe_cost: r.probe_cost.clone(),
         }
     }

@@ -4,7 +4,6 @@
 //! `{"error": "…"}` with a 4xx status, in words for the user, never internals.
 
 pub mod assets;
-pub mod bench;
 pub mod dto;
 #[cfg(test)]
 mod tests;
@@ -26,7 +25,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt as _, wrappers::WatchStream};
 
-use crate::report::{self, Report};
+use crate::{render, report::Report, store};
 
 /// The latest publication of the session (None before the first).
 pub type Live = watch::Receiver<Option<Arc<Published>>>;
@@ -388,7 +387,7 @@ async fn flamegraph(
 
 fn check_kind(kind: Option<&str>) -> Result<(), ApiError> {
     match kind {
-        Some(k) if !crate::ledger::Kind::ALL.iter().any(|x| x.name() == k) => {
+        Some(k) if !crate::model::Kind::ALL.iter().any(|x| x.name() == k) => {
             Err(ApiError::bad("unknown kind"))
         }
         _ => Ok(()),
@@ -430,7 +429,7 @@ struct DiffQuery {
 async fn diff(
     State(state): State<ApiState>,
     q: Result<Query<DiffQuery>, QueryRejection>,
-) -> ApiResult<Vec<report::diff::StackDelta>> {
+) -> ApiResult<Vec<store::diff::StackDelta>> {
     let Query(q) = q?;
     // Only stored snapshots: a file path from the network is not opened.
     for spec in [&q.old, &q.new] {
@@ -445,17 +444,17 @@ async fn diff(
         .clone()
         .ok_or_else(|| ApiError::not_found("no history is kept (--no-store)"))?;
     let (old, new) = (
-        report::diff::load(&q.old, &path).map_err(ApiError::not_found)?,
-        report::diff::load(&q.new, &path).map_err(ApiError::not_found)?,
+        store::diff::load(&q.old, &path).map_err(ApiError::not_found)?,
+        store::diff::load(&q.new, &path).map_err(ApiError::not_found)?,
     );
-    Ok(Json(report::diff::diff(&old, &new)))
+    Ok(Json(store::diff::diff(&old, &new)))
 }
 
 async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let p = latest(&state)?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        report::prometheus::exposition(&p.report),
+        render::prometheus::exposition(&p.report),
     )
         .into_response())
 }

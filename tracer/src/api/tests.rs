@@ -12,7 +12,7 @@ use tokio_stream::StreamExt as _;
 use tower::ServiceExt as _;
 
 use super::*;
-use crate::analysis::bench::{ledger_with, report_of};
+use crate::report::synthetic::{ledger_with, report_of};
 
 fn state_with(published: Option<Published>, store: Option<PathBuf>) -> ApiState {
     let (_tx, live) = watch::channel(published.map(Arc::new));
@@ -473,10 +473,10 @@ async fn health_says_what_the_heap_figures_are_and_what_the_probes_cost() {
     assert_eq!(v["probe_cost"], serde_json::json!([]));
     let (ledger, analysis) = ledger_with(5, 6);
     let mut report = report_of(&ledger, &analysis, 5);
-    report.heap = crate::report::HeapTracing {
-        mode: crate::cli::HeapMode::Sampled,
+    report.heap = crate::model::HeapTracing {
+        mode: crate::model::HeapMode::Sampled,
         sample_bytes: Some(524_288),
-        after: Some(crate::report::HeapAfter::Steps(3)),
+        after: Some(crate::model::HeapAfter::Steps(3)),
     };
     report.probe_cost = vec![crate::probes::cost::ProgramCost {
         program: "alloc_return".into(),

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::{
-    ledger::Kind,
+    model::Kind,
     report::{Report, StackReport},
 };
 

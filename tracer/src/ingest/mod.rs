@@ -2,9 +2,9 @@
 //! processes live: their executable mappings (maps.rs) and command lines; turns raw kernel stacks
 //! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
 
+mod event;
 mod heap;
-pub mod maps;
-mod ring;
+mod maps;
 mod sampled;
 mod stacks;
 mod unwind;
@@ -16,137 +16,27 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{MapData, PerCpuArray};
 use tokio::{
     io::unix::AsyncFd,
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, COUNTERS, Counter, DEEP_HEADER, Event, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
+    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
     StackEvent,
 };
 
-pub use stacks::{Frame, StackId, StackTable};
+pub use event::{Batch, Event, Fill, Input, What};
+pub use crate::probes::KernelCounters;
+pub use stacks::MAX_STACKS as STACK_CAPACITY;
 
 use crate::{
-    error::Error,
     hold::{HoldReason, HoldRequest},
-    probes::prober::ProbeRequest,
+    model::{Frame, StackId},
+    probes::{self, KernelChannels, prober::ProbeRequest},
+    procfs,
 };
 
-/// An event as the ledger sees it: decoded, with its stack interned.
-#[derive(Clone, Debug)]
-pub struct Decoded {
-    pub kind: EventKind,
-    pub func: Option<AllocFn>,
-    pub tgid: u32,
-    pub ts_ns: u64,
-    pub addr: u64,
-    pub size: u64,
-    pub old_addr: u64,
-    pub old_size: u64,
-    pub aux: u64,
-    pub stack: Option<StackId>,
-    /// For exec (and fork): the process's command line, read while it lives.
-    pub command: Option<String>,
-    /// For exec: the allocator settings in its environment (see [`read_allocator_env`]).
-    pub env: Option<Vec<(String, String)>>,
-}
-
-/// Kernel-side counters summed over CPUs, indexed like [`Counter`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters(pub [u64; COUNTERS as usize]);
-
-impl KernelCounters {
-    pub fn get(&self, c: Counter) -> u64 {
-        self.0[c as usize]
-    }
-}
-
-/// What ingest sends to the ledger, in order.
-#[derive(Debug)]
-pub enum Input {
-    /// A stack seen for the first time; always precedes the first event that uses it.
-    Stack {
-        id: StackId,
-        frames: Arc<[Frame]>,
-        truncated: bool,
-    },
-    Event(Decoded),
-    Kernel(KernelCounters),
-    /// User-space losses counted by ingest.
-    IngestLoss {
-        stack_table_full: u64,
-        undecodable: u64,
-    },
-    /// How full the tables that can overflow are.
-    Fill(Fill),
-}
-
-/// Distinct stacks ingest keeps; past it, events of new stacks are dropped and counted.
-pub const STACK_CAPACITY: usize = stacks::MAX_STACKS;
-
-/// Entries in use in the tables that drop what does not fit.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fill {
-    /// Distinct stacks interned by ingest, now and at most.
-    pub stacks: u64,
-    pub stacks_peak: u64,
-    /// `--heap sampled`: recorded blocks in the kernel's table (SAMPLED).
-    pub sampled: u64,
-}
-
-/// Inputs are sent in batches: one channel operation per drained chunk, not per event.
-pub type Batch = Vec<Input>;
 const BATCH: usize = 1024;
-
-/// The kernel's event ring buffer, counters and log buffer, taken from the loaded object.
-pub struct KernelChannels {
-    events: ring::Ring,
-    stats: PerCpuArray<MapData, u64>,
-    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
-    /// `--heap sampled`: the mean sampling interval in bytes (0: every allocation is recorded).
-    heap_sampling: u64,
-    sampled: aya::maps::HashMap<MapData, tracer_common::SampledKey, u64>,
-    /// Threads the kernel side stopped for new code (STOPS).
-    stops: aya::maps::HashMap<MapData, u32, u32>,
-}
-
-impl KernelChannels {
-    pub(crate) fn take(bpf: &mut aya::Ebpf, heap_sampling: u64) -> Result<Self, Error> {
-        let mut map = |name: &str| {
-            bpf.take_map(name)
-                .ok_or_else(|| anyhow::anyhow!("map {name} missing"))
-        };
-        let events = match map("EVENTS")? {
-            aya::maps::Map::RingBuf(m) => {
-                ring::Ring::new(m).map_err(|e| anyhow::anyhow!("EVENTS: {e}"))?
-            }
-            _ => return Err(anyhow::anyhow!("EVENTS is not a ring buffer").into()),
-        };
-        let stats =
-            PerCpuArray::try_from(map("STATS")?).map_err(|e| anyhow::anyhow!("STATS: {e}"))?;
-        let sampled = aya::maps::HashMap::try_from(map("SAMPLED")?)
-            .map_err(|e| anyhow::anyhow!("SAMPLED: {e}"))?;
-        let stops = aya::maps::HashMap::try_from(map("STOPS")?)
-            .map_err(|e| anyhow::anyhow!("STOPS: {e}"))?;
-        let logger = match aya_log::EbpfLogger::init(bpf) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::debug!(error = %e, "no eBPF log buffer");
-                None
-            }
-        };
-        Ok(Self {
-            events,
-            stats,
-            logger,
-            heap_sampling,
-            sampled,
-            stops,
-        })
-    }
-}
 
 /// The ingest task: reads until `stop` turns true, then drains what is left and returns.
 pub async fn run(
@@ -170,7 +60,6 @@ pub async fn run(
         Some(l) => Some(register(l)?),
         None => None,
     };
-    let counters_of = |s: &PerCpuArray<MapData, u64>| KernelChannels::counters_from(s);
     let mut decoder = Decoder {
         probe: Some(probe.clone()),
         heap_sampling,
@@ -214,7 +103,7 @@ pub async fn run(
             Some(pid) = adopted.recv() => decoder.maps.refresh(pid),
             _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
-                tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
+                tx.send(vec![Input::Kernel(KernelChannels::counters(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
                 tx.send(vec![Input::Fill(decoder.fill())]).await?;
             }
@@ -227,7 +116,7 @@ pub async fn run(
     if let Some(l) = logs.as_mut() {
         l.get_mut().flush();
     }
-    tx.send(vec![Input::Kernel(counters_of(&stats))]).await?;
+    tx.send(vec![Input::Kernel(KernelChannels::counters(&stats))]).await?;
     decoder.report_losses(&tx).await?;
     Ok(())
 }
@@ -250,18 +139,6 @@ async fn readable<T: AsRawFd>(
     match fd {
         Some(fd) => fd.readable_mut().await,
         None => std::future::pending().await,
-    }
-}
-
-impl KernelChannels {
-    fn counters_from(stats: &PerCpuArray<MapData, u64>) -> KernelCounters {
-        let mut out = KernelCounters::default();
-        for (i, slot) in out.0.iter_mut().enumerate() {
-            if let Ok(values) = stats.get(&(i as u32), 0) {
-                *slot = values.iter().sum();
-            }
-        }
-        out
     }
 }
 
@@ -301,7 +178,7 @@ impl Decoder {
 
     async fn drain(
         &mut self,
-        ring: &mut ring::Ring,
+        ring: &mut probes::Ring,
         tx: &mpsc::Sender<Batch>,
     ) -> anyhow::Result<()> {
         loop {
@@ -331,7 +208,7 @@ impl Decoder {
     fn decode(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
         let first = bytes.first_chunk::<4>().map(|k| u32::from_le_bytes(*k));
         match first.and_then(EventKind::from_u32) {
-            Some(EventKind::PyFrames) if bytes.len() >= size_of::<Event>() => {
+            Some(EventKind::PyFrames) if bytes.len() >= size_of::<RawEvent>() => {
                 return self.decode_python(bytes);
             }
             Some(EventKind::HeapAlloc) => return self.decode_heap(bytes, out),
@@ -341,10 +218,10 @@ impl Decoder {
         if bytes.len() > size_of::<StackEvent>() {
             return self.decode_deep(bytes, out);
         }
-        let (ev, stack) = if bytes.len() > size_of::<Event>() {
+        let (ev, stack) = if bytes.len() > size_of::<RawEvent>() {
             // A stack record carries only the frames it used: copy into a full one.
             let mut se = StackEvent {
-                event: Event::default(),
+                event: RawEvent::default(),
                 stack_bytes: 0,
                 leaf_caller: 0,
                 frames: [0; MAX_FRAMES],
@@ -353,10 +230,10 @@ impl Decoder {
             // SAFETY: at most size_of::<StackEvent>() bytes into a StackEvent (plain data).
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&raw mut se).cast::<u8>(), n) };
             (se.event, Some(se))
-        } else if bytes.len() == size_of::<Event>() {
-            // SAFETY: the length was checked; Event is plain data, read unaligned.
+        } else if bytes.len() == size_of::<RawEvent>() {
+            // SAFETY: the length was checked; RawEvent is plain data, read unaligned.
             (
-                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) },
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RawEvent>()) },
                 None,
             )
         } else {
@@ -385,9 +262,9 @@ impl Decoder {
 
     /// A thread's Python frames, for its next record with a stack.
     fn decode_python(&mut self, bytes: &[u8]) {
-        // SAFETY: the length was checked; Event is plain data, read unaligned.
-        let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        let frames: Vec<u64> = bytes[size_of::<Event>()..]
+        // SAFETY: the length was checked; RawEvent is plain data, read unaligned.
+        let ev: RawEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let frames: Vec<u64> = bytes[size_of::<RawEvent>()..]
             .as_chunks::<8>()
             .0
             .iter()
@@ -406,7 +283,7 @@ impl Decoder {
         let header: [u64; DEEP_HEADER / 8] =
             unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         // SAFETY: as above; the event is the header's first 64 bytes.
-        let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let ev: RawEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         let (ip, sp, bp, len) = (header[8], header[9], header[10], header[11] as usize);
         let (Some(kind), Some(stack)) = (
             EventKind::from_u32(ev.kind),
@@ -441,13 +318,13 @@ impl Decoder {
     fn push_event(
         &mut self,
         kind: EventKind,
-        ev: &Event,
+        ev: &RawEvent,
         stack: Option<StackId>,
         out: &mut Vec<Input>,
     ) {
         let command = match kind {
-            EventKind::Exec => read_command(ev.tgid),
-            EventKind::Fork => read_command(ev.aux as u32),
+            EventKind::Exec => procfs::command(ev.tgid),
+            EventKind::Fork => procfs::command(ev.aux as u32),
             _ => None,
         };
         let func = AllocFn::from_u32(ev.func);
@@ -465,24 +342,28 @@ impl Decoder {
         } else {
             ev.size
         };
-        out.push(Input::Event(Decoded {
+        let raw = event::Raw {
             kind,
-            func: AllocFn::from_u32(ev.func),
-            tgid: ev.tgid,
-            ts_ns: ev.ts_ns,
             addr: ev.addr,
             size,
             old_addr: ev.old_addr,
             old_size: ev.old_size,
             aux: ev.aux,
-            stack,
-            command,
-            env: (kind == EventKind::Exec).then(|| read_allocator_env(ev.tgid)),
-        }));
+        };
+        let env = (kind == EventKind::Exec).then(|| procfs::allocator_env(ev.tgid));
+        if let Some(what) = raw.what(command, env) {
+            out.push(Input::Event(Event {
+                tgid: ev.tgid,
+                ts_ns: ev.ts_ns,
+                func,
+                stack,
+                what,
+            }));
+        }
     }
 
     /// Keeps the mapping snapshots in step with the process's life, and announces new code.
-    fn observe_process(&mut self, kind: EventKind, ev: &Event) {
+    fn observe_process(&mut self, kind: EventKind, ev: &RawEvent) {
         const PROT_EXEC: u64 = 0x4;
         const MAP_ANONYMOUS: u64 = 0x20;
         let held = ev.old_size == STOPPED_FOR_PROBES;
@@ -592,50 +473,6 @@ pub fn unsampled(size: u64, mean: u64) -> u64 {
     }
     let p = -(-(size as f64) / mean as f64).exp_m1();
     (size as f64 / p).round() as u64
-}
-
-/// The command line of a live process, NUL separators turned into spaces.
-pub fn read_command(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let text: Vec<String> = raw
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
-    (!text.is_empty()).then(|| text.join(" "))
-}
-
-/// Environment variables that change how PyTorch allocates (and so what a leak looks like): the
-/// CUDA caching allocator's settings and the switch that turns caching off.
-pub const ALLOCATOR_ENV: &[&str] = &[
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF",
-    "PYTORCH_NO_CUDA_MEMORY_CACHING",
-    "PYTORCH_HIP_ALLOC_CONF",
-    "CUDA_LAUNCH_BLOCKING",
-    "MALLOC_ARENA_MAX",
-    "MALLOC_MMAP_THRESHOLD_",
-    // PYTHONMALLOC=malloc: every Python object is a malloc block (none hidden in pymalloc arenas).
-    "PYTHONMALLOC",
-];
-
-/// The [`ALLOCATOR_ENV`] variables set in a live process's environment, in that order.
-pub fn read_allocator_env(pid: u32) -> Vec<(String, String)> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let vars: Vec<(&[u8], &[u8])> = raw
-        .split(|b| *b == 0)
-        .filter_map(|kv| {
-            let eq = kv.iter().position(|b| *b == b'=')?;
-            Some((&kv[..eq], &kv[eq + 1..]))
-        })
-        .collect();
-    ALLOCATOR_ENV
-        .iter()
-        .filter_map(|name| {
-            let (_, v) = vars.iter().find(|(k, _)| *k == name.as_bytes())?;
-            Some((name.to_string(), String::from_utf8_lossy(v).into_owned()))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment};
 use rustc_hash::FxHashMap;
 
-use super::maps::ProcMaps;
+use crate::procfs::ProcMaps;
 
 /// Bytes of one section of a mapped file (the file stays mapped while any module uses it).
 #[derive(Clone)]

@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use tracer_common::AllocFn;
 
 use super::{Origin, process::Block};
-use crate::ingest::StackId;
+use crate::model::StackId;
 
 /// A cuMemMap of (part of) a physical handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

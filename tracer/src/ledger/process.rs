@@ -5,6 +5,7 @@ use serde::Serialize;
 use tracer_common::AllocFn;
 
 use super::{Kind, Origin, device::Device, regions::Regions};
+use crate::ingest::What;
 
 const PAGE: u64 = 4096;
 
@@ -45,7 +46,7 @@ pub struct Process {
     pub pid: u32,
     pub ppid: Option<u32>,
     pub command: String,
-    /// Allocator settings found in its environment (ingest::ALLOCATOR_ENV).
+    /// Allocator settings found in its environment (procfs::ALLOCATOR_ENV).
     pub allocator_env: Vec<(String, String)>,
     pub started_ns: u64,
     pub exited_ns: Option<u64>,
@@ -111,6 +112,48 @@ impl Process {
                 segments: parent.brk.segments.inherited(),
             },
             ..Self::default()
+        }
+    }
+
+    /// Applies one event of this process (forks and steps are the ledger's).
+    pub fn apply(&mut self, what: What, origin: Origin) {
+        let device_func = origin.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
+        match what {
+            What::Alloc { addr, size } if device_func.is_some() => {
+                self.device.alloc(addr, size, origin)
+            }
+            What::Free { addr } if let Some(f) = device_func => self.device.free(f, addr),
+            What::AllocFailed { code, size } => {
+                let func = origin.func.unwrap_or(AllocFn::CudaMalloc);
+                self.device.failed(origin.stack, func, code, size)
+            }
+            What::DeviceMap { addr, size, handle } => self.device.map(addr, size, handle),
+            What::DeviceUnmap { addr } => self.device.unmap(addr),
+            What::Alloc { addr, size } => self.alloc(addr, size, origin),
+            What::Free { addr } => self.free(addr),
+            What::Realloc { old, addr, size } => self.realloc(old, addr, size, origin),
+            What::Mmap {
+                addr,
+                len,
+                anonymous,
+                no_access,
+            } => self.mmap(addr, len, anonymous, no_access, origin),
+            What::Mprotect {
+                addr,
+                len,
+                no_access,
+            } => self.mprotect(addr, len, no_access),
+            What::Munmap { addr, len } => self.munmap(addr, len),
+            What::Mremap {
+                old,
+                old_len,
+                addr,
+                len,
+            } => self.mremap(old, old_len, addr, len),
+            What::Brk { result } => self.brk(result, origin),
+            What::Exec { command, env } => self.exec(command, env),
+            What::Exit => self.exited_ns = Some(origin.ts_ns),
+            What::Fork { .. } | What::Step => {}
         }
     }
 
@@ -193,9 +236,9 @@ impl Process {
     }
 
     /// mprotect: PROT_NONE turns memory back into reserved address space, anything else opens it.
-    pub fn mprotect(&mut self, addr: u64, len: u64, prot: u64) {
+    pub fn mprotect(&mut self, addr: u64, len: u64, no_access: bool) {
         self.mmaps
-            .protect(addr, addr.saturating_add(page_up(len)), prot == 0);
+            .protect(addr, addr.saturating_add(page_up(len)), no_access);
     }
 
     pub fn munmap(&mut self, addr: u64, len: u64) {

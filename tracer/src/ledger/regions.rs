@@ -139,7 +139,7 @@ impl Regions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::StackId;
+    use crate::model::StackId;
 
     fn o(stack: u32) -> Origin {
         Origin {

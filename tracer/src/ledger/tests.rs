@@ -2,87 +2,91 @@
 
 use std::sync::Arc;
 
-use tracer_common::{AllocFn, EventKind};
+use tracer_common::AllocFn;
 
 use super::*;
-use crate::ingest::{Decoded, Frame, Input, StackId};
+use crate::{
+    ingest::{Event, Input, What},
+    model::Frame,
+};
 
 const PID: u32 = 100;
-const MAP_ANON_PRIVATE: u64 = 0x22;
 const RW: u64 = 3;
 
-fn ev(kind: EventKind, func: AllocFn) -> Decoded {
-    Decoded {
-        kind,
-        func: Some(func),
+/// An event of `func` in the fixture's process, from stack 1.
+fn ev(func: AllocFn, what: What) -> Event {
+    Event {
         tgid: PID,
         ts_ns: 1,
-        addr: 0,
-        size: 0,
-        old_addr: 0,
-        old_size: 0,
-        aux: 0,
+        func: Some(func),
         stack: Some(StackId::new(1)),
-        command: None,
-        env: None,
+        what,
     }
 }
 
 fn alloc(func: AllocFn, addr: u64, size: u64, stack: u32) -> Input {
-    Input::Event(Decoded {
-        addr,
-        size,
+    Input::Event(Event {
         stack: Some(StackId::new(stack)),
-        ..ev(EventKind::Alloc, func)
+        ..ev(func, What::Alloc { addr, size })
     })
 }
 fn free(addr: u64) -> Input {
-    Input::Event(Decoded {
-        old_addr: addr,
+    Input::Event(Event {
         stack: None,
-        ..ev(EventKind::Free, AllocFn::Free)
+        ..ev(AllocFn::Free, What::Free { addr })
     })
 }
 fn realloc(old: u64, new: u64, size: u64, stack: u32) -> Input {
-    Input::Event(Decoded {
-        old_addr: old,
-        addr: new,
-        size,
+    Input::Event(Event {
         stack: Some(StackId::new(stack)),
-        ..ev(EventKind::Realloc, AllocFn::Realloc)
+        ..ev(
+            AllocFn::Realloc,
+            What::Realloc {
+                old,
+                addr: new,
+                size,
+            },
+        )
     })
 }
+/// An anonymous private mapping with protection `prot`.
 fn mmap(addr: u64, len: u64, prot: u64, stack: u32) -> Input {
-    let aux = (prot << 32) | MAP_ANON_PRIVATE;
-    Input::Event(Decoded {
+    let what = What::Mmap {
         addr,
-        size: len,
-        aux,
+        len,
+        anonymous: true,
+        no_access: prot == 0,
+    };
+    Input::Event(Event {
         stack: Some(StackId::new(stack)),
-        ..ev(EventKind::Mmap, AllocFn::Mmap)
+        ..ev(AllocFn::Mmap, what)
     })
 }
 fn munmap(addr: u64, len: u64) -> Input {
-    Input::Event(Decoded {
-        old_addr: addr,
-        old_size: len,
-        ..ev(EventKind::Munmap, AllocFn::Munmap)
-    })
+    Input::Event(ev(AllocFn::Munmap, What::Munmap { addr, len }))
 }
 fn mprotect(addr: u64, len: u64, prot: u64) -> Input {
-    Input::Event(Decoded {
-        old_addr: addr,
-        old_size: len,
-        aux: prot,
-        ..ev(EventKind::Mprotect, AllocFn::Mprotect)
-    })
+    let what = What::Mprotect {
+        addr,
+        len,
+        no_access: prot == 0,
+    };
+    Input::Event(ev(AllocFn::Mprotect, what))
 }
 fn brk(result: u64, stack: u32) -> Input {
-    Input::Event(Decoded {
-        addr: result,
+    Input::Event(Event {
         stack: Some(StackId::new(stack)),
-        ..ev(EventKind::Brk, AllocFn::Brk)
+        ..ev(AllocFn::Brk, What::Brk { result })
     })
+}
+/// A fork of the fixture's process into `child` (`shares_vm`: CLONE_VM).
+fn fork(child: u32, shares_vm: bool) -> Input {
+    let what = What::Fork {
+        child,
+        shares_vm,
+        command: None,
+    };
+    Input::Event(ev(AllocFn::Malloc, what))
 }
 
 fn ledger(inputs: Vec<Input>) -> Ledger {
@@ -210,13 +214,17 @@ fn partial_munmap_and_mremap() {
         mmap(0x10000, 10 * 4096, RW, 1),
         munmap(0x10000 + 4 * 4096, 2 * 4096),
         mmap(0x100000, 4 * 4096, RW, 2),
-        Input::Event(Decoded {
-            old_addr: 0x100000,
-            old_size: 4 * 4096,
-            addr: 0x200000,
-            size: 16 * 4096,
+        Input::Event(Event {
             stack: Some(StackId::new(3)),
-            ..ev(EventKind::Mremap, AllocFn::Mremap)
+            ..ev(
+                AllocFn::Mremap,
+                What::Mremap {
+                    old: 0x100000,
+                    old_len: 4 * 4096,
+                    addr: 0x200000,
+                    len: 16 * 4096,
+                },
+            )
         }),
     ]);
     assert_eq!(of(&l, Kind::Mmap, 1), (8 * 4096, 2));
@@ -249,22 +257,16 @@ fn fork_copies_outstanding_as_inherited_and_child_frees_match() {
         alloc(AllocFn::Malloc, 0x10, 100, 1),
         alloc(AllocFn::Malloc, 0x20, 200, 1),
     ]);
-    l.apply(Input::Event(Decoded {
-        aux: 200,
-        size: 0x11,
-        ..ev(EventKind::Fork, AllocFn::Malloc)
-    }));
-    l.apply(Input::Event(Decoded {
+    // Flags 0x11: SIGCHLD, no CLONE_VM.
+    l.apply(fork(200, false));
+    l.apply(Input::Event(Event {
         tgid: 200,
-        old_addr: 0x10,
-        ..ev(EventKind::Free, AllocFn::Free)
+        ..ev(AllocFn::Free, What::Free { addr: 0x10 })
     }));
-    l.apply(Input::Event(Decoded {
+    l.apply(Input::Event(Event {
         tgid: 200,
-        addr: 0x30,
-        size: 7,
         stack: Some(StackId::new(2)),
-        ..ev(EventKind::Alloc, AllocFn::Malloc)
+        ..ev(AllocFn::Malloc, What::Alloc { addr: 0x30, size: 7 })
     }));
     let child: Vec<_> = l.groups().into_iter().filter(|g| g.pid == 200).collect();
     let inherited: u64 = child.iter().filter(|g| g.inherited).map(|g| g.bytes).sum();
@@ -281,20 +283,20 @@ fn fork_copies_outstanding_as_inherited_and_child_frees_match() {
 #[test]
 fn exec_starts_a_fresh_image() {
     let mut l = ledger(vec![alloc(AllocFn::Malloc, 0x10, 100, 1)]);
-    l.apply(Input::Event(Decoded {
+    let what = What::Exec {
         command: Some("new".into()),
-        ..ev(EventKind::Exec, AllocFn::Malloc)
-    }));
+        env: None,
+    };
+    l.apply(Input::Event(ev(AllocFn::Malloc, what)));
     assert_eq!(of(&l, Kind::Heap, 1), (0, 0));
     assert_eq!(l.procs[&PID].command, "new");
     assert_eq!(l.procs[&PID].execs, 1);
 }
 
 fn cuda_free(func: AllocFn, addr: u64) -> Input {
-    Input::Event(Decoded {
-        old_addr: addr,
+    Input::Event(Event {
         stack: None,
-        ..ev(EventKind::Free, func)
+        ..ev(func, What::Free { addr })
     })
 }
 
@@ -336,29 +338,27 @@ fn device_memory_is_kept_apart_from_the_heap() {
 fn device_memory_is_not_inherited_and_ends_with_exec() {
     let mut l = ledger(Vec::new());
     l.apply(alloc(AllocFn::CudaMalloc, 0x1000, 100, 2));
-    l.apply(Input::Event(Decoded {
-        aux: 200,
-        size: 0,
-        ..ev(EventKind::Fork, AllocFn::Malloc)
-    }));
+    l.apply(fork(200, false));
     assert!(
         l.procs[&200].device.blocks.is_empty(),
         "a CUDA context does not survive fork"
     );
     assert_eq!(l.procs[&PID].device.blocks.len(), 1);
-    l.apply(Input::Event(ev(EventKind::Exec, AllocFn::Malloc)));
+    let what = What::Exec {
+        command: None,
+        env: None,
+    };
+    l.apply(Input::Event(ev(AllocFn::Malloc, what)));
     assert!(l.procs[&PID].device.blocks.is_empty());
 }
 
 #[test]
 fn failures_are_counted_per_stack_function_and_code() {
     let mut l = ledger(Vec::new());
-    let failed = |size: u64, code: u64, stack: u32| {
-        Input::Event(Decoded {
-            size,
-            aux: code,
+    let failed = |size: u64, code: u32, stack: u32| {
+        Input::Event(Event {
             stack: Some(StackId::new(stack)),
-            ..ev(EventKind::AllocFailed, AllocFn::CudaMalloc)
+            ..ev(AllocFn::CudaMalloc, What::AllocFailed { code, size })
         })
     };
     l.apply(failed(1 << 30, 2, 1));
@@ -387,18 +387,17 @@ fn tensors_are_heap_blocks_of_their_own_kind() {
 #[test]
 fn mappings_of_handles_are_tracked() {
     let mut l = ledger(Vec::new());
-    l.apply(Input::Event(Decoded {
+    let what = What::DeviceMap {
         addr: 0x2000_0000_0000,
         size: 2 << 20,
-        aux: 7,
-        ..ev(EventKind::DeviceMap, AllocFn::CuMemMap)
-    }));
+        handle: 7,
+    };
+    l.apply(Input::Event(ev(AllocFn::CuMemMap, what)));
     assert_eq!(l.procs[&PID].device.mapped_bytes(), 2 << 20);
-    l.apply(Input::Event(Decoded {
-        old_addr: 0x2000_0000_0000,
-        old_size: 2 << 20,
-        ..ev(EventKind::DeviceUnmap, AllocFn::CuMemUnmap)
-    }));
+    let what = What::DeviceUnmap {
+        addr: 0x2000_0000_0000,
+    };
+    l.apply(Input::Event(ev(AllocFn::CuMemUnmap, what)));
     assert_eq!(l.procs[&PID].device.mapped_bytes(), 0);
 }
 

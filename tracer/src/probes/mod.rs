@@ -1,10 +1,12 @@
 //! Loading the eBPF object, attaching its programs, and owning the links for the tracer's
 //! lifetime. Also the checks that turn a missing privilege or kernel feature into a clear error.
 
+mod channels;
 pub mod cost;
 pub mod elf;
 pub mod placement;
 pub mod prober;
+mod ring;
 mod sets;
 pub mod tracefs;
 
@@ -21,6 +23,9 @@ use aya::{
 use serde::Serialize;
 
 use tracer_common::{TRACED_HOLD, TRACED_ON};
+
+pub use channels::{KernelChannels, KernelCounters};
+pub use ring::Ring;
 
 use crate::error::Error;
 use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
@@ -188,12 +193,7 @@ fn has_capabilities() -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
+    let cap_eff = crate::procfs::own_capabilities();
     let need = (1u64 << 39) | (1 << 38) | (1 << 21);
     cap_eff & need == need
 }
@@ -428,7 +428,7 @@ impl Probes {
     /// Probes every file with code that `pid` maps now.
     pub fn attach_code_of(&mut self, pid: u32, timing: Timing) -> Result<(), Error> {
         let maps =
-            crate::ingest::maps::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
+            crate::procfs::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
         maps.paths()
             .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
     }
@@ -651,8 +651,8 @@ impl Probes {
     }
 
     /// Hands the event ring buffer, the counters and the log buffer to the consumer.
-    pub fn take_channels(&mut self) -> Result<crate::ingest::KernelChannels, Error> {
-        crate::ingest::KernelChannels::take(&mut self.bpf, self.heap_sampling)
+    pub fn take_channels(&mut self) -> Result<KernelChannels, Error> {
+        KernelChannels::take(&mut self.bpf, self.heap_sampling)
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::{
     probes::{AttachedFn, Library, Probes, Timing},
-    session::monotonic_ns,
+    model::monotonic_ns,
 };
 
 /// What ingest asks of the prober, in the order it must happen.

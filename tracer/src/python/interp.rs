@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use crate::ingest::maps::ProcMaps;
+use crate::procfs::ProcMaps;
 
 /// A CPython found in a process.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@ use super::{
     interp::{self, Interpreter},
     version::Version,
 };
-use crate::ingest::Frame;
+use crate::model::Frame;
 
 /// Per process: its interpreter and the code objects read so far.
 #[derive(Default)]

@@ -1,5 +1,7 @@
-//! Reports: the ledger's aggregates with symbolized stacks, as text or as JSON (schema
-//! `leaktracer.report/1`, documented in README.md; tests and later tools read it).
+//! The report model: the ledger's aggregates with symbolized stacks and the analysis's verdicts
+//! (schema `leaktracer.report/1`, documented in docs/report-schema.md). It is the JSON that tools
+//! read, the payload the history stores and the API serves, and what `check` judges; `render`
+//! turns it into text and the export formats.
 
 use std::borrow::Cow;
 
@@ -7,22 +9,17 @@ use serde::{Deserialize, Serialize};
 use tracer_common::Counter;
 
 use crate::{
-    analysis::{Analysis, Evidence, Retention, Verdict},
-    ledger::{Group, Kind, Ledger, Mismatches, Process},
+    analysis::{Analysis, Evidence, Retention},
+    ledger::{Group, Ledger, Mismatches, Process},
+    model::{GroupKey, HeapTracing, Kind},
     probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
 };
 
-pub mod collapsed;
 mod device;
-pub mod diff;
-pub mod export;
-pub mod pprof;
-pub mod prometheus;
-mod text;
+pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
-pub use text::{heap_notes, human, text};
 
 pub const SCHEMA: &str = "leaktracer.report/1";
 
@@ -110,7 +107,7 @@ pub struct StackReport {
     pub released: bool,
     /// The analysis's key of this stack's group (not serialized: the live API finds its series).
     #[serde(skip)]
-    pub group: Option<crate::analysis::GroupKey>,
+    pub group: Option<GroupKey>,
     pub frames: Vec<SymFrame>,
 }
 
@@ -218,39 +215,6 @@ pub struct Report {
     pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
 }
 
-/// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
-/// absent, not zero), or `sampled` with the mean interval in bytes (heap bytes are then
-/// estimates, scaled from the blocks recorded; blocks count the recorded ones).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
-pub struct HeapTracing {
-    pub mode: crate::cli::HeapMode,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sample_bytes: Option<u64>,
-    /// `--heap-after`: the heap functions are probed from this point on only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<HeapAfter>,
-}
-
-/// Where heap tracing starts with `--heap-after`: blocks allocated before are not seen.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
-pub enum HeapAfter {
-    /// Seconds into tracing.
-    Seconds(f64),
-    /// The step (with `--step-symbol`).
-    Steps(u64),
-}
-
-impl Default for HeapTracing {
-    fn default() -> Self {
-        Self {
-            mode: crate::cli::HeapMode::Full,
-            sample_bytes: None,
-            after: None,
-        }
-    }
-}
-
 /// What the report needs besides the ledger.
 pub struct Context<'a> {
     pub final_report: bool,
@@ -296,54 +260,23 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             totals.add(k, a.bytes, a.blocks);
         }
     }
-    let retaining: Vec<u32> = processes
-        .iter()
-        .filter(|p| p.retention.as_ref().is_some_and(|r| r.retention))
-        .map(|p| p.pid)
-        .collect();
-    let stacks = groups
+    let mut stacks: Vec<StackReport> = groups
         .iter()
         .take(cx.top)
-        .map(|g| {
-            let mut verdict = cx
-                .analysis
-                .group(&(g.pid, g.stack, g.kind, g.inherited), cx.warmup_s);
-            // The brk heap of a process whose heap bytes stay flat grows by retention.
-            if let Some(v) = verdict.as_mut().filter(|v| {
-                v.verdict == Verdict::Leak && g.kind == Kind::Brk && retaining.contains(&g.pid)
-            }) {
-                v.verdict = Verdict::Retention;
-            }
-            StackReport {
-                verdict,
-                group: Some((g.pid, g.stack, g.kind, g.inherited)),
-                ..stack_report(ledger, sym, g, cx.now_ns)
-            }
+        .map(|g| StackReport {
+            verdict: cx.analysis.judge(&g.key(), cx.warmup_s),
+            group: Some(g.key()),
+            ..stack_report(ledger, sym, g, cx.now_ns)
         })
         .collect();
-    let mut stacks: Vec<StackReport> = stacks;
     if cx.final_report {
-        let outstanding = groups
-            .iter()
-            .map(|g| (g.pid, g.stack, g.kind, g.inherited))
-            .collect();
-        for ((pid, stack, kind, inherited), evidence) in
-            cx.analysis.released_leaks(&outstanding, cx.warmup_s)
-        {
-            let g = Group {
-                pid,
-                stack,
-                kind,
-                inherited,
-                bytes: 0,
-                blocks: 0,
-                oldest_ns: cx.now_ns,
-                funcs: Vec::new(),
-            };
+        let outstanding = groups.iter().map(Group::key).collect();
+        for (key, evidence) in cx.analysis.released_leaks(&outstanding, cx.warmup_s) {
+            let g = Group::empty(key, cx.now_ns);
             stacks.push(StackReport {
                 verdict: Some(evidence),
                 released: true,
-                group: Some((pid, stack, kind, inherited)),
+                group: Some(key),
                 ..stack_report(ledger, sym, &g, cx.now_ns)
             });
         }
@@ -485,28 +418,23 @@ fn losses(ledger: &Ledger) -> Losses {
 mod tests {
     use std::sync::Arc;
 
-    use tracer_common::{AllocFn, EventKind};
+    use tracer_common::AllocFn;
 
+    use super::synthetic::report_of;
     use crate::{
-        analysis::{Analysis, Verdict, bench::report_of},
-        ingest::{Decoded, Frame, Input, StackId},
+        analysis::{Analysis, Verdict},
+        ingest::{Event, Input, What},
         ledger::Ledger,
+        model::{Frame, StackId},
     };
 
-    fn event(kind: EventKind, func: AllocFn, addr: u64, size: u64, old: u64) -> Input {
-        Input::Event(Decoded {
-            kind,
-            func: Some(func),
+    fn event(func: AllocFn, what: What) -> Input {
+        Input::Event(Event {
             tgid: 1,
             ts_ns: 1,
-            addr,
-            size,
-            old_addr: old,
-            old_size: 0,
-            aux: 0,
+            func: Some(func),
             stack: Some(StackId::new(7)),
-            command: None,
-            env: None,
+            what,
         })
     }
 
@@ -529,23 +457,13 @@ mod tests {
         });
         let mut analysis = Analysis::default();
         for i in 0..12u64 {
-            ledger.apply(event(
-                EventKind::Alloc,
-                AllocFn::Malloc,
-                0x1000 * (i + 1),
-                4096,
-                0,
-            ));
+            let (addr, size) = (0x1000 * (i + 1), 4096);
+            ledger.apply(event(AllocFn::Malloc, What::Alloc { addr, size }));
             analysis.sample(i as f64, &ledger, &ledger.group_bytes());
         }
         for i in 0..12u64 {
-            ledger.apply(event(
-                EventKind::Free,
-                AllocFn::Free,
-                0,
-                0,
-                0x1000 * (i + 1),
-            ));
+            let addr = 0x1000 * (i + 1);
+            ledger.apply(event(AllocFn::Free, What::Free { addr }));
         }
         let r = report_of(&ledger, &analysis, 10);
         assert_eq!(r.stacks.len(), 1);

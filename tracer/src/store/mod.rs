@@ -3,17 +3,15 @@
 //! it survives the writer being killed. Retention is bounded by age and size (see `Retention`).
 //!
 //! The session owns a `Writer` (a thread owning the connection, fed by messages); `report --run`
-//! and `diff run:ID` open the file read-only through `Store`.
+//! and `diff` (diff.rs: two snapshots compared) read the file through `Store`.
 
-use std::{
-    path::{Path, PathBuf},
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use crate::report::Report;
+use crate::{model::now_unix, report::Report};
 
+pub mod diff;
 mod read;
 mod write;
 mod writer;
@@ -146,18 +144,6 @@ pub fn default_path() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("/var/lib"));
     base.join("leaktracer/history.db")
-}
-
-pub fn now_unix_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
-}
-
-pub fn now_unix() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// An open history file.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use rusqlite::params;
 
 use super::*;
-use crate::analysis::bench::{ledger_with, report_of};
+use crate::report::synthetic::{ledger_with, report_of};
 
 fn temp_db(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("leaktracer-store-{}-{name}", std::process::id()));

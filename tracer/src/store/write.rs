@@ -2,7 +2,8 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{NewRun, Reason, Store, now_unix, stack_key};
+use super::{NewRun, Reason, Store, stack_key};
+use crate::model::now_unix;
 use crate::report::Report;
 
 impl Store {

@@ -12,10 +12,10 @@ use std::{
 };
 
 use crate::{
-    cli::ReportArgs,
+    config::{Config, RunMode, Target},
     error::Error,
     report::Report,
-    session::{self, Target},
+    session,
 };
 
 /// The storm's workload: `threads` threads doing malloc(64)+free pairs for `seconds`; returns the
@@ -74,9 +74,9 @@ fn traced(workload: &[&str], heap: &str, ring_mb: u32) -> Result<(Report, f64, S
         "--ring-mb",
         &ring,
     ];
-    let args = ReportArgs::from_flags(&flags).map_err(|e| anyhow::anyhow!("options: {e}"))?;
+    let config = Config::from_flags(&flags, RunMode::Run)?;
     let start = Instant::now();
-    session::run(Target::Launch(argv), args)?;
+    session::run(Target::Launch(argv), config)?;
     let secs = start.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&report).map_err(|e| anyhow::anyhow!("report: {e}"))?;
     let last = text.lines().last().unwrap_or_default();
@@ -304,8 +304,8 @@ pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
     let (r, _, _) = std::thread::scope(|s| {
         s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
-                anon.fetch_max(status("RssAnon"), Ordering::Relaxed);
-                mapped.fetch_max(status("RssFile") + status("RssShmem"), Ordering::Relaxed);
+                anon.fetch_max(crate::procfs::own_status_bytes("RssAnon"), Ordering::Relaxed);
+                mapped.fetch_max(crate::procfs::own_status_bytes("RssFile") + crate::procfs::own_status_bytes("RssShmem"), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
@@ -324,19 +324,9 @@ pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
         ring_mb,
         r.totals.heap.blocks,
         stacks,
-        mib(status("VmHWM")),
+        mib(crate::procfs::own_status_bytes("VmHWM")),
         mib(anon.load(Ordering::Relaxed)),
         mib(mapped.load(Ordering::Relaxed)),
     );
     Ok(0)
-}
-
-/// A field of /proc/self/status in bytes (VmRSS, VmHWM, RssAnon…).
-fn status(name: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }

@@ -5,18 +5,14 @@
 //! - Memory per tracked stack series (fixed: the series is bounded).
 //! - Report latency with 100k outstanding stacks, beside 1k stacks.
 
-use std::{sync::Arc, time::Instant};
+use std::time::Instant;
 
-use tracer_common::{AllocFn, EventKind};
-
-use super::{Analysis, Verdict, classify, series::Series};
 use crate::{
+    analysis::{Verdict, classify, series},
     error::Error,
-    ingest::{Decoded, Frame, Input, StackId},
-    ledger::Ledger,
-    report,
-    symbolize::Symbolizer,
+    report::synthetic::{ledger_with, report_of},
 };
+use series::Series;
 
 const MIB: u64 = 1 << 20;
 
@@ -39,68 +35,6 @@ fn steps_to_flag(leak: u64, warmup: u64, limit: u64) -> Option<u64> {
         }
     }
     None
-}
-
-/// A ledger with `n` outstanding stacks of 3 frames, one block each, sampled `samples` times.
-pub(crate) fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "bench".into(), Vec::new(), 0);
-    let mut analysis = Analysis::default();
-    for id in 1..=n {
-        let frames: Arc<[Frame]> = (0..3u64)
-            .map(|k| Frame {
-                module: None,
-                offset: 0x1000 + u64::from(id) * 16 + k,
-                addr: 0x1000 + u64::from(id) * 16 + k,
-            })
-            .collect();
-        ledger.apply(Input::Stack {
-            id: StackId::new(id),
-            frames,
-            truncated: false,
-        });
-    }
-    for round in 0..samples {
-        for id in 1..=n {
-            ledger.apply(Input::Event(Decoded {
-                kind: EventKind::Alloc,
-                func: Some(AllocFn::Malloc),
-                tgid: 1,
-                ts_ns: 1,
-                addr: u64::from(round) << 40 | u64::from(id) << 8,
-                size: 64,
-                old_addr: 0,
-                old_size: 0,
-                aux: 0,
-                stack: Some(StackId::new(id)),
-                command: None,
-                env: None,
-            }));
-        }
-        analysis.sample(f64::from(round), &ledger, &ledger.group_bytes());
-    }
-    (ledger, analysis)
-}
-
-/// The report of `top` stacks (final, at time 0) of a ledger and its analysis.
-pub(crate) fn report_of(ledger: &Ledger, analysis: &Analysis, top: usize) -> report::Report {
-    let mut sym = Symbolizer::default();
-    let nvml = crate::gpu::Sample::default();
-    let cx = report::Context {
-        final_report: true,
-        elapsed_s: 0.0,
-        now_ns: 0,
-        top,
-        probes: &[],
-        libraries: &[],
-        nvml: &nvml,
-        analysis,
-        warmup_s: 0.0,
-        per_step: false,
-        heap: Default::default(),
-        probe_cost: Vec::new(),
-    };
-    report::build(ledger, &mut sym, &cx)
 }
 
 /// Milliseconds to build a report of `top` stacks from `n` stacks.
@@ -129,7 +63,7 @@ pub fn run() -> Result<i32, Error> {
         "  same loop without the leak        {:>20}   (baseline: never)",
         show(steady)
     );
-    let per_series = size_of::<Series>() + super::series::CAP * size_of::<super::series::Point>();
+    let per_series = size_of::<Series>() + series::CAP * size_of::<series::Point>();
     println!(
         "memory per tracked stack series: {per_series} bytes (bounded); 100k stacks: {:.1} MiB",
         per_series as f64 * 1e5 / MIB as f64

@@ -7,7 +7,8 @@ use std::{collections::HashMap, fmt::Write as _};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::human;
+use super::Store;
+use crate::render::human;
 
 /// One stack's change.
 #[derive(Debug, Serialize, PartialEq)]
@@ -34,7 +35,7 @@ pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, String> {
             None => (rest, -1),
         };
         let run = run.parse::<i64>().map_err(|_| bad_run(spec))?;
-        let snap = crate::store::Store::open_read(store)?.snapshot(run, seq)?;
+        let snap = Store::open_read(store)?.snapshot(run, seq)?;
         return serde_json::to_value(&snap.report).map_err(|e| e.to_string());
     }
     load_file(spec)
@@ -62,7 +63,7 @@ fn load_file(spec: &str) -> Result<Value, String> {
         .ok_or_else(|| format!("{path}: no report {index} (it has {})", lines.len()))?;
     let v: Value =
         serde_json::from_str(line).map_err(|e| format!("{path}: not a JSON report: {e}"))?;
-    if v["schema"] != super::SCHEMA {
+    if v["schema"] != crate::report::SCHEMA {
         return Err(format!(
             "{path}: not a leaktracer report (schema {})",
             v["schema"]
@@ -175,7 +176,7 @@ mod tests {
     use serde_json::json;
 
     fn report(stacks: serde_json::Value) -> serde_json::Value {
-        json!({ "schema": super::super::SCHEMA, "stacks": stacks })
+        json!({ "schema": crate::report::SCHEMA, "stacks": stacks })
     }
 
     #[test]

@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use super::{KindTotals, Report};
+use crate::report::{KindTotals, Report};
 use crate::{
     analysis::{Evidence, Verdict},
-    ledger::Kind,
+    model::Kind,
     probes::Timing,
     symbolize::SymFrame,
 };
@@ -173,18 +173,18 @@ fn kinds(t: &KindTotals) -> String {
 }
 
 /// What a reader must know of the heap figures, unless every allocation was traced from the start.
-pub fn heap_notes(h: &super::HeapTracing) -> Vec<String> {
+pub fn heap_notes(h: &crate::model::HeapTracing) -> Vec<String> {
     let mut notes = Vec::new();
     match (h.mode, h.sample_bytes) {
-        (crate::cli::HeapMode::Sampled, Some(b)) => notes.push(format!(
+        (crate::model::HeapMode::Sampled, Some(b)) => notes.push(format!(
             "heap: sampled, one point every {b} bytes on average: heap bytes are estimates"
         )),
-        (crate::cli::HeapMode::Off, _) => notes.push("heap: not traced (--heap off)".into()),
+        (crate::model::HeapMode::Off, _) => notes.push("heap: not traced (--heap off)".into()),
         _ => {}
     }
     let from = match h.after {
-        Some(super::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
-        Some(super::HeapAfter::Steps(n)) => format!("step {n}"),
+        Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
+        Some(crate::model::HeapAfter::Steps(n)) => format!("step {n}"),
         None => return notes,
     };
     notes.push(format!(

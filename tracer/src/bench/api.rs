@@ -8,10 +8,10 @@ use axum::{body::Body, http::Request};
 use tokio::sync::watch;
 use tower::ServiceExt as _;
 
-use super::{ApiState, router};
 use crate::{
-    analysis::bench::{ledger_with, report_of},
+    api::{ApiState, Published, router},
     error::Error,
+    report::synthetic::{ledger_with, report_of},
 };
 
 /// Stacks a published report holds (as the session's).
@@ -50,7 +50,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
     for (stacks, per_stack) in [(1_000u32, 10u32), (100_000, 10)] {
         let (ledger, analysis) = ledger_with(stacks, per_stack);
         // An hour of publications, one a second (not timed: the session records one at a time).
-        let mut timeline = super::views::Timeline::default();
+        let mut timeline = crate::api::views::Timeline::default();
         let mut past = report_of(&ledger, &analysis, 1);
         past.final_report = false;
         for i in 0..3600 {
@@ -59,7 +59,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
         }
         let t = Instant::now();
         let report = report_of(&ledger, &analysis, PUBLISHED);
-        let published = super::Published::new(report, &analysis, &timeline);
+        let published = Published::new(report, &analysis, &timeline);
         let publish_ms = t.elapsed().as_secs_f64() * 1e3;
         let (_tx, live) = watch::channel(Some(Arc::new(published)));
         let state = ApiState {
@@ -94,7 +94,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             tokio::select! {
-                _ = super::serve(listener, state) => {}
+                _ = crate::api::serve(listener, state) => {}
                 _ = tokio::signal::ctrl_c() => {}
             }
             Ok::<_, std::io::Error>(())

@@ -8,8 +8,8 @@ use std::{
     hash::{Hash, Hasher},
 };
 
-use super::{Report, StackReport};
-use crate::ledger::Kind;
+use crate::report::{ProcReport, Report, StackReport};
+use crate::model::Kind;
 
 /// Label values escaped as the format requires: backslash, double quote and line feed.
 fn esc(v: &str) -> String {
@@ -62,7 +62,7 @@ impl Out {
 
 pub fn exposition(r: &Report) -> String {
     let mut o = Out(String::new());
-    let procs: Vec<(String, &super::ProcReport)> =
+    let procs: Vec<(String, &ProcReport)> =
         r.processes.iter().map(|p| (p.pid.to_string(), p)).collect();
     for (name, help, blocks) in [
         (
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn every_sample_line_belongs_to_a_declared_family() {
-        use crate::analysis::bench::{ledger_with, report_of};
+        use crate::report::synthetic::{ledger_with, report_of};
         let (ledger, analysis) = ledger_with(4, 5);
         let r = report_of(&ledger, &analysis, 4);
         let text = exposition(&r);

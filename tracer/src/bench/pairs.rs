@@ -8,11 +8,11 @@
 use std::time::Instant;
 
 use crate::{
-    cli::ReportArgs,
+    config::{self as session_config, RunMode, Target},
     error::Error,
     launch,
     probes::{Mode, Probes},
-    session::{self, Target},
+    session,
 };
 
 /// Pins the calling thread (and what it spawns later) to one CPU.
@@ -281,9 +281,8 @@ fn measure(
             if config == Config::Sampled {
                 flags.extend(["--heap", "sampled"]);
             }
-            let args = ReportArgs::from_flags(&flags)
-                .map_err(|e| anyhow::anyhow!("bench options: {e}"))?;
-            session::run(Target::Launch(argv), args)?;
+            let config = session_config::Config::from_flags(&flags, RunMode::Run)?;
+            session::run(Target::Launch(argv), config)?;
         }
     }
     let text =

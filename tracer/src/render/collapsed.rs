@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::Report;
+use crate::report::Report;
 
 pub fn collapsed(r: &Report) -> String {
     let mut out = String::new();

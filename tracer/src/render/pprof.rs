@@ -6,7 +6,7 @@ use std::{collections::HashMap, io::Write as _};
 
 use prost::Message;
 
-use super::{Report, StackReport};
+use crate::report::{Report, StackReport};
 use crate::symbolize::SymFrame;
 
 #[derive(Clone, PartialEq, Message)]
@@ -288,7 +288,7 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
-    use crate::analysis::bench::{ledger_with, report_of};
+    use crate::report::synthetic::{ledger_with, report_of};
 
     #[test]
     fn stacks_become_samples_with_shared_locations_and_strings() {

@@ -1,0 +1,48 @@
+//! How the heap is traced (`--heap`, `--sample-bytes`, `--heap-after`), as the session configures
+//! it and the report states it.
+
+use serde::{Deserialize, Serialize};
+
+/// `--heap`: what is traced of the malloc family and CPU tensors.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HeapMode {
+    Off,
+    Sampled,
+    Full,
+}
+
+/// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
+/// absent, not zero), or `sampled` with the mean interval in bytes (heap bytes are then
+/// estimates, scaled from the blocks recorded; blocks count the recorded ones).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeapTracing {
+    pub mode: HeapMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_bytes: Option<u64>,
+    /// `--heap-after`: the heap functions are probed from this point on only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<HeapAfter>,
+}
+
+/// Where heap tracing starts with `--heap-after`: blocks allocated before are not seen.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum HeapAfter {
+    /// Seconds into tracing.
+    Seconds(f64),
+    /// The step (with `--step-symbol`).
+    Steps(u64),
+}
+
+impl Default for HeapTracing {
+    fn default() -> Self {
+        Self {
+            mode: HeapMode::Full,
+            sample_bytes: None,
+            after: None,
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The shared vocabulary, at the bottom of the tree: what every stage names and none owns. Kinds
+//! of memory and the group key, stack ids and frames, the heap mode, the clocks. Nothing here
+//! imports another module of the crate.
+
+mod clock;
+mod heap;
+mod kind;
+mod stack;
+
+pub use clock::{monotonic_ns, now_unix, now_unix_ns};
+pub use heap::{HeapAfter, HeapMode, HeapTracing};
+pub use kind::{GroupKey, Kind};
+pub use stack::{Frame, StackId};

@@ -1,0 +1,142 @@
+//! Every read of /proc: command lines, environments, states, threads, capabilities and memory
+//! maps. A process that is gone reads as nothing (`None`, empty), never as an error: the tracer
+//! meets processes that exit at any moment.
+
+mod maps;
+
+pub use maps::ProcMaps;
+
+/// The command line of a live process, NUL separators turned into spaces.
+pub fn command(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let text: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    (!text.is_empty()).then(|| text.join(" "))
+}
+
+/// Environment variables that change how PyTorch allocates (and so what a leak looks like): the
+/// CUDA caching allocator's settings and the switch that turns caching off.
+pub const ALLOCATOR_ENV: &[&str] = &[
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "CUDA_LAUNCH_BLOCKING",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+    // PYTHONMALLOC=malloc: every Python object is a malloc block (none hidden in pymalloc arenas).
+    "PYTHONMALLOC",
+];
+
+/// The [`ALLOCATOR_ENV`] variables set in a live process's environment, in that order.
+pub fn allocator_env(pid: u32) -> Vec<(String, String)> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let vars: Vec<(&[u8], &[u8])> = raw
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let eq = kv.iter().position(|b| *b == b'=')?;
+            Some((&kv[..eq], &kv[eq + 1..]))
+        })
+        .collect();
+    ALLOCATOR_ENV
+        .iter()
+        .filter_map(|name| {
+            let (_, v) = vars.iter().find(|(k, _)| *k == name.as_bytes())?;
+            Some((name.to_string(), String::from_utf8_lossy(v).into_owned()))
+        })
+        .collect()
+}
+
+/// A file of /proc/PID as text (lossy), empty when it cannot be read.
+pub fn read(pid: u32, file: &str) -> String {
+    std::fs::read(format!("/proc/{pid}/{file}"))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Whether /proc/PID exists.
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Every process id in /proc.
+pub fn pids() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The fields of /proc/PID/stat after the parenthesized command name (field 3 on); `None` when
+/// the process is gone.
+fn stat_fields(pid: i64) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// A process's kernel flags (stat field 9); `None` when it does not exist.
+pub fn flags(pid: i32) -> Option<u64> {
+    let fields = stat_fields(pid.into())?;
+    Some(fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0))
+}
+
+/// Whether `pid` is a kernel thread (PF_KTHREAD in its flags).
+pub fn is_kernel_thread_flag(flags: u64) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    flags & PF_KTHREAD != 0
+}
+
+/// Whether the process is gone or dead (zombie, exiting).
+pub fn has_exited(pid: u32) -> bool {
+    let state = stat_fields(pid.into()).and_then(|f| f.into_iter().next());
+    matches!(state.as_deref(), None | Some("Z") | Some("X"))
+}
+
+/// The threads of a process (at least the process itself), sorted.
+pub fn threads(pid: u32) -> Vec<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    let mut tids: Vec<u32> = tasks
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    if tids.is_empty() {
+        tids.push(pid);
+    }
+    tids.sort_unstable();
+    tids
+}
+
+/// A line of /proc/PID/status (`self` for this process) after its `name:`, trimmed.
+pub fn status_field(pid: &str, name: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        let value = l.strip_prefix(name)?.strip_prefix(':')?;
+        Some(value.trim().to_owned())
+    })
+}
+
+/// The process a thread belongs to.
+pub fn tgid_of(tid: u32) -> Option<u32> {
+    status_field(&tid.to_string(), "Tgid")?.parse().ok()
+}
+
+/// A size field of this process's status in bytes (VmRSS, VmHWM, RssAnon…), 0 if absent.
+pub fn own_status_bytes(name: &str) -> u64 {
+    status_field("self", name)
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// This process's effective capabilities (CapEff), 0 if unreadable.
+pub fn own_capabilities() -> u64 {
+    status_field("self", "CapEff")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .unwrap_or(0)
+}

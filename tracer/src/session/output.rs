@@ -1,0 +1,35 @@
+//! Where printed reports go: stdout, or the file of `-o`.
+
+use std::{fs::File, io::Write, path::Path};
+
+use crate::{error::Error, render, report::Report};
+
+pub(super) enum Output {
+    Stdout,
+    File(File),
+}
+
+impl Output {
+    pub(super) fn open(path: Option<&Path>) -> Result<Self, Error> {
+        Ok(match path {
+            None => Self::Stdout,
+            Some(p) => Self::File(File::create(p).map_err(|e| {
+                anyhow::anyhow!("cannot write report file {}: {e}", p.display())
+            })?),
+        })
+    }
+
+    /// One report, as text or as a line of JSON.
+    pub(super) fn write(&mut self, r: &Report, json: bool) -> Result<(), Error> {
+        let text = if json {
+            render::json_line(r).map_err(|e| anyhow::anyhow!("{e}"))?
+        } else {
+            render::text(r)
+        };
+        let res = match self {
+            Self::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
+            Self::File(f) => f.write_all(text.as_bytes()),
+        };
+        res.map_err(|e| anyhow::anyhow!("writing the report: {e}").into())
+    }
+}
