@@ -253,3 +253,36 @@ fn bad_history_arguments_are_clear_errors() {
         assert!(!fixture::target_dir().join("must-not-exist").exists());
     }
 }
+
+/// Each command stores its runs under its own name: a `check` run reads back as mode "check"
+/// (it was stored as "run"), a `run` as "run", with the command line that was traced.
+#[test]
+fn check_runs_are_stored_as_check() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let db = fresh_db("history-modes");
+    let bin = fixture::build("patterns");
+    let bin = bin.to_str().expect("utf-8 path");
+    let checked = leaktracer(&db, &["check", "--budget", "1GiB/s", "--", bin, "1", "5"]);
+    assert_eq!(
+        checked.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let ran = leaktracer(&db, &["run", "-o", "/dev/null", "--", bin, "1", "5"]);
+    assert_eq!(ran.status.code(), Some(0));
+    let stored = runs(&db);
+    let modes: Vec<(&str, &str)> = stored
+        .iter()
+        .map(|r| (r["mode"].as_str().unwrap(), r["command"].as_str().unwrap()))
+        .collect();
+    let command = format!("{bin} 1 5");
+    assert_eq!(
+        modes,
+        [("check", command.as_str()), ("run", command.as_str())],
+        "oldest first"
+    );
+}

@@ -376,13 +376,3 @@ mod tests {
         assert_eq!(command, ["prog", "--top", "-x"]);
     }
 }
-
-impl From<ExportArgs> for crate::render::Exports {
-    fn from(a: ExportArgs) -> Self {
-        Self {
-            collapsed: a.collapsed,
-            pprof: a.pprof,
-            prometheus: a.prometheus,
-        }
-    }
-}

@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::PathBuf};
 use crate::{
     api::assets::Web,
     check::{self, Budget},
-    cli::{Command, HistoryArgs, ReportArgs},
+    cli::{Command, ExportArgs, HistoryArgs, ReportArgs},
     error::Error,
     model::{HeapAfter, HeapMode, HeapTracing, Kind},
     render::Exports,
@@ -64,15 +64,38 @@ pub struct Gate {
 
 /// The benchmarks (`bench`) and the workloads they start as child processes.
 pub enum Bench {
-    Pairs { pairs: u64, rounds: usize },
+    Pairs {
+        pairs: u64,
+        rounds: usize,
+    },
     Verdicts,
-    Api { serve: Option<String> },
-    Storm { seconds: f64 },
-    Rss { blocks: u64 },
-    RssOne { blocks: u64, ring_mb: u32 },
-    PairsWorkload { pairs: u64, file: PathBuf, big_frame: bool },
-    StormWorkload { threads: usize, seconds: f64, file: PathBuf },
-    HoldWorkload { blocks: u64, file: PathBuf },
+    Api {
+        serve: Option<String>,
+    },
+    Storm {
+        seconds: f64,
+    },
+    Rss {
+        blocks: u64,
+    },
+    RssOne {
+        blocks: u64,
+        ring_mb: u32,
+    },
+    PairsWorkload {
+        pairs: u64,
+        file: PathBuf,
+        big_frame: bool,
+    },
+    StormWorkload {
+        threads: usize,
+        seconds: f64,
+        file: PathBuf,
+    },
+    HoldWorkload {
+        blocks: u64,
+        file: PathBuf,
+    },
 }
 
 /// What to trace.
@@ -83,7 +106,10 @@ pub enum Target {
         duration: Option<f64>,
     },
     /// `serve`: every process the filter matches, looked for every `scan` seconds, until Ctrl-C.
-    Serve { filter: serve::Filter, scan: f64 },
+    Serve {
+        filter: serve::Filter,
+        scan: f64,
+    },
 }
 
 /// Which command a session runs for; the history stores its name.
@@ -182,7 +208,10 @@ impl Config {
             ));
         }
         if !(a.sample.is_finite() && a.sample >= 0.01) {
-            return usage(format!("--sample must be at least 0.01 seconds, got {}", a.sample));
+            return usage(format!(
+                "--sample must be at least 0.01 seconds, got {}",
+                a.sample
+            ));
         }
         Ok(Config {
             mode,
@@ -243,7 +272,9 @@ fn ui_config(
         return Ok(None);
     };
     let addr = addr.parse().map_err(|_| {
-        Error::Usage(format!("--ui: {addr:?} is not an address like 127.0.0.1:7878"))
+        Error::Usage(format!(
+            "--ui: {addr:?} is not an address like 127.0.0.1:7878"
+        ))
     })?;
     if let Some(t) = &token
         && (t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()))
@@ -360,7 +391,9 @@ fn attach(report: ReportArgs, pid: i32, duration: Option<f64>) -> Result<Job, Er
     if let Some(d) = duration
         && !(d.is_finite() && d > 0.0)
     {
-        return usage(format!("--duration must be a positive number of seconds, got {d}"));
+        return usage(format!(
+            "--duration must be a positive number of seconds, got {d}"
+        ));
     }
     Ok(Job::Session {
         target: Target::Attach { pid, duration },
@@ -469,6 +502,16 @@ fn bench(command: Command) -> Result<Bench, Error> {
         Command::BenchHold { blocks, file } => Bench::HoldWorkload { blocks, file },
         _ => unreachable!("sessions, check, diff and report are matched by Job::new"),
     })
+}
+
+impl From<ExportArgs> for Exports {
+    fn from(a: ExportArgs) -> Self {
+        Self {
+            collapsed: a.collapsed,
+            pprof: a.pprof,
+            prometheus: a.prometheus,
+        }
+    }
 }
 
 fn non_negative(flag: &str, value: f64) -> Result<(), Error> {

@@ -224,4 +224,3 @@ fn ask(tid: u32, tgid: u32, reason: HoldReason, requests: &mpsc::Sender<HoldRequ
         true
     })
 }
-

@@ -72,7 +72,13 @@ fn main() {
 
 /// `leaktracer report`: a stored run, or the list of runs. A history that cannot be read exits 6,
 /// a run or snapshot not in it 2.
-fn stored(path: &std::path::Path, show: Stored, top: usize, json: bool, exports: &render::Exports) -> ! {
+fn stored(
+    path: &std::path::Path,
+    show: Stored,
+    top: usize,
+    json: bool,
+    exports: &render::Exports,
+) -> ! {
     let fail = |code: i32, msg: &str| -> ! {
         eprintln!("leaktracer: {msg}");
         std::process::exit(code)
@@ -148,7 +154,10 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     let outcome = session::run(tracer::config::Target::Launch(command), config)
         .unwrap_or_else(|e| fail(&e.to_string()));
     let findings = check::findings(&outcome.last, gate.budget, &gate.kinds);
-    print!("{}", check::summary(&findings, gate.budget, outcome.exit_code));
+    print!(
+        "{}",
+        check::summary(&findings, gate.budget, outcome.exit_code)
+    );
     if let Some(path) = &gate.junit {
         let xml = check::junit(&findings, gate.budget, outcome.exit_code);
         check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e));

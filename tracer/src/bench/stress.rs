@@ -304,8 +304,15 @@ pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
     let (r, _, _) = std::thread::scope(|s| {
         s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
-                anon.fetch_max(crate::procfs::own_status_bytes("RssAnon"), Ordering::Relaxed);
-                mapped.fetch_max(crate::procfs::own_status_bytes("RssFile") + crate::procfs::own_status_bytes("RssShmem"), Ordering::Relaxed);
+                anon.fetch_max(
+                    crate::procfs::own_status_bytes("RssAnon"),
+                    Ordering::Relaxed,
+                );
+                mapped.fetch_max(
+                    crate::procfs::own_status_bytes("RssFile")
+                        + crate::procfs::own_status_bytes("RssShmem"),
+                    Ordering::Relaxed,
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         });

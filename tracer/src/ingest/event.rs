@@ -30,17 +30,35 @@ pub enum What {
     /// A block of `size` bytes at `addr`: from the malloc family, a CPU tensor or a CUDA
     /// allocation (the kind follows the function). Under `--heap sampled` a heap block's size
     /// is the bytes it stands for.
-    Alloc { addr: u64, size: u64 },
+    Alloc {
+        addr: u64,
+        size: u64,
+    },
     /// The block at `addr` released (free, cudaFree, the caching allocator's free…).
-    Free { addr: u64 },
+    Free {
+        addr: u64,
+    },
     /// realloc: `old` (0: none) became `addr` (0: freed or failed) of `size` bytes.
-    Realloc { old: u64, addr: u64, size: u64 },
+    Realloc {
+        old: u64,
+        addr: u64,
+        size: u64,
+    },
     /// A CUDA allocation of `size` bytes that failed with error `code`.
-    AllocFailed { code: u32, size: u64 },
+    AllocFailed {
+        code: u32,
+        size: u64,
+    },
     /// cuMemMap: `size` bytes at `addr` backed by physical allocation `handle`.
-    DeviceMap { addr: u64, size: u64, handle: u64 },
+    DeviceMap {
+        addr: u64,
+        size: u64,
+        handle: u64,
+    },
     /// cuMemUnmap of the range at `addr`.
-    DeviceUnmap { addr: u64 },
+    DeviceUnmap {
+        addr: u64,
+    },
     /// A new mapping of `len` bytes; `no_access`: PROT_NONE (reserved address space).
     Mmap {
         addr: u64,
@@ -49,8 +67,15 @@ pub enum What {
         no_access: bool,
     },
     /// mprotect: `no_access` turns memory back into reserved address space.
-    Mprotect { addr: u64, len: u64, no_access: bool },
-    Munmap { addr: u64, len: u64 },
+    Mprotect {
+        addr: u64,
+        len: u64,
+        no_access: bool,
+    },
+    Munmap {
+        addr: u64,
+        len: u64,
+    },
     Mremap {
         old: u64,
         old_len: u64,
@@ -58,7 +83,9 @@ pub enum What {
         len: u64,
     },
     /// The program break moved to `result`.
-    Brk { result: u64 },
+    Brk {
+        result: u64,
+    },
     /// A new process `child` (`shares_vm`: a thread-like clone that shares the address space),
     /// with its command line read while it lived.
     Fork {
@@ -92,7 +119,11 @@ const MAP_ANONYMOUS: u64 = 0x20;
 impl Raw {
     /// The event this record means; `None` for records ingest consumes itself (Python frames,
     /// heap records and batched frees are decoded into other events first).
-    pub fn what(&self, command: Option<String>, env: Option<Vec<(String, String)>>) -> Option<What> {
+    pub fn what(
+        &self,
+        command: Option<String>,
+        env: Option<Vec<(String, String)>>,
+    ) -> Option<What> {
         Some(match self.kind {
             EventKind::PyFrames | EventKind::HeapAlloc | EventKind::Frees => return None,
             EventKind::Alloc => What::Alloc {

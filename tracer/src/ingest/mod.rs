@@ -21,12 +21,11 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES,
-    StackEvent,
+    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
 };
 
-pub use event::{Batch, Event, Fill, Input, What};
 pub use crate::probes::KernelCounters;
+pub use event::{Batch, Event, Fill, Input, What};
 pub use stacks::MAX_STACKS as STACK_CAPACITY;
 
 use crate::{
@@ -116,7 +115,8 @@ pub async fn run(
     if let Some(l) = logs.as_mut() {
         l.get_mut().flush();
     }
-    tx.send(vec![Input::Kernel(KernelChannels::counters(&stats))]).await?;
+    tx.send(vec![Input::Kernel(KernelChannels::counters(&stats))])
+        .await?;
     decoder.report_losses(&tx).await?;
     Ok(())
 }

@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::process::Block;
+use super::Origin;
 
 const SHARDS: usize = 64;
 
@@ -19,6 +19,13 @@ impl Default for Blocks {
             shards: (0..SHARDS).map(|_| FxHashMap::default()).collect(),
         }
     }
+}
+
+/// A heap block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub size: u64,
+    pub origin: Origin,
 }
 
 /// Blocks are 16-byte aligned: the bits above those pick the shard.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use tracer_common::AllocFn;
 
-use super::{Origin, process::Block};
+use super::{Origin, blocks::Block};
 use crate::model::StackId;
 
 /// A cuMemMap of (part of) a physical handle.

@@ -168,7 +168,14 @@ impl Ledger {
             .or_insert_with(|| Process::new(tgid, None, String::new(), ts_ns))
     }
 
-    fn fork(&mut self, tgid: u32, child: u32, shares_vm: bool, command: Option<String>, ts_ns: u64) {
+    fn fork(
+        &mut self,
+        tgid: u32,
+        child: u32,
+        shares_vm: bool,
+        command: Option<String>,
+        ts_ns: u64,
+    ) {
         let proc = match self.procs.get(&tgid) {
             Some(parent) if !shares_vm => Process::forked_from(parent, child, command, ts_ns),
             Some(parent) => Process::new(child, Some(parent.pid), parent.command.clone(), ts_ns),

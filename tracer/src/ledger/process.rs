@@ -4,20 +4,18 @@
 use serde::Serialize;
 use tracer_common::AllocFn;
 
-use super::{Kind, Origin, device::Device, regions::Regions};
+use super::{
+    Kind, Origin,
+    blocks::{Block, Blocks},
+    device::Device,
+    regions::Regions,
+};
 use crate::ingest::What;
 
 const PAGE: u64 = 4096;
 
 pub fn page_up(n: u64) -> u64 {
     n.saturating_add(PAGE - 1) & !(PAGE - 1)
-}
-
-/// A heap block.
-#[derive(Clone, Debug)]
-pub struct Block {
-    pub size: u64,
-    pub origin: Origin,
 }
 
 /// Things that did not match what the process had, counted rather than guessed.
@@ -51,7 +49,7 @@ pub struct Process {
     pub started_ns: u64,
     pub exited_ns: Option<u64>,
     pub execs: u32,
-    pub heap: super::blocks::Blocks,
+    pub heap: Blocks,
     pub mmaps: Regions,
     pub brk: Brk,
     /// CUDA memory (not inherited at fork).

@@ -266,7 +266,13 @@ fn fork_copies_outstanding_as_inherited_and_child_frees_match() {
     l.apply(Input::Event(Event {
         tgid: 200,
         stack: Some(StackId::new(2)),
-        ..ev(AllocFn::Malloc, What::Alloc { addr: 0x30, size: 7 })
+        ..ev(
+            AllocFn::Malloc,
+            What::Alloc {
+                addr: 0x30,
+                size: 7,
+            },
+        )
     }));
     let child: Vec<_> = l.groups().into_iter().filter(|g| g.pid == 200).collect();
     let inherited: u64 = child.iter().filter(|g| g.inherited).map(|g| g.bytes).sum();

@@ -76,4 +76,3 @@ impl KernelChannels {
         out
     }
 }
-

@@ -427,8 +427,7 @@ impl Probes {
 
     /// Probes every file with code that `pid` maps now.
     pub fn attach_code_of(&mut self, pid: u32, timing: Timing) -> Result<(), Error> {
-        let maps =
-            crate::procfs::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
+        let maps = crate::procfs::ProcMaps::read(pid).ok_or(Error::NoSuchProcess(pid as i32))?;
         maps.paths()
             .try_for_each(|path| self.attach_code(Path::new(&**path), pid, timing))
     }

@@ -13,8 +13,8 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
-    probes::{AttachedFn, Library, Probes, Timing},
     model::monotonic_ns,
+    probes::{AttachedFn, Library, Probes, Timing},
 };
 
 /// What ingest asks of the prober, in the order it must happen.

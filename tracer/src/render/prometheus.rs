@@ -8,8 +8,8 @@ use std::{
     hash::{Hash, Hasher},
 };
 
-use crate::report::{ProcReport, Report, StackReport};
 use crate::model::Kind;
+use crate::report::{ProcReport, Report, StackReport};
 
 /// Label values escaped as the format requires: backslash, double quote and line feed.
 fn esc(v: &str) -> String {

@@ -99,7 +99,10 @@ enum Root {
         duration: Option<f64>,
     },
     /// No root: processes are adopted as they match.
-    Serve { filter: serve::Filter, scan: f64 },
+    Serve {
+        filter: serve::Filter,
+        scan: f64,
+    },
 }
 
 impl Root {

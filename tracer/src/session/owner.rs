@@ -140,7 +140,11 @@ pub(super) async fn trace(
     let live = ui.map(|ui| serve_ui(ui, history.as_ref())).transpose()?;
     let inbox = Inbox {
         report_tick: ends::ticker(config.interval),
-        sample_tick: ends::ticker(if config.per_step() { 0.0 } else { config.sample }),
+        sample_tick: ends::ticker(if config.per_step() {
+            0.0
+        } else {
+            config.sample
+        }),
         ui_tick: if live.is_some() {
             // The first tick is immediate: the API has a report from the start.
             ends::ticker_now(1.0)
@@ -214,12 +218,11 @@ impl Owner {
         end: impl std::future::Future<Output = i32>,
     ) -> Result<i32, Error> {
         tokio::pin!(end);
-        let heap_sleep = tokio::time::sleep(std::time::Duration::from_secs_f64(
-            match self.heap_after {
+        let heap_sleep =
+            tokio::time::sleep(std::time::Duration::from_secs_f64(match self.heap_after {
                 Some(HeapAfter::Seconds(s)) => s,
                 _ => 0.0,
-            },
-        ));
+            }));
         tokio::pin!(heap_sleep);
         let code = loop {
             tokio::select! {
@@ -393,9 +396,9 @@ impl Owner {
     /// Warnings for what the options asked and the run never reached.
     fn warn_unmet(&self) {
         match self.heap_after {
-            Some(HeapAfter::Seconds(s)) => tracing::warn!(
-                "the heap was never traced: the run ended before --heap-after {s} s"
-            ),
+            Some(HeapAfter::Seconds(s)) => {
+                tracing::warn!("the heap was never traced: the run ended before --heap-after {s} s")
+            }
             Some(HeapAfter::Steps(n)) => tracing::warn!(
                 "the heap was never traced: the run ended before --heap-after {n} steps"
             ),
