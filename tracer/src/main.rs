@@ -83,10 +83,12 @@ fn stored(
         eprintln!("leaktracer: {msg}");
         std::process::exit(code)
     };
-    let db = Store::open_read(path).unwrap_or_else(|e| fail(exit::STORE, &e));
+    let db = Store::open_read(path).unwrap_or_else(|e| fail(exit::STORE, &e.to_string()));
     let (run, snapshot) = match show {
         Stored::List => {
-            let runs = db.runs().unwrap_or_else(|e| fail(exit::STORE, &e));
+            let runs = db
+                .runs()
+                .unwrap_or_else(|e| fail(exit::STORE, &e.to_string()));
             if json {
                 println!("{}", serde_json::to_string(&runs).unwrap_or_default());
             } else {
@@ -98,11 +100,13 @@ fn stored(
     };
     let run = match run {
         Some(r) => r,
-        None => db.last_run().unwrap_or_else(|e| fail(exit::USAGE, &e)),
+        None => db
+            .last_run()
+            .unwrap_or_else(|e| fail(exit::USAGE, &e.to_string())),
     };
     let snap = db
         .snapshot(run, snapshot.unwrap_or(-1))
-        .unwrap_or_else(|e| fail(exit::USAGE, &e));
+        .unwrap_or_else(|e| fail(exit::USAGE, &e.to_string()));
     let r = snap.report;
     if json {
         println!("{}", serde_json::to_string(&r).unwrap_or_default());
@@ -130,7 +134,7 @@ fn diff(store: &std::path::Path, old: &str, new: &str, top: usize, json: bool) -
     use tracer::store::diff;
     let (old, new) = match (diff::load(old, store), diff::load(new, store)) {
         (Ok(o), Ok(n)) => (o, n),
-        (Err(e), _) | (_, Err(e)) => usage(&e),
+        (Err(e), _) | (_, Err(e)) => usage(&e.to_string()),
     };
     let deltas = diff::diff(&old, &new);
     if json {

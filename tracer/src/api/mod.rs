@@ -409,7 +409,9 @@ async fn snapshot(
     Path((run, n)): Path<(i64, i64)>,
 ) -> ApiResult<SnapshotDto> {
     let db = store(&state)?;
-    let s = db.snapshot(run, n).map_err(ApiError::not_found)?;
+    let s = db
+        .snapshot(run, n)
+        .map_err(|e| ApiError::not_found(e.to_string()))?;
     Ok(Json(SnapshotDto {
         run: s.run,
         seq: s.seq,
@@ -444,8 +446,8 @@ async fn diff(
         .clone()
         .ok_or_else(|| ApiError::not_found("no history is kept (--no-store)"))?;
     let (old, new) = (
-        store::diff::load(&q.old, &path).map_err(ApiError::not_found)?,
-        store::diff::load(&q.new, &path).map_err(ApiError::not_found)?,
+        store::diff::load(&q.old, &path).map_err(|e| ApiError::not_found(e.to_string()))?,
+        store::diff::load(&q.new, &path).map_err(|e| ApiError::not_found(e.to_string()))?,
     );
     Ok(Json(store::diff::diff(&old, &new)))
 }

@@ -192,7 +192,7 @@ fn open_history(config: &Config, target: &Target) -> Result<Option<store::Writer
     };
     match store::Writer::start(&h.path, &run, h.retention) {
         Ok(w) => Ok(Some(w)),
-        Err(e) if h.named => Err(Error::Store(e)),
+        Err(e) if h.named => Err(Error::Store(e.to_string())),
         Err(e) => {
             tracing::warn!("{e}: this run is not stored (--store PATH picks another file)");
             Ok(None)

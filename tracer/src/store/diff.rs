@@ -25,10 +25,20 @@ pub struct StackDelta {
     pub change: &'static str,
 }
 
+/// A report to compare that cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Store(#[from] super::StoreError),
+    /// A report file that cannot be read, or is not a leaktracer report, or a bad spec.
+    #[error("{0}")]
+    Bad(String),
+}
+
 /// Reads a snapshot: `run:ID[:N]` from the history at `store` (N: the snapshot's number,
 /// negative from the end, the last by default), else `FILE[:N]`, report N (0-based, negative
 /// from the end) of a JSON-lines file.
-pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, String> {
+pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, LoadError> {
     if let Some(rest) = spec.strip_prefix("run:") {
         let (run, seq) = match rest.split_once(':') {
             Some((r, n)) => (r, n.parse::<i64>().map_err(|_| bad_run(spec))?),
@@ -36,13 +46,13 @@ pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, String> {
         };
         let run = run.parse::<i64>().map_err(|_| bad_run(spec))?;
         let snap = Store::open_read(store)?.snapshot(run, seq)?;
-        return serde_json::to_value(&snap.report).map_err(|e| e.to_string());
+        return serde_json::to_value(&snap.report).map_err(|e| LoadError::Bad(e.to_string()));
     }
-    load_file(spec)
+    load_file(spec).map_err(LoadError::Bad)
 }
 
-fn bad_run(spec: &str) -> String {
-    format!("{spec}: a stored snapshot is run:ID or run:ID:N")
+fn bad_run(spec: &str) -> LoadError {
+    LoadError::Bad(format!("{spec}: a stored snapshot is run:ID or run:ID:N"))
 }
 
 fn load_file(spec: &str) -> Result<Value, String> {

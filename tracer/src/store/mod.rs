@@ -12,10 +12,12 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::{model::now_unix, report::Report};
 
 pub mod diff;
+mod error;
 mod read;
 mod write;
 mod writer;
 
+pub use error::StoreError;
 pub use read::{RunRow, SnapshotRow, runs_text, when};
 pub use writer::Writer;
 
@@ -154,10 +156,11 @@ pub struct Store {
 
 impl Store {
     /// Opens (creating it and its directory if needed) for writing.
-    pub fn open(path: &Path) -> Result<Self, String> {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unusable(format!("cannot create {}: {e}", dir.display()))
+            })?;
         }
         let conn = Connection::open(path).map_err(|e| open_error(path, &e))?;
         let store = Self {
@@ -169,12 +172,12 @@ impl Store {
     }
 
     /// Opens an existing file for reading only.
-    pub fn open_read(path: &Path) -> Result<Self, String> {
+    pub fn open_read(path: &Path) -> Result<Self, StoreError> {
         if !path.exists() {
-            return Err(format!(
+            return Err(StoreError::Unusable(format!(
                 "no history at {} (runs are stored there by `run`, `attach` and `check`; --store picks another file)",
                 path.display()
-            ));
+            )));
         }
         let conn = Connection::open_with_flags(
             path,
@@ -193,8 +196,8 @@ impl Store {
         &self.path
     }
 
-    fn setup(&self, write: bool) -> Result<(), String> {
-        let fail = |e: rusqlite::Error| format!("history {}: {e}", self.path.display());
+    fn setup(&self, write: bool) -> Result<(), StoreError> {
+        let fail = StoreError::sql(&self.path);
         self.conn
             .busy_timeout(std::time::Duration::from_secs(5))
             .map_err(fail)?;
@@ -211,10 +214,10 @@ impl Store {
                 .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
                 .map_err(fail)?;
             if !mode.eq_ignore_ascii_case("wal") {
-                return Err(format!(
+                return Err(StoreError::Unusable(format!(
                     "history {}: WAL journal not available (got {mode})",
                     self.path.display()
-                ));
+                )));
             }
             // In WAL mode NORMAL keeps every commit across a crash of this process; only a power
             // loss may undo the last ones.
@@ -237,25 +240,37 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(|e| format!("{} is not a leaktracer history: {e}", self.path.display()))?;
+            .map_err(|e| {
+                StoreError::Unusable(format!(
+                    "{} is not a leaktracer history: {e}",
+                    self.path.display()
+                ))
+            })?;
         match version.as_deref().and_then(|v| v.parse::<i64>().ok()) {
             Some(SCHEMA_VERSION) => Ok(()),
-            Some(v) => Err(format!(
+            Some(v) => Err(StoreError::Unusable(format!(
                 "{} holds history schema {v}; this leaktracer reads schema {SCHEMA_VERSION}",
                 self.path.display()
-            )),
-            None => Err(format!(
+            ))),
+            None => Err(StoreError::Unusable(format!(
                 "{} is not a leaktracer history",
                 self.path.display()
-            )),
+            ))),
         }
     }
 
     /// Removes runs past the retention limits, never `keep` (the running session's run); if
     /// that run alone is over the size limit, its oldest periodic snapshots go. Returns the runs
     /// and snapshots removed.
-    pub fn enforce(&mut self, limits: Retention, keep: Option<i64>) -> Result<(u64, u64), String> {
-        let fail = |e: rusqlite::Error| format!("history retention: {e}");
+    pub fn enforce(
+        &mut self,
+        limits: Retention,
+        keep: Option<i64>,
+    ) -> Result<(u64, u64), StoreError> {
+        let fail = |source| StoreError::Sql {
+            context: "history retention".into(),
+            source,
+        };
         let keep = keep.unwrap_or(-1);
         let cutoff = now_unix() - limits.max_age_days * 86400.0;
         let mut runs = self
@@ -318,8 +333,8 @@ impl Store {
     }
 }
 
-fn open_error(path: &Path, e: &rusqlite::Error) -> String {
-    format!("cannot open history {}: {e}", path.display())
+fn open_error(path: &Path, e: &rusqlite::Error) -> StoreError {
+    StoreError::Unusable(format!("cannot open history {}: {e}", path.display()))
 }
 
 /// The key a stack is stored under in its run: kind and frames (module+offset, stable across

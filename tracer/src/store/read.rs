@@ -3,7 +3,7 @@
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
-use super::{Snapshot, Store};
+use super::{Snapshot, Store, StoreError};
 use crate::report::{Report, StackReport};
 
 /// One run in `report --list`.
@@ -33,8 +33,8 @@ pub struct SnapshotRow {
 
 impl Store {
     /// Every run, oldest first.
-    pub fn runs(&self) -> Result<Vec<RunRow>, String> {
-        let fail = |e: rusqlite::Error| format!("history {}: {e}", self.path.display());
+    pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        let fail = StoreError::sql(&self.path);
         let mut q = self
             .conn
             .prepare(
@@ -63,8 +63,8 @@ impl Store {
     }
 
     /// The snapshots stored for `run`, oldest first (None: no such run).
-    pub fn snapshot_list(&self, run: i64) -> Result<Option<Vec<SnapshotRow>>, String> {
-        let fail = |e: rusqlite::Error| format!("history {}: {e}", self.path.display());
+    pub fn snapshot_list(&self, run: i64) -> Result<Option<Vec<SnapshotRow>>, StoreError> {
+        let fail = StoreError::sql(&self.path);
         let exists = self
             .conn
             .query_row("SELECT 1 FROM runs WHERE id = ?1", params![run], |_| Ok(()))
@@ -96,18 +96,20 @@ impl Store {
     }
 
     /// The newest run's id.
-    pub fn last_run(&self) -> Result<i64, String> {
+    pub fn last_run(&self) -> Result<i64, StoreError> {
         self.conn
             .query_row("SELECT MAX(id) FROM runs", [], |r| {
                 r.get::<_, Option<i64>>(0)
             })
-            .map_err(|e| format!("history {}: {e}", self.path.display()))?
-            .ok_or_else(|| format!("history {} holds no runs", self.path.display()))
+            .map_err(StoreError::sql(&self.path))?
+            .ok_or_else(|| {
+                StoreError::Missing(format!("history {} holds no runs", self.path.display()))
+            })
     }
 
     /// Snapshot `seq` of `run` (negative: from the end, -1 the last).
-    pub fn snapshot(&self, run: i64, seq: i64) -> Result<Snapshot, String> {
-        let fail = |e: rusqlite::Error| format!("history {}: {e}", self.path.display());
+    pub fn snapshot(&self, run: i64, seq: i64) -> Result<Snapshot, StoreError> {
+        let fail = StoreError::sql(&self.path);
         let count: i64 = self
             .conn
             .query_row(
@@ -126,7 +128,10 @@ impl Store {
             .map_err(fail)?
             > 0;
         if !exists {
-            return Err(format!("no run {run} in {}", self.path.display()));
+            return Err(StoreError::Missing(format!(
+                "no run {run} in {}",
+                self.path.display()
+            )));
         }
         // Sequence numbers can have gaps (retention thins long runs): index among those kept.
         let index = if seq < 0 { count + seq } else { seq };
@@ -151,12 +156,15 @@ impl Store {
         }
         .map_err(fail)?;
         let (id, seq, reason, taken_unix, header): (i64, i64, String, f64, String) = row
-            .ok_or_else(|| match count {
-                0 => format!("run {run} has no snapshots stored"),
-                n => format!("run {run} has no snapshot {seq} ({n} stored)"),
+            .ok_or_else(|| {
+                StoreError::Missing(match count {
+                    0 => format!("run {run} has no snapshots stored"),
+                    n => format!("run {run} has no snapshot {seq} ({n} stored)"),
+                })
             })?;
-        let mut report: Report = serde_json::from_str(&header)
-            .map_err(|e| format!("run {run} snapshot {seq}: unreadable report: {e}"))?;
+        let mut report: Report = serde_json::from_str(&header).map_err(|e| {
+            StoreError::Unreadable(format!("run {run} snapshot {seq}: unreadable report: {e}"))
+        })?;
         report.stacks = self.stacks(id).map_err(fail)?;
         Ok(Snapshot {
             run,

@@ -65,6 +65,7 @@ fn a_snapshot_reads_back_as_the_report_it_was() {
             .snapshot(run, 2)
             .err()
             .unwrap()
+            .to_string()
             .contains("no snapshot 2 (2 stored)")
     );
     assert!(
@@ -72,6 +73,7 @@ fn a_snapshot_reads_back_as_the_report_it_was() {
             .snapshot(run + 1, -1)
             .err()
             .unwrap()
+            .to_string()
             .contains("no run")
     );
 }
@@ -158,10 +160,10 @@ fn a_file_that_is_not_a_history_is_refused() {
         "not a database at all, just some text that is long enough",
     )
     .unwrap();
-    let err = Store::open_read(&path).err().unwrap();
+    let err = Store::open_read(&path).err().unwrap().to_string();
     assert!(err.contains(&path.display().to_string()), "{err}");
     let missing = temp_db("missing");
-    let err = Store::open_read(&missing).err().unwrap();
+    let err = Store::open_read(&missing).err().unwrap().to_string();
     assert!(err.contains("no history at"), "{err}");
 }
 
@@ -169,7 +171,14 @@ fn a_file_that_is_not_a_history_is_refused() {
 fn an_empty_history_has_no_last_run() {
     let path = temp_db("empty");
     let store = Store::open(&path).unwrap();
-    assert!(store.last_run().err().unwrap().contains("holds no runs"));
+    assert!(
+        store
+            .last_run()
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("holds no runs")
+    );
 }
 
 #[test]

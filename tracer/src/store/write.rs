@@ -2,19 +2,19 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{NewRun, Reason, Store, stack_key};
+use super::{NewRun, Reason, Store, StoreError, stack_key};
 use crate::model::now_unix;
 use crate::report::Report;
 
 impl Store {
     /// Starts a run; returns its id.
-    pub fn begin_run(&mut self, run: &NewRun) -> Result<i64, String> {
+    pub fn begin_run(&mut self, run: &NewRun) -> Result<i64, StoreError> {
         self.conn
             .execute(
                 "INSERT INTO runs (started_unix, mode, command, root_pid) VALUES (?1, ?2, ?3, ?4)",
                 params![now_unix(), run.mode, run.command, run.root_pid],
             )
-            .map_err(|e| format!("history: starting a run: {e}"))?;
+            .map_err(StoreError::doing("history: starting a run"))?;
         Ok(self.conn.last_insert_rowid())
     }
 
@@ -25,9 +25,11 @@ impl Store {
         run: i64,
         reason: Reason,
         report: &Report,
-    ) -> Result<i64, String> {
+    ) -> Result<i64, StoreError> {
         self.snapshot_tx(run, reason, report)
-            .map_err(|e| format!("history: storing a snapshot of run {run}: {e}"))
+            .map_err(StoreError::doing(format!(
+                "history: storing a snapshot of run {run}"
+            )))
     }
 
     fn snapshot_tx(&mut self, run: i64, reason: Reason, report: &Report) -> rusqlite::Result<i64> {
@@ -106,25 +108,25 @@ impl Store {
         Ok(seq)
     }
 
-    pub fn set_root_pid(&mut self, run: i64, pid: u32) -> Result<(), String> {
+    pub fn set_root_pid(&mut self, run: i64, pid: u32) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "UPDATE runs SET root_pid = ?1 WHERE id = ?2",
                 params![pid, run],
             )
             .map(|_| ())
-            .map_err(|e| format!("history: run {run}: {e}"))
+            .map_err(StoreError::doing(format!("history: run {run}")))
     }
 
     /// Marks `run` ended with the traced command's exit status (None for attach).
-    pub fn end_run(&mut self, run: i64, exit_code: Option<i32>) -> Result<(), String> {
+    pub fn end_run(&mut self, run: i64, exit_code: Option<i32>) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "UPDATE runs SET ended_unix = ?1, exit_code = ?2 WHERE id = ?3",
                 params![now_unix(), exit_code, run],
             )
             .map(|_| ())
-            .map_err(|e| format!("history: ending run {run}: {e}"))
+            .map_err(StoreError::doing(format!("history: ending run {run}")))
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
     thread::{self, JoinHandle},
 };
 
-use super::{NewRun, Reason, Retention, Store};
+use super::{NewRun, Reason, Retention, Store, StoreError};
 use crate::report::Report;
 
 /// Snapshots between retention checks during a long run.
@@ -37,7 +37,7 @@ pub struct Writer {
 impl Writer {
     /// Opens the history, applies retention and starts the run; errors here are the user's to see
     /// (a path that cannot be written, a file that is not a history).
-    pub fn start(path: &Path, run: &NewRun, limits: Retention) -> Result<Self, String> {
+    pub fn start(path: &Path, run: &NewRun, limits: Retention) -> Result<Self, StoreError> {
         let mut store = Store::open(path)?;
         let (runs, _) = store.enforce(limits, None)?;
         if runs > 0 {
@@ -48,7 +48,7 @@ impl Writer {
         let thread = thread::Builder::new()
             .name("history".into())
             .spawn(move || write_loop(store, id, limits, rx))
-            .map_err(|e| format!("history thread: {e}"))?;
+            .map_err(StoreError::Thread)?;
         Ok(Self {
             run: id,
             path: path.to_owned(),
