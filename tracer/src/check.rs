@@ -28,26 +28,42 @@ pub struct Budget {
     pub per_step: bool,
 }
 
+/// A gate that cannot be set up as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("budget {text:?}: {why}")]
+    Budget { text: String, why: String },
+    #[error("unknown kind {name:?} (one of {known})")]
+    Kind { name: String, known: String },
+    #[error("writing {}: {source}", path.display())]
+    Junit {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Parses "10MiB/min", "512KiB/s", "1GB/h" or "1MiB/step" (which needs --step-symbol).
-pub fn parse_budget(text: &str) -> Result<Budget, String> {
+pub fn parse_budget(text: &str) -> Result<Budget, GateError> {
+    let bad = |why: String| GateError::Budget {
+        text: text.into(),
+        why,
+    };
     let (amount, per) = text
         .split_once('/')
-        .ok_or_else(|| format!("budget {text:?}: expected AMOUNT/PERIOD, e.g. 10MiB/min"))?;
+        .ok_or_else(|| bad("expected AMOUNT/PERIOD, e.g. 10MiB/min".into()))?;
     let seconds = match per.trim() {
         "s" | "sec" => 1.0,
         "min" => 60.0,
         "h" => 3600.0,
         "step" => 1.0,
         other => {
-            return Err(format!(
-                "budget {text:?}: unknown period {other:?} (s, min, h, step)"
-            ));
+            return Err(bad(format!("unknown period {other:?} (s, min, h, step)")));
         }
     };
     Ok(Budget {
-        bytes_per_s: parse_bytes(amount.trim()).ok_or_else(|| {
-            format!("budget {text:?}: bad amount {amount:?} (e.g. 512KiB, 10MiB, 1GB)")
-        })? / seconds,
+        bytes_per_s: parse_bytes(amount.trim())
+            .ok_or_else(|| bad(format!("bad amount {amount:?} (e.g. 512KiB, 10MiB, 1GB)")))?
+            / seconds,
         per_step: per.trim() == "step",
     })
 }
@@ -72,7 +88,7 @@ fn parse_bytes(s: &str) -> Option<f64> {
 /// Parses "heap,device" into kinds. By default every kind allocated by a call (heap, tensor and
 /// the CUDA kinds), not the page-level ones: mmap and brk made inside malloc are the same memory
 /// as its blocks, and would report each heap leak a second time.
-pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, String> {
+pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, GateError> {
     if names.is_empty() {
         return Ok(Kind::ALL
             .into_iter()
@@ -87,7 +103,10 @@ pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, String> {
                 .find(|k| k.name() == n.trim())
                 .ok_or_else(|| {
                     let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-                    format!("unknown kind {n:?} (one of {})", known.join(", "))
+                    GateError::Kind {
+                        name: n.clone(),
+                        known: known.join(", "),
+                    }
                 })
         })
         .collect()
@@ -249,8 +268,11 @@ fn unit(b: Budget) -> &'static str {
 }
 
 /// Writes the JUnit file.
-pub fn write_junit(path: &Path, xml: &str) -> Result<(), String> {
-    std::fs::write(path, xml).map_err(|e| format!("writing {}: {e}", path.display()))
+pub fn write_junit(path: &Path, xml: &str) -> Result<(), GateError> {
+    std::fs::write(path, xml).map_err(|source| GateError::Junit {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -268,10 +290,16 @@ mod tests {
             512.0 * 1024.0
         );
         assert_eq!(parse_budget("3.6GB/h").unwrap().bytes_per_s, 1e6);
-        assert!(parse_budget("10MiB").unwrap_err().contains("AMOUNT/PERIOD"));
+        assert!(
+            parse_budget("10MiB")
+                .unwrap_err()
+                .to_string()
+                .contains("AMOUNT/PERIOD")
+        );
         assert!(
             parse_budget("10 parsecs/s")
                 .unwrap_err()
+                .to_string()
                 .contains("bad amount")
         );
         let step = parse_budget("1MiB/step").unwrap();
@@ -280,6 +308,7 @@ mod tests {
         assert!(
             parse_budget("1MiB/fortnight")
                 .unwrap_err()
+                .to_string()
                 .contains("unknown period")
         );
     }
@@ -296,6 +325,7 @@ mod tests {
         assert!(
             parse_kinds(&["vram".into()])
                 .unwrap_err()
+                .to_string()
                 .contains("unknown kind")
         );
     }

@@ -333,16 +333,14 @@ pub struct HistoryArgs {
 impl ReportArgs {
     /// The options as parsed from `flags` alone (clap's own defaults for the rest), for sessions
     /// started from code (benchmarks, tests).
-    pub fn from_flags(flags: &[&str]) -> Result<Self, String> {
+    pub fn from_flags(flags: &[&str]) -> Result<Self, clap::Error> {
         #[derive(Parser)]
         struct Only {
             #[command(flatten)]
             report: ReportArgs,
         }
         let argv = std::iter::once("leaktracer").chain(flags.iter().copied());
-        Only::try_parse_from(argv)
-            .map(|o| o.report)
-            .map_err(|e| e.to_string())
+        Only::try_parse_from(argv).map(|o| o.report)
     }
 }
 

@@ -189,7 +189,7 @@ impl Config {
     /// The options as parsed from `flags` alone (clap's defaults for the rest), validated, for
     /// sessions started from code (benchmarks, tests).
     pub fn from_flags(flags: &[&str], mode: RunMode) -> Result<Self, Error> {
-        let args = ReportArgs::from_flags(flags).map_err(Error::Usage)?;
+        let args = ReportArgs::from_flags(flags).map_err(|e| Error::Usage(e.to_string()))?;
         Config::new(args, mode)
     }
 
@@ -282,7 +282,7 @@ fn ui_config(
         return usage("--ui-token must be at least 16 printable characters, no spaces".into());
     }
     let web = match web_dir {
-        Some(d) => Web::dir(&d).map_err(Error::Usage)?,
+        Some(d) => Web::dir(&d)?,
         None => Web::Embedded,
     };
     Ok(Some(UiConfig {
@@ -420,8 +420,9 @@ fn check(
     junit: Option<PathBuf>,
     command: Vec<String>,
 ) -> Result<Job, Error> {
-    let budget = check::parse_budget(budget).map_err(Error::Usage)?;
-    let kinds = check::parse_kinds(kinds).map_err(Error::Usage)?;
+    let bad = |e: check::GateError| Error::Usage(e.to_string());
+    let budget = check::parse_budget(budget).map_err(bad)?;
+    let kinds = check::parse_kinds(kinds).map_err(bad)?;
     let mut config = Config::new(report, RunMode::Check)?;
     if budget.per_step != config.per_step() {
         return usage(if budget.per_step {

@@ -164,7 +164,7 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     );
     if let Some(path) = &gate.junit {
         let xml = check::junit(&findings, gate.budget, outcome.exit_code);
-        check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e));
+        check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e.to_string()));
     }
     std::process::exit(check::exit_code(&findings, outcome.exit_code))
 }

@@ -24,14 +24,14 @@ pub enum Web {
 
 impl Web {
     /// `--web-dir DIR`: it must hold a built page.
-    pub fn dir(dir: &Path) -> Result<Self, String> {
+    pub fn dir(dir: &Path) -> Result<Self, crate::error::Error> {
         if dir.join("index.html").is_file() {
             Ok(Self::Dir(dir.to_path_buf()))
         } else {
-            Err(format!(
+            Err(crate::error::Error::Usage(format!(
                 "--web-dir {}: no index.html there (build the page with `npm run build` in web/)",
                 dir.display()
-            ))
+            )))
         }
     }
 

@@ -474,15 +474,15 @@ async fn events(
 
 /// A new random token (32 hex digits, from the kernel's random source) for a non-loopback
 /// address.
-pub fn new_token() -> Result<String, String> {
+pub fn new_token() -> std::io::Result<String> {
     let mut bytes = [0u8; 16];
     // SAFETY: getrandom fills the buffer it is given.
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
     if n != bytes.len() as isize {
-        return Err(format!(
+        return Err(std::io::Error::other(format!(
             "no random token: getrandom: {}",
             std::io::Error::last_os_error()
-        ));
+        )));
     }
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -460,6 +460,7 @@ async fn the_page_is_served_with_a_strict_policy_and_without_the_token() {
     assert!(
         assets::Web::dir(&dir.join("sub"))
             .unwrap_err()
+            .to_string()
             .contains("no index.html")
     );
     let _ = std::fs::remove_dir_all(&dir);

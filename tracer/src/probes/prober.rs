@@ -13,6 +13,7 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
+    error::Error,
     model::monotonic_ns,
     probes::{AttachedFn, Library, Probes, Timing},
 };
@@ -42,7 +43,7 @@ pub enum ProbeRequest {
     /// and whether it worked.
     Adopt {
         pid: u32,
-        done: tokio::sync::mpsc::UnboundedSender<(u32, Result<(), String>)>,
+        done: tokio::sync::mpsc::UnboundedSender<(u32, Result<(), Error>)>,
     },
 }
 
@@ -144,8 +145,7 @@ fn serve(
                 let before = probes.libraries().len();
                 let result = probes
                     .attach_code_of(pid, Timing::AlreadyLoaded)
-                    .and_then(|()| probes.trace_pid(pid, false))
-                    .map_err(|e| e.to_string());
+                    .and_then(|()| probes.trace_pid(pid, false));
                 if probes.libraries().len() != before {
                     info.send_replace(Arc::new(info_of(&probes)));
                 }

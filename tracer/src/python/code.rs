@@ -2,6 +2,7 @@
 //! location table, and so the line of any instruction in it.
 
 use super::{
+    PythonError,
     interp::Interpreter,
     linetable,
     mem::{self, i32_at, u32_at, u64_at},
@@ -81,16 +82,16 @@ pub fn read(
     interp: &Interpreter,
     layout: &Layout,
     addr: u64,
-) -> Result<CodeInfo, String> {
+) -> Result<CodeInfo, PythonError> {
     let head = head(pid, layout, addr)?;
     from_head(pid, interp, layout, addr, &head)
 }
 
 /// The fixed part of the code object at `addr`.
-pub fn head(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, String> {
+pub fn head(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, PythonError> {
     mem::read(pid, addr, layout.head_len)
         .filter(|h| h.len() == layout.head_len)
-        .ok_or_else(|| format!("code object {addr:#x}: unreadable"))
+        .ok_or_else(|| PythonError::Unreadable(format!("code object {addr:#x}: unreadable")))
 }
 
 /// What [`CodeInfo::fingerprint`] holds, from a code object's head.
@@ -111,12 +112,16 @@ pub fn from_head(
     layout: &Layout,
     addr: u64,
     head: &[u8],
-) -> Result<CodeInfo, String> {
+) -> Result<CodeInfo, PythonError> {
     if u64_at(head, layout.ob_type) != Some(interp.code_type) {
-        return Err(format!("{addr:#x} is not a code object"));
+        return Err(PythonError::Unreadable(format!(
+            "{addr:#x} is not a code object"
+        )));
     }
-    let field = |off: usize| u64_at(head, off).ok_or("short read");
-    let first_line = i32_at(head, layout.co_firstlineno).ok_or("short read")?;
+    let field =
+        |off: usize| u64_at(head, off).ok_or_else(|| PythonError::Unreadable("short read".into()));
+    let first_line =
+        i32_at(head, layout.co_firstlineno).ok_or(PythonError::Unreadable("short read".into()))?;
     let file = string(pid, layout, field(layout.co_filename)?)?;
     let function = string(pid, layout, field(layout.co_qualname)?)?;
     let linetable = bytes(pid, layout, field(layout.co_linetable)?)?;
@@ -131,29 +136,39 @@ pub fn from_head(
 }
 
 /// A `str` object's text: compact ASCII, or compact Latin-1, UCS-2 or UCS-4.
-fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, String> {
-    let head = mem::read(pid, addr, layout.compact_header).ok_or("string unreadable")?;
-    let len = u64_at(&head, layout.str_length).ok_or("short read")?;
-    let state = u32_at(&head, layout.str_state).ok_or("short read")?;
+fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, PythonError> {
+    let head = mem::read(pid, addr, layout.compact_header)
+        .ok_or(PythonError::Unreadable("string unreadable".into()))?;
+    let len =
+        u64_at(&head, layout.str_length).ok_or(PythonError::Unreadable("short read".into()))?;
+    let state =
+        u32_at(&head, layout.str_state).ok_or(PythonError::Unreadable("short read".into()))?;
     let (kind, compact, ascii) = ((state >> 2) & 7, state >> 5 & 1 == 1, state >> 6 & 1 == 1);
     if !compact || len > MAX_LEN {
-        return Err(format!("string at {addr:#x}: not a compact string"));
+        return Err(PythonError::Unreadable(format!(
+            "string at {addr:#x}: not a compact string"
+        )));
     }
     if ascii {
         let data = mem::read(pid, addr + layout.ascii_header as u64, len as usize)
-            .ok_or("string unreadable")?;
-        return String::from_utf8(data).map_err(|_| "string: not ASCII".into());
+            .ok_or(PythonError::Unreadable("string unreadable".into()))?;
+        return String::from_utf8(data)
+            .map_err(|_| PythonError::Unreadable("string: not ASCII".into()));
     }
     let width = match kind {
         1 | 2 | 4 => kind as usize,
-        _ => return Err(format!("string at {addr:#x}: kind {kind}")),
+        _ => {
+            return Err(PythonError::Unreadable(format!(
+                "string at {addr:#x}: kind {kind}"
+            )));
+        }
     };
     let data = mem::read(
         pid,
         addr + layout.compact_header as u64,
         len as usize * width,
     )
-    .ok_or("string unreadable")?;
+    .ok_or(PythonError::Unreadable("string unreadable".into()))?;
     Ok(data
         .chunks(width)
         .map(|c| {
@@ -164,12 +179,16 @@ fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, String> {
         .collect())
 }
 
-fn bytes(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, String> {
-    let head = mem::read(pid, addr, layout.bytes_data).ok_or("bytes unreadable")?;
-    let len = u64_at(&head, layout.bytes_size).ok_or("short read")?;
+fn bytes(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, PythonError> {
+    let head = mem::read(pid, addr, layout.bytes_data)
+        .ok_or(PythonError::Unreadable("bytes unreadable".into()))?;
+    let len =
+        u64_at(&head, layout.bytes_size).ok_or(PythonError::Unreadable("short read".into()))?;
     if len > MAX_LEN {
-        return Err(format!("bytes at {addr:#x}: {len} long"));
+        return Err(PythonError::Unreadable(format!(
+            "bytes at {addr:#x}: {len} long"
+        )));
     }
     mem::read(pid, addr + layout.bytes_data as u64, len as usize)
-        .ok_or_else(|| "bytes unreadable".into())
+        .ok_or_else(|| PythonError::Unreadable("bytes unreadable".into()))
 }

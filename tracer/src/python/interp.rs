@@ -8,6 +8,10 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::procfs::ProcMaps;
 
+/// Bytes of `_Py_DebugOffsets` read from the interpreter's file: the words version.rs reads
+/// (it checks the two agree).
+pub const DEBUG_OFFSETS_LEN: usize = 73 * 8;
+
 /// A CPython found in a process.
 #[derive(Clone, Debug)]
 pub struct Interpreter {
@@ -43,13 +47,7 @@ pub fn detect(pid: u32) -> Option<Interpreter> {
                 runtime: symbol("_PyRuntime")?,
                 eval: function_range(Path::new(&**path), "_PyEval_EvalFrameDefault"),
                 debug_offsets: (version >= (3, 13))
-                    .then(|| {
-                        symbol_bytes(
-                            Path::new(&**path),
-                            "_PyRuntime",
-                            super::version::DEBUG_OFFSETS_LEN,
-                        )
-                    })
+                    .then(|| symbol_bytes(Path::new(&**path), "_PyRuntime", DEBUG_OFFSETS_LEN))
                     .flatten(),
             })
         })

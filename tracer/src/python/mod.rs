@@ -3,6 +3,7 @@
 //! function and line.
 
 pub mod code;
+mod error;
 pub mod interp;
 pub mod linetable;
 pub mod mem;
@@ -11,6 +12,8 @@ pub mod resolve;
 mod tests;
 pub mod version;
 pub mod walk;
+
+pub use error::PythonError;
 
 /// The CPython interpreters on this machine the tests run: `python3`, and each 3.10–3.13 pyenv
 /// keeps (`$PYENV_ROOT`, else ~/.pyenv), one per minor version.

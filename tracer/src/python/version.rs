@@ -10,7 +10,12 @@ use std::sync::OnceLock;
 
 use tracer_common::{PY_NONE, PyConfig};
 
-use super::{code::Layout, interp::Interpreter, linetable::Format};
+use super::{
+    PythonError,
+    code::Layout,
+    interp::{DEBUG_OFFSETS_LEN, Interpreter},
+    linetable::Format,
+};
 
 /// How the frames of a version read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,18 +56,22 @@ pub struct Version {
 
 impl Version {
     /// The version `interp` runs; an error saying why its frames cannot be walked.
-    pub fn of(interp: &Interpreter) -> Result<Self, String> {
+    pub fn of(interp: &Interpreter) -> Result<Self, PythonError> {
         let mut v = match interp.version {
             (3, 10) => Self::V3_10,
             (3, 11) => Self::V3_11,
             (3, 12) => Self::V3_12,
             (3, 13) => debug_offsets(interp.debug_offsets.as_deref().unwrap_or_default())?,
             (3, minor) => {
-                return Err(format!(
+                return Err(PythonError::Unsupported(format!(
                     "CPython 3.{minor}: Python frames are walked for 3.10 to 3.13"
-                ));
+                )));
             }
-            (major, minor) => return Err(format!("Python {major}.{minor} is not CPython 3")),
+            (major, minor) => {
+                return Err(PythonError::Unsupported(format!(
+                    "Python {major}.{minor} is not CPython 3"
+                )));
+            }
         };
         if v.config.task_fsbase != 0 {
             v.config.task_fsbase = task_fsbase()?;
@@ -234,21 +243,27 @@ mod word {
     pub const COUNT: usize = 73;
 }
 
-/// Bytes of `_Py_DebugOffsets` read from the interpreter's file.
-pub const DEBUG_OFFSETS_LEN: usize = word::COUNT * 8;
+// The interpreter's file is read for exactly the words above.
+const _: () = assert!(DEBUG_OFFSETS_LEN == word::COUNT * 8);
 
 /// The version described by `raw`, the start of a 3.13 `_PyRuntime` as its ELF file holds it.
-fn debug_offsets(raw: &[u8]) -> Result<Version, String> {
+fn debug_offsets(raw: &[u8]) -> Result<Version, PythonError> {
     if raw.len() < DEBUG_OFFSETS_LEN || &raw[..8] != b"xdebugpy" {
-        return Err("CPython 3.13 without _Py_DebugOffsets at the start of _PyRuntime".into());
+        return Err(PythonError::Unsupported(
+            "CPython 3.13 without _Py_DebugOffsets at the start of _PyRuntime".into(),
+        ));
     }
     let w = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
     let hex = w(word::VERSION);
     if (hex >> 24, (hex >> 16) & 0xff) != (3, 13) {
-        return Err(format!("_Py_DebugOffsets of version {hex:#x}, not 3.13"));
+        return Err(PythonError::Unsupported(format!(
+            "_Py_DebugOffsets of version {hex:#x}, not 3.13"
+        )));
     }
     if w(word::FREE_THREADED) != 0 {
-        return Err("free-threaded CPython: its frames are not walked".into());
+        return Err(PythonError::Unsupported(
+            "free-threaded CPython: its frames are not walked".into(),
+        ));
     }
     // Fields within the first 128 bytes of a frame: the kernel side reads no more.
     let frame = [
@@ -258,7 +273,9 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, String> {
         word::FRAME_OWNER,
     ];
     if frame.iter().any(|&i| w(i) > 120) {
-        return Err("_Py_DebugOffsets: a frame field past 120 bytes".into());
+        return Err(PythonError::Unsupported(
+            "_Py_DebugOffsets: a frame field past 120 bytes".into(),
+        ));
     }
     let code = w(word::CODE_ADAPTIVE);
     let ascii = w(word::UNICODE_ASCII_SIZE) as usize;
@@ -295,12 +312,13 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, String> {
 }
 
 /// Where `fsbase` is in the running kernel's `task_struct`, from its BTF.
-fn task_fsbase() -> Result<u64, String> {
-    static FOUND: OnceLock<Result<u64, String>> = OnceLock::new();
+fn task_fsbase() -> Result<u64, PythonError> {
+    static FOUND: OnceLock<Result<u64, PythonError>> = OnceLock::new();
     FOUND
         .get_or_init(|| {
-            let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux")
-                .map_err(|e| format!("kernel BTF (/sys/kernel/btf/vmlinux): {e}"))?;
+            let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux").map_err(|e| {
+                PythonError::Unsupported(format!("kernel BTF (/sys/kernel/btf/vmlinux): {e}"))
+            })?;
             let member = |ty: &btf_rs::Type, name: &str| -> Option<(u64, btf_rs::Type)> {
                 let btf_rs::Type::Struct(s) = ty else {
                     return None;
@@ -323,7 +341,9 @@ fn task_fsbase() -> Result<u64, String> {
                     let (fsbase, _) = member(&ty, "fsbase")?;
                     Some(thread + fsbase)
                 })
-                .ok_or_else(|| "kernel BTF: no task_struct.thread.fsbase".to_string())
+                .ok_or_else(|| {
+                    PythonError::Unsupported("kernel BTF: no task_struct.thread.fsbase".into())
+                })
         })
         .clone()
 }
@@ -415,7 +435,12 @@ mod tests {
         let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
         raw[..8].copy_from_slice(b"xdebugpy");
         raw[8..16].copy_from_slice(&0x030e_00f0u64.to_le_bytes());
-        assert!(debug_offsets(&raw).unwrap_err().contains("not 3.13"));
+        assert!(
+            debug_offsets(&raw)
+                .unwrap_err()
+                .to_string()
+                .contains("not 3.13")
+        );
         assert!(debug_offsets(&raw[..64]).is_err());
     }
 

@@ -35,7 +35,7 @@ use crate::{
 type LiveReport = (watch::Sender<Option<Arc<Published>>>, Timeline);
 
 /// A `serve` adoption's answer: the pid and whether it is traced now.
-type Adopted = (u32, Result<(), String>);
+type Adopted = (u32, Result<(), Error>);
 
 /// The session's state, each piece with its one owner: this.
 struct Owner {
@@ -353,7 +353,7 @@ impl Owner {
     }
 
     /// The prober's answer to an adoption.
-    fn adopted(&mut self, pid: u32, adopted: Result<(), String>) {
+    fn adopted(&mut self, pid: u32, adopted: Result<(), Error>) {
         match adopted {
             Ok(()) => {
                 let command = procfs::command(pid).unwrap_or_default();

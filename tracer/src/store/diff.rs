@@ -48,19 +48,20 @@ pub fn load(spec: &str, store: &std::path::Path) -> Result<Value, LoadError> {
         let snap = Store::open_read(store)?.snapshot(run, seq)?;
         return serde_json::to_value(&snap.report).map_err(|e| LoadError::Bad(e.to_string()));
     }
-    load_file(spec).map_err(LoadError::Bad)
+    load_file(spec)
 }
 
 fn bad_run(spec: &str) -> LoadError {
     LoadError::Bad(format!("{spec}: a stored snapshot is run:ID or run:ID:N"))
 }
 
-fn load_file(spec: &str) -> Result<Value, String> {
+fn load_file(spec: &str) -> Result<Value, LoadError> {
+    let bad = LoadError::Bad;
     let (path, index) = match spec.rsplit_once(':') {
         Some((p, i)) if i.parse::<i64>().is_ok() => (p, i.parse::<i64>().unwrap_or(-1)),
         _ => (spec, -1),
     };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("reading {path}: {e}")))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let i = if index < 0 {
         lines.len() as i64 + index
@@ -70,14 +71,19 @@ fn load_file(spec: &str) -> Result<Value, String> {
     let line = usize::try_from(i)
         .ok()
         .and_then(|i| lines.get(i))
-        .ok_or_else(|| format!("{path}: no report {index} (it has {})", lines.len()))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "{path}: no report {index} (it has {})",
+                lines.len()
+            ))
+        })?;
     let v: Value =
-        serde_json::from_str(line).map_err(|e| format!("{path}: not a JSON report: {e}"))?;
+        serde_json::from_str(line).map_err(|e| bad(format!("{path}: not a JSON report: {e}")))?;
     if v["schema"] != crate::report::SCHEMA {
-        return Err(format!(
+        return Err(bad(format!(
             "{path}: not a leaktracer report (schema {})",
             v["schema"]
-        ));
+        )));
     }
     Ok(v)
 }
