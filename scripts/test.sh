@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Every test: sets up what is missing, builds leaktracer, runs the unit tests and the integration
-# tests (real eBPF in this kernel, as root: CI=true makes a test that cannot run fail).
+# Every test: sets up what is missing, builds leaktracer, lints the host crates (clippy, warnings
+# as errors), runs the unit tests and the integration tests (real eBPF in this kernel, as root:
+# CI=true makes a test that cannot run fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build -p tracer -p harness
+cargo clippy -p tracer-common -p tracer -p tests -p harness --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

@@ -1,5 +1,5 @@
 //! Builds the eBPF programs (tracer-ebpf) with the same pinned toolchain as the rest of the
-//! workspace, into OUT_DIR/tracer, embedded by probes/loader.rs; and lists the explorer page's
+//! workspace, into OUT_DIR/tracer, embedded by probes/mod.rs (OBJECT); and lists the explorer page's
 //! built files (web/dist, built by `npm run build` in web/) for api/assets.rs to embed.
 use anyhow::{Context as _, anyhow};
 // Build-dependency only so that changes to the eBPF crate rebuild this one.

@@ -1,4 +1,4 @@
-//! Training-loop leaks from real investigations (../shared/seeds), reproduced on libtorch (tch) in
+//! Training-loop leaks from real investigations (seeds 000–004), reproduced on libtorch (tch) in
 //! a leaky and a fixed variant, deterministic, as fixtures for leaktracer's regression tests:
 //!
 //!   harness SCENARIO --variant leaky|fixed --device cpu|cuda --steps N [--size D]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::{launch, procfs, serve};
+use crate::{launch, procfs};
 
 /// A periodic tick of the owner's loop.
 pub(super) type Ticker = tokio::time::Interval;
@@ -18,7 +18,7 @@ pub(super) enum Root {
         duration: Option<f64>,
     },
     /// `serve`: until Ctrl-C or SIGTERM.
-    Serve(serve::Filter),
+    Serve,
 }
 
 /// Ticks at once, then every `interval` seconds.
@@ -62,7 +62,7 @@ pub(super) async fn interrupted() {
 pub(super) async fn end_of(root: Root, pid: u32, held_exit: Option<oneshot::Receiver<i32>>) -> i32 {
     match root {
         Root::Launched => launched_exit(pid, held_exit).await,
-        Root::Serve(_) => {
+        Root::Serve => {
             interrupted().await;
             0
         }

@@ -4,7 +4,7 @@
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
     Outcome, Root, STORED_STACKS,
@@ -18,7 +18,6 @@ use crate::{
     config::Config,
     error::Error,
     gpu::GpuView,
-    hold::Hold,
     ingest::{self, Batch, Input, What},
     ledger::Ledger,
     model::{HeapAfter, monotonic_ns, now_unix_ns},
@@ -67,12 +66,18 @@ struct Adopt {
 struct Inbox {
     batches: mpsc::Receiver<Batch>,
     adopted: mpsc::UnboundedReceiver<Adopted>,
+    /// SIGUSR1.
     on_demand: tokio::signal::unix::Signal,
-    report_tick: Ticker,
-    sample_tick: Ticker,
-    ui_tick: Ticker,
-    snapshot_tick: Ticker,
-    scan_tick: Ticker,
+    ticks: Ticks,
+}
+
+/// The owner's periodic work; a tick that is not wanted never comes.
+struct Ticks {
+    report: Ticker,
+    sample: Ticker,
+    ui: Ticker,
+    snapshot: Ticker,
+    scan: Ticker,
 }
 
 /// Wires the session's tasks and runs it to its end.
@@ -84,6 +89,7 @@ pub(super) async fn trace(
     ui: Option<Ui>,
     config: Config,
 ) -> Result<Outcome, Error> {
+    let started = Instant::now();
     let channels = probes.take_channels()?;
     // SIGUSR1 stores a snapshot now; handled before anything is traced, so it never kills us.
     let on_demand = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
@@ -97,77 +103,24 @@ pub(super) async fn trace(
     let hold = super::trace_root(&root, command, &mut probes, &mut ledger, hold_tx)?;
     let prober = Prober::spawn(probes).map_err(|e| anyhow::anyhow!("prober thread: {e}"))?;
     let (maps_tx, maps_rx) = mpsc::unbounded_channel();
+    let requests = prober.requests.clone();
     let ingest = tokio::spawn(ingest::run(
-        channels,
-        tx,
-        hold_rx,
-        prober.requests.clone(),
-        maps_rx,
-        stop_rx,
+        channels, tx, hold_rx, requests, maps_rx, stop_rx,
     ));
-    let root_pid = root.pid();
-    if let Some(w) = &history
-        && root_pid != 0
-    {
-        w.set_root_pid(root_pid);
-    }
-    let (scan, root) = match root {
-        Root::Held(child) => {
-            child.release()?;
-            (0.0, ends::Root::Launched)
-        }
-        Root::Attached { duration, .. } => (0.0, ends::Root::Attached { duration }),
-        Root::Serve { filter, scan } => (scan, ends::Root::Serve(filter)),
-    };
-    if root_pid != 0 {
-        tracing::info!(pid = root_pid, "tracing");
-    }
-    let (hold_stop, root_exit) = match hold {
-        Some(Hold { root_exit, stop }) => (Some(stop), Some(root_exit)),
-        None => (None, None),
-    };
-    let (done_tx, adopted) = mpsc::unbounded_channel();
-    let adopt = match &root {
-        ends::Root::Serve(filter) => Some(Adopt {
-            filter: filter.clone(),
-            asked: HashSet::new(),
-            maps_tx,
-            done_tx,
-        }),
-        _ => None,
-    };
-    let end = ends::end_of(root, root_pid, root_exit);
+    let (hold_stop, root_exit) = hold.map(|h| (h.stop, h.root_exit)).unzip();
+    let (end, serve) = release_root(root, history.as_ref(), root_exit)?;
     let live = ui.map(|ui| serve_ui(ui, history.as_ref())).transpose()?;
-    let inbox = Inbox {
-        report_tick: ends::ticker(config.interval),
-        sample_tick: ends::ticker(if config.per_step() {
-            0.0
-        } else {
-            config.sample
-        }),
-        ui_tick: if live.is_some() {
-            // The first tick is immediate: the API has a report from the start.
-            ends::ticker_now(1.0)
-        } else {
-            ends::ticker(0.0)
-        },
-        snapshot_tick: ends::ticker(match (&history, &config.history) {
-            (Some(_), Some(h)) => h.snapshot,
-            _ => 0.0,
-        }),
-        scan_tick: if adopt.is_some() {
-            ends::ticker_now(scan)
-        } else {
-            ends::ticker(0.0)
-        },
+    let (adopted_tx, adopted) = mpsc::unbounded_channel();
+    let mut inbox = Inbox {
         batches,
         adopted,
         on_demand,
+        ticks: Ticks::new(&config, history.is_some(), live.is_some(), serve.as_ref()),
     };
     let mut owner = Owner {
         out: Output::open(config.output.as_deref())?,
         heap_after: config.heap.after,
-        started: Instant::now(),
+        started,
         ledger,
         analysis: Analysis::default(),
         sym: Symbolizer::default(),
@@ -175,10 +128,14 @@ pub(super) async fn trace(
         prober,
         history,
         live,
-        adopt,
+        adopt: serve.map(|(_, filter)| Adopt {
+            filter,
+            asked: HashSet::new(),
+            maps_tx,
+            done_tx: adopted_tx,
+        }),
         config,
     };
-    let mut inbox = inbox;
     let exit_code = owner.dispatch(&mut inbox, end).await?;
     // The run is over: the holds end, ingest drains what is left, then the final report.
     if let Some(h) = hold_stop {
@@ -193,6 +150,63 @@ pub(super) async fn trace(
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
     owner.end(exit_code).await
+}
+
+/// The end of the session, resolving with its exit code.
+type End = std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>>;
+
+/// The root let go (the launched command released to run): what ends the session, and for
+/// `serve` the scan interval and the filter of what to adopt.
+fn release_root(
+    root: Root,
+    history: Option<&store::Writer>,
+    root_exit: Option<oneshot::Receiver<i32>>,
+) -> Result<(End, Option<(f64, serve::Filter)>), Error> {
+    let root_pid = root.pid();
+    if let Some(w) = history
+        && root_pid != 0
+    {
+        w.set_root_pid(root_pid);
+    }
+    let (serve, ends) = match root {
+        Root::Held(child) => {
+            child.release()?;
+            (None, ends::Root::Launched)
+        }
+        Root::Attached { duration, .. } => (None, ends::Root::Attached { duration }),
+        Root::Serve { filter, scan } => (Some((scan, filter)), ends::Root::Serve),
+    };
+    if root_pid != 0 {
+        tracing::info!(pid = root_pid, "tracing");
+    }
+    Ok((Box::pin(ends::end_of(ends, root_pid, root_exit)), serve))
+}
+
+impl Ticks {
+    fn new(
+        config: &Config,
+        stored: bool,
+        live: bool,
+        serve: Option<&(f64, serve::Filter)>,
+    ) -> Self {
+        let every = |on: bool, s: f64| ends::ticker(if on { s } else { 0.0 });
+        let snapshot = config.history.as_ref().map_or(0.0, |h| h.snapshot);
+        Ticks {
+            report: ends::ticker(config.interval),
+            sample: every(!config.per_step(), config.sample),
+            // The first tick is immediate: the API has a report from the start.
+            ui: if live {
+                ends::ticker_now(1.0)
+            } else {
+                every(false, 0.0)
+            },
+            snapshot: every(stored, snapshot),
+            scan: match serve {
+                Some((scan, _)) => ends::ticker_now(*scan),
+                None => every(false, 0.0),
+            },
+        }
+    }
 }
 
 /// Starts the API on the explorer's socket; the sender it reads published reports from.
@@ -212,12 +226,7 @@ fn serve_ui(ui: Ui, history: Option<&store::Writer>) -> Result<LiveReport, Error
 
 impl Owner {
     /// The loop: each event to its handler, until the session's end resolves with an exit code.
-    async fn dispatch(
-        &mut self,
-        inbox: &mut Inbox,
-        end: impl std::future::Future<Output = i32>,
-    ) -> Result<i32, Error> {
-        tokio::pin!(end);
+    async fn dispatch(&mut self, inbox: &mut Inbox, mut end: End) -> Result<i32, Error> {
         let heap_sleep =
             tokio::time::sleep(std::time::Duration::from_secs_f64(match self.heap_after {
                 Some(HeapAfter::Seconds(s)) => s,
@@ -230,12 +239,12 @@ impl Owner {
                 () = &mut heap_sleep, if matches!(self.heap_after, Some(HeapAfter::Seconds(_))) => {
                     self.start_heap()
                 }
-                _ = inbox.sample_tick.tick() => self.sample(),
-                _ = inbox.report_tick.tick() => self.print_report()?,
-                _ = inbox.ui_tick.tick() => self.publish(false),
-                _ = inbox.snapshot_tick.tick() => self.snapshot(Reason::Periodic),
+                _ = inbox.ticks.sample.tick() => self.sample(),
+                _ = inbox.ticks.report.tick() => self.print_report()?,
+                _ = inbox.ticks.ui.tick() => self.publish(false),
+                _ = inbox.ticks.snapshot.tick() => self.snapshot(Reason::Periodic),
                 Some(()) = inbox.on_demand.recv() => self.snapshot(Reason::OnDemand),
-                _ = inbox.scan_tick.tick() => self.scan(),
+                _ = inbox.ticks.scan.tick() => self.scan(),
                 Some((pid, adopted)) = inbox.adopted.recv() => self.adopted(pid, adopted),
                 code = &mut end => break code,
             }
