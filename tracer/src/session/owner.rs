@@ -146,6 +146,7 @@ pub(super) async fn trace(
     while let Some(batch) = inbox.batches.recv().await {
         owner.on_batch(batch);
     }
+    owner.warn_unmet();
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
@@ -235,7 +236,10 @@ impl Owner {
         tokio::pin!(heap_sleep);
         let code = loop {
             tokio::select! {
-                Some(batch) = inbox.batches.recv() => self.on_batch(batch),
+                Some(batch) = inbox.batches.recv() => {
+                    self.on_batch(batch);
+                    self.start_heap_at_step();
+                }
                 () = &mut heap_sleep, if matches!(self.heap_after, Some(HeapAfter::Seconds(_))) => {
                     self.start_heap()
                 }
@@ -252,8 +256,7 @@ impl Owner {
         Ok(code)
     }
 
-    /// Applies a batch in order, sampling at each step boundary in it (per-step verdicts) and
-    /// putting the heap probes in at the step `--heap-after` names.
+    /// Applies a batch in order, sampling at each step boundary in it (per-step verdicts).
     fn on_batch(&mut self, batch: Batch) {
         let per_step = self.config.per_step();
         for input in batch {
@@ -263,6 +266,10 @@ impl Owner {
                 self.sample();
             }
         }
+    }
+
+    /// `--heap-after N` with steps: the heap probes go in once step N is reached.
+    fn start_heap_at_step(&mut self) {
         if let Some(HeapAfter::Steps(n)) = self.heap_after
             && self.ledger.steps >= n
         {
@@ -376,7 +383,6 @@ impl Owner {
 
     /// The final report: published, stored, exported and printed; the probes detached.
     async fn end(mut self, exit_code: i32) -> Result<Outcome, Error> {
-        self.warn_unmet();
         if !self.config.per_step() {
             self.sample();
         }
