@@ -353,3 +353,61 @@ fn trace_late(extra: &[&str], args: &[&str]) -> Option<tests::report::Report> {
     assert_eq!(libc["timing"]["when"], "heap_after", "{libc}");
     Some(r)
 }
+
+/// Code the compiler inlined keeps its own frames. At -O2 both allocating helpers of `inlined.c`
+/// live inside `run_jobs`; each stack still names them at their own lines, innermost first, with
+/// exact bytes.
+#[test]
+fn inlined_functions_are_frames_of_their_own() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build_variant("inlined-O2", "inlined", &["-O2"]);
+    let t = fixture::trace(&[], &[bin.to_str().expect("utf-8 path"), "100"]).expect("run");
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    fn place(s: &serde_json::Value, i: usize) -> (&str, u64) {
+        let f = &s["frames"][i];
+        (
+            f["function"].as_str().unwrap_or("?"),
+            f["line"].as_u64().unwrap_or(0),
+        )
+    }
+    let stack = |innermost: &str| {
+        r.stacks()
+            .iter()
+            .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(innermost))
+            .unwrap_or_else(|| panic!("no heap stack from {innermost}: {:?}", r.stacks()))
+    };
+    let line = |needle| line_of("inlined", needle);
+    let buffers = stack("new_buffer");
+    assert_eq!(
+        (buffers["bytes"].as_u64(), buffers["blocks"].as_u64()),
+        (Some(409_600), Some(100))
+    );
+    let outer: Vec<_> = (0..4).map(|i| place(buffers, i)).collect();
+    assert_eq!(
+        outer,
+        [
+            ("new_buffer", line("malloc(n)")),
+            ("new_job", line("new_buffer(n)")),
+            ("run_jobs", line("new_job(4096)")),
+            ("main", line("run_jobs(n)")),
+        ]
+    );
+    let jobs = stack("new_job");
+    assert_eq!(
+        (jobs["bytes"].as_u64(), jobs["blocks"].as_u64()),
+        (Some(1600), Some(100))
+    );
+    let outer: Vec<_> = (0..3).map(|i| place(jobs, i)).collect();
+    assert_eq!(
+        outer,
+        [
+            ("new_job", line("calloc(1")),
+            ("run_jobs", line("new_job(4096)")),
+            ("main", line("run_jobs(n)")),
+        ]
+    );
+}

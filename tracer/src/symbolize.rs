@@ -1,11 +1,13 @@
 //! Frames → function, file:line, module, through one long-lived blazesym `Symbolizer` (its cache)
 //! plus our own per-frame result cache. Frames are (file, file offset) pairs captured while the
-//! process lived, so this works after it exited.
+//! process lived, so this works after it exited. A return address inside code the compiler
+//! inlined stands for several source frames: each inlined function becomes a frame of its own,
+//! with its file and line, innermost first.
 
 use std::{collections::HashMap, sync::Arc};
 
 use blazesym::symbolize::{
-    Input, Symbolizer as Blaze,
+    CodeInfo, Input, Symbolizer as Blaze,
     source::{Elf, Source},
 };
 use serde::Serialize;
@@ -31,7 +33,7 @@ pub const PYTHON_MODULE: &str = "python";
 /// Symbolization with caching.
 pub struct Symbolizer {
     blaze: Blaze,
-    cache: HashMap<(Option<Arc<str>>, u64), SymFrame>,
+    cache: HashMap<(Option<Arc<str>>, u64), Arc<[SymFrame]>>,
 }
 
 impl Default for Symbolizer {
@@ -44,28 +46,38 @@ impl Default for Symbolizer {
 }
 
 impl Symbolizer {
-    pub fn frame(&mut self, f: &Frame) -> SymFrame {
+    /// The source frames of one captured frame, innermost first: the functions inlined at the
+    /// address, then the function that holds it.
+    pub fn frames(&mut self, f: &Frame) -> Arc<[SymFrame]> {
         let key = (f.module.clone(), f.offset);
         if let Some(s) = self.cache.get(&key) {
             return s.clone();
         }
-        let s = self.lookup(f);
+        let s: Arc<[SymFrame]> = self.lookup(f).into();
         self.cache.insert(key, s.clone());
         s
     }
 
-    fn lookup(&self, f: &Frame) -> SymFrame {
+    /// The source frames of a whole stack, innermost first.
+    pub fn stack(&mut self, frames: &[Frame]) -> Vec<SymFrame> {
+        frames
+            .iter()
+            .flat_map(|f| self.frames(f).to_vec())
+            .collect()
+    }
+
+    fn lookup(&self, f: &Frame) -> Vec<SymFrame> {
         if let Some((file, function, line)) = f.as_python() {
-            return SymFrame {
+            return vec![SymFrame {
                 address: format!("{:#x}", f.addr),
                 function: Some(function.to_string()),
                 file: Some(file.to_string()),
                 line,
                 module: Some(PYTHON_MODULE.to_string()),
                 offset: String::new(),
-            };
+            }];
         }
-        let mut out = SymFrame {
+        let out = SymFrame {
             address: format!("{:#x}", f.addr),
             function: None,
             file: None,
@@ -74,22 +86,31 @@ impl Symbolizer {
             offset: format!("{:#x}", f.offset),
         };
         let Some(module) = f.module.as_deref() else {
-            return out;
+            return vec![out];
         };
         // Return addresses point after the call: look up the call instruction itself.
         let offset = f.offset.saturating_sub(1);
         let src = Source::Elf(Elf::new(module));
         let Ok(sym) = self.blaze.symbolize_single(&src, Input::FileOffset(offset)) else {
-            return out;
+            return vec![out];
         };
         let Some(sym) = sym.as_sym() else {
-            return out;
+            return vec![out];
         };
-        out.function = Some(sym.name.to_string());
-        if let Some(ci) = &sym.code_info {
-            out.file = Some(ci.to_path().display().to_string());
-            out.line = ci.line;
-        }
-        out
+        // blazesym lists the inlined calls outermost first, each with the place in it.
+        let located = |name: &str, ci: Option<&CodeInfo<'_>>| SymFrame {
+            function: Some(name.to_string()),
+            file: ci.map(|ci| ci.to_path().display().to_string()),
+            line: ci.and_then(|ci| ci.line),
+            ..out.clone()
+        };
+        let mut frames: Vec<SymFrame> = sym
+            .inlined
+            .iter()
+            .rev()
+            .map(|i| located(&i.name, i.code_info.as_ref()))
+            .collect();
+        frames.push(located(&sym.name, sym.code_info.as_deref()));
+        frames
     }
 }

@@ -371,7 +371,7 @@ fn proc_report(p: &Process) -> ProcReport {
 
 fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -> StackReport {
     let (frames, truncated) = match g.stack.and_then(|id| ledger.stacks.get(id)) {
-        Some((frames, truncated)) => (frames.iter().map(|f| sym.frame(f)).collect(), truncated),
+        Some((frames, truncated)) => (sym.stack(frames), truncated),
         None => (Vec::new(), false),
     };
     StackReport {
