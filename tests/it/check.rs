@@ -143,3 +143,100 @@ fn bad_budgets_and_kinds_are_tool_errors() {
         assert!(err.contains(msg), "{args:?}: {err}");
     }
 }
+
+/// `check --store DB --json -o FILE -- teardown ARGS…`: the gate's output, and the final report.
+fn check_teardown(
+    name: &str,
+    args: &[&str],
+) -> (Output, tests::report::Report, std::path::PathBuf) {
+    let bin = fixture::build("teardown");
+    let dir = fixture::target_dir();
+    let (db, report) = (
+        dir.join(format!("{name}.db")),
+        dir.join(format!("{name}.json")),
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    let o = check(
+        &[
+            "--sample",
+            "0.1",
+            "--store",
+            db.to_str().unwrap(),
+            "--json",
+            "-o",
+            report.to_str().unwrap(),
+        ],
+        &[&[bin.to_str().unwrap()], args].concat(),
+    );
+    let text = std::fs::read_to_string(&report).expect("report written");
+    let last = tests::report::Report::parse(text.lines().last().expect("a report")).unwrap();
+    (o, last, db)
+}
+
+/// A leak the program frees at exit (its teardown: a C++ program's destructors, an interpreter's
+/// exit) still fails the check. It stays in the final report as released, with its leak verdict
+/// and its peak, and is stored so; a bounded cache freed the same way passes.
+#[test]
+fn a_leak_freed_at_exit_still_fails_the_check() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (o, last, db) = check_teardown("teardown-leak", &["40", "50"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let site = format!(
+        "keep_body (teardown.c:{})",
+        crate::line_of("teardown", "malloc(sizeof *n)")
+    );
+    assert!(
+        out.contains("LEAK heap") && out.contains("released at the end"),
+        "{out}"
+    );
+    assert!(out.contains(&site), "{out}");
+    let released: Vec<&serde_json::Value> = last
+        .stacks()
+        .iter()
+        .filter(|s| s["released"] == true)
+        .collect();
+    assert_eq!(released.len(), 1, "{:?}", last.stacks());
+    let s = released[0];
+    assert_eq!(tests::report::frame_fn(s, 0), Some("keep_body"));
+    assert_eq!(
+        (s["bytes"].as_u64(), s["blocks"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(s["verdict"]["verdict"], "leak");
+    // The peak it held before the teardown: whole 64 KiB bodies, at least 36 of the 40 kept (a
+    // sample every 0.1 s, a body every 50 ms).
+    let peak = s["verdict"]["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["peak"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(peak % (64 << 10), 0, "{peak}");
+    assert!((36..=40).contains(&(peak >> 16)), "{peak}");
+    // The history keeps it as released too.
+    let stored = fixture::leaktracer_cmd()
+        .args(["report", "--json", "--store", db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stored = tests::report::Report::parse(&String::from_utf8_lossy(&stored.stdout)).unwrap();
+    let kept = stored.stacks().iter().find(|s| s["released"] == true);
+    assert_eq!(
+        kept.and_then(|s| tests::report::frame_fn(s, 0)),
+        Some("keep_body")
+    );
+
+    let (o, last, _) = check_teardown("teardown-bounded", &["40", "50", "bounded"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        last.stacks().iter().all(|s| s["released"] != true),
+        "{:?}",
+        last.stacks()
+    );
+}

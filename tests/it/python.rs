@@ -416,3 +416,41 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
     let lost = r.losses()["ringbuf_full"].as_u64().unwrap();
     assert!(lost > 0, "the 1 MiB ring overflowed: {lost} records lost");
 }
+
+/// `leaktracer check --sample 0.1 -- python3 request_log.py ARGS…`.
+fn check_script(args: &[&str]) -> std::process::Output {
+    let py = python();
+    let path = script("request_log");
+    fixture::leaktracer_cmd()
+        .args(["check", "--sample", "0.1", "--no-store", "--", &py])
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("leaktracer check")
+}
+
+/// A service that keeps every request's body in a list and exits normally: the interpreter frees
+/// the list at teardown, so nothing is outstanding at the end, yet `check` fails at the line that
+/// kept the bodies. The same service keeping only the last 8 passes.
+#[test]
+fn a_list_the_interpreter_frees_at_exit_still_fails_the_check() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let o = check_script(&["40"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let site = format!("handle (request_log.py:{})", line("request_log", "# BODY"));
+    assert!(
+        out.contains("LEAK heap") && out.contains("released at the end") && out.contains(&site),
+        "{out}"
+    );
+    let o = check_script(&["40", "bounded"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

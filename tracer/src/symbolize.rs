@@ -30,10 +30,13 @@ pub struct SymFrame {
 /// The module of a Python frame in reports.
 pub const PYTHON_MODULE: &str = "python";
 
+/// A captured frame's identity: (module, file offset).
+type FrameKey = (Option<Arc<str>>, u64);
+
 /// Symbolization with caching.
 pub struct Symbolizer {
     blaze: Blaze,
-    cache: HashMap<(Option<Arc<str>>, u64), Arc<[SymFrame]>>,
+    cache: HashMap<FrameKey, Arc<[SymFrame]>>,
 }
 
 impl Default for Symbolizer {

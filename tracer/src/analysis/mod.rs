@@ -106,7 +106,9 @@ impl Analysis {
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
-    /// at teardown): a CI gate must still see them. `outstanding` are the groups that hold memory.
+    /// at teardown: destructors, the interpreter's exit): a CI gate must still see them.
+    /// `outstanding` are the groups that hold memory. Each is judged on what it held before its
+    /// final fall, when that fall came at the end of the run (within one verdict window of it).
     pub fn released_leaks(
         &self,
         outstanding: &std::collections::HashSet<GroupKey>,
@@ -117,7 +119,7 @@ impl Analysis {
             .iter()
             .filter(|(k, _)| !outstanding.contains(k))
             .filter_map(|(k, t)| {
-                let e = classify(&t.series, warmup_s)?;
+                let e = judge_released(&t.series, warmup_s)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
             .collect();
@@ -135,5 +137,73 @@ impl Analysis {
             pages: pages.verdict,
             pages_growth_bytes: pages.growth_bytes,
         })
+    }
+}
+
+/// The verdict of a series that ends released: on what it held before its final fall when the
+/// fall came at the end (teardown), else on the whole series (memory released mid-run, long
+/// before the end, is not a leak at exit).
+fn judge_released(series: &Series, warmup_s: f64) -> Option<Evidence> {
+    let held = series.before_fall();
+    let after = series.span() - held.span();
+    if after <= held.span() / verdict::WINDOWS as f64 {
+        classify(&held, warmup_s)
+    } else {
+        classify(series, warmup_s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(values: &[u64]) -> Series {
+        let mut s = Series::default();
+        for (i, v) in values.iter().enumerate() {
+            s.push(i as f64, *v);
+        }
+        s
+    }
+
+    fn released(values: &[u64]) -> Option<Verdict> {
+        judge_released(&series(values), 0.0).map(|e| e.verdict)
+    }
+
+    const K: u64 = 64 << 10;
+
+    #[test]
+    fn a_leak_freed_at_the_end_is_judged_on_what_it_held() {
+        let grow: Vec<u64> = (1..=20).map(|i| i * K).collect();
+        // All at once, or over a few samples, at the end.
+        assert_eq!(
+            released(&[grow.clone(), vec![0]].concat()),
+            Some(Verdict::Leak)
+        );
+        let teardown = vec![12 * K, 3 * K, 0, 0];
+        assert_eq!(
+            released(&[grow.clone(), teardown].concat()),
+            Some(Verdict::Leak)
+        );
+        // The whole series, fall included, reads otherwise: that was the defect.
+        let whole = classify(&series(&[grow.clone(), vec![0, 0, 0]].concat()), 0.0);
+        assert_ne!(whole.map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(
+            released(&[grow, vec![0, 0, 0]].concat()),
+            Some(Verdict::Leak)
+        );
+    }
+
+    #[test]
+    fn memory_released_long_before_the_end_or_never_leaking_is_not_a_released_leak() {
+        // Grown during loading, then dropped, and the run went on three times as long.
+        let grow: Vec<u64> = (1..=10).map(|i| i * K).collect();
+        let late = [grow, vec![0; 30]].concat();
+        assert_ne!(released(&late), Some(Verdict::Leak));
+        // A buffer filled and flushed again and again, flushed at the end too.
+        let saw: Vec<u64> = (0..24).map(|i| (i % 6) * 8 * K).collect();
+        assert_ne!(released(&[saw, vec![0]].concat()), Some(Verdict::Leak));
+        // A cache that fills, holds, and is cleared at exit.
+        let cache: Vec<u64> = (1..=24).map(|i| i.min(6) * 8 * K).collect();
+        assert_ne!(released(&[cache, vec![0]].concat()), Some(Verdict::Leak));
     }
 }

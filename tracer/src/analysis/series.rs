@@ -66,6 +66,29 @@ impl Series {
         &self.points
     }
 
+    /// The series up to where its final fall began: the last points go while each one's floor
+    /// is at most the floor before it (memory released at the end, at once or over a few
+    /// samples). What a stack held before the program's teardown freed it.
+    pub fn before_fall(&self) -> Series {
+        let mut end = self.points.len();
+        while end > 1 && self.points[end - 1].min <= self.points[end - 2].min {
+            end -= 1;
+        }
+        Series {
+            points: self.points[..end].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
+    /// Time from the first sample to the last.
+    pub fn span(&self) -> f64 {
+        match (self.points.first(), self.points.last()) {
+            (Some(a), Some(b)) => b.t1 - a.t0,
+            _ => 0.0,
+        }
+    }
+
     /// The last value pushed.
     pub fn last(&self) -> Option<u64> {
         self.points.last().map(|p| p.last)

@@ -202,6 +202,9 @@ impl Store {
                 "allocators": json(7)?,
                 "truncated": r.get::<_, bool>(8)?,
                 "verdict": evidence.as_deref().map(serde_json::from_str::<serde_json::Value>).transpose().ok().flatten(),
+                // A stack that holds no block is one released at the end with a leak verdict:
+                // outstanding stacks hold at least one.
+                "released": r.get::<_, i64>(5)? == 0 && evidence.is_some(),
                 "frames": json(1)?,
             });
             serde_json::from_value(value).map_err(|e| {
