@@ -240,3 +240,25 @@ fn a_leak_freed_at_exit_still_fails_the_check() {
         last.stacks()
     );
 }
+
+/// A short run, as a CI test is, judged with default options: 2 seconds that keep 64 KiB every
+/// 50 ms under 8 MiB spikes fail the check at the line that keeps them; the same spikes alone pass.
+#[test]
+fn a_short_run_is_judged_with_default_options() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build("drip");
+    let bin = bin.to_str().unwrap();
+    let o = check(&["--no-store"], &[bin, "40"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let site = format!(
+        "drip (drip.c:{})",
+        crate::line_of("drip", "void *p = malloc(n)")
+    );
+    assert!(out.contains("LEAK heap") && out.contains(&site), "{out}");
+    let o = check(&["--no-store"], &[bin, "40", "spikes"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}

@@ -9,11 +9,13 @@ use tests::{
 const PAGE: u64 = 4096;
 
 /// The fixture's mappings, by the function that made them: mmap goes through a helper `map`,
-/// called from each leaking function.
+/// called from each leaking function (libc's wrapper comes first, with the function inlined into
+/// it as a frame of its own).
 fn assert_mappings(r: &Report) {
     let mapped_from = |f: &str| {
         r.sum(|s| {
-            s["kind"] == "mmap" && frame_index(s, "map") == Some(1) && frame_index(s, f) == Some(2)
+            let map = frame_index(s, "map");
+            s["kind"] == "mmap" && map.is_some() && frame_index(s, f) == map.map(|i| i + 1)
         })
     };
     assert_eq!(mapped_from("leak_mmap"), (3 * 5 * PAGE, 3));

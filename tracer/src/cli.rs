@@ -221,9 +221,10 @@ pub struct ReportArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Sample every stack's outstanding bytes every S seconds, for verdicts (leak, spike, bounded
-    /// cache, steady).
-    #[arg(long, value_name = "S", default_value_t = 1.0)]
-    pub sample: f64,
+    /// cache, steady). Default: every 50 ms at the start, slowing as the run grows to once a
+    /// second (a short run is judged too), never more than 5% of the time spent sampling.
+    #[arg(long, value_name = "S")]
+    pub sample: Option<f64>,
     /// Ignore the first S seconds in verdicts (start-up, model loading, warm-up steps); with
     /// --step-symbol, the first S steps.
     #[arg(long, value_name = "S", default_value_t = 0.0)]

@@ -143,8 +143,8 @@ pub struct Config {
     pub json: bool,
     /// Where reports go (stdout when `None`).
     pub output: Option<PathBuf>,
-    /// Seconds between verdict samples (unused with a step symbol: sampled per step).
-    pub sample: f64,
+    /// When verdict samples are taken by time (with a step symbol they are taken per step).
+    pub sample: Sampling,
     /// Seconds (or steps) left out of verdicts.
     pub warmup: f64,
     pub step_symbol: Option<String>,
@@ -157,6 +157,15 @@ pub struct Config {
     pub ui: Option<UiConfig>,
     pub exports: Exports,
     pub history: Option<HistoryConfig>,
+}
+
+/// How often verdict samples are taken by time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sampling {
+    /// `--sample S`.
+    Every(f64),
+    /// The default: fine at the start, slower as the run grows (session/sampling.rs).
+    Adaptive,
 }
 
 /// `--ui` and its options.
@@ -207,19 +216,18 @@ impl Config {
                 a.ring_mb
             ));
         }
-        if !(a.sample.is_finite() && a.sample >= 0.01) {
-            return usage(format!(
-                "--sample must be at least 0.01 seconds, got {}",
-                a.sample
-            ));
-        }
+        let sample = match a.sample {
+            None => Sampling::Adaptive,
+            Some(s) if s.is_finite() && s >= 0.01 => Sampling::Every(s),
+            Some(s) => return usage(format!("--sample must be at least 0.01 seconds, got {s}")),
+        };
         Ok(Config {
             mode,
             interval: a.interval,
             top: a.top,
             json: a.json,
             output: a.output,
-            sample: a.sample,
+            sample,
             warmup: a.warmup,
             step_symbol: a.step_symbol,
             heap,

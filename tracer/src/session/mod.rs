@@ -5,6 +5,7 @@
 mod ends;
 mod output;
 mod owner;
+mod sampling;
 mod ui;
 
 use crate::{

@@ -10,6 +10,7 @@ use super::{
     Outcome, Root, STORED_STACKS,
     ends::{self, Ticker},
     output::Output,
+    sampling::SampleClock,
     ui::Ui,
 };
 use crate::{
@@ -74,7 +75,7 @@ struct Inbox {
 /// The owner's periodic work; a tick that is not wanted never comes.
 struct Ticks {
     report: Ticker,
-    sample: Ticker,
+    sample: SampleClock,
     ui: Ticker,
     snapshot: Ticker,
     scan: Ticker,
@@ -194,7 +195,7 @@ impl Ticks {
         let snapshot = config.history.as_ref().map_or(0.0, |h| h.snapshot);
         Ticks {
             report: ends::ticker(config.interval),
-            sample: every(!config.per_step(), config.sample),
+            sample: SampleClock::new((!config.per_step()).then_some(config.sample)),
             // The first tick is immediate: the API has a report from the start.
             ui: if live {
                 ends::ticker_now(1.0)
@@ -243,7 +244,10 @@ impl Owner {
                 () = &mut heap_sleep, if matches!(self.heap_after, Some(HeapAfter::Seconds(_))) => {
                     self.start_heap()
                 }
-                _ = inbox.ticks.sample.tick() => self.sample(),
+                () = inbox.ticks.sample.due() => {
+                    let cost = self.sample();
+                    inbox.ticks.sample.taken(self.started.elapsed().as_secs_f64(), cost);
+                }
                 _ = inbox.ticks.report.tick() => self.print_report()?,
                 _ = inbox.ticks.ui.tick() => self.publish(false),
                 _ = inbox.ticks.snapshot.tick() => self.snapshot(Reason::Periodic),
@@ -283,7 +287,9 @@ impl Owner {
     }
 
     /// One sample of every group for the verdicts: at the step count, or the seconds traced.
-    fn sample(&mut self) {
+    /// Returns what it took.
+    fn sample(&mut self) -> std::time::Duration {
+        let t = Instant::now();
         let x = if self.config.per_step() {
             self.ledger.steps as f64
         } else {
@@ -291,6 +297,7 @@ impl Owner {
         };
         self.analysis
             .sample(x, &self.ledger, &self.ledger.group_bytes());
+        t.elapsed()
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {
