@@ -98,3 +98,46 @@ fn fragmentation_is_allocator_retention_not_a_leak() {
         "nothing is a leak"
     );
 }
+
+/// One leak, one report: the pages malloc mapped for a stack's blocks (the brk heap grown for the
+/// 64 KiB blocks kept, and for the 8 MiB spike once glibc's mmap threshold has risen past it) are
+/// that stack's, shown as its pages, not stacks of their own with verdicts of their own.
+#[test]
+fn pages_the_heap_explains_belong_to_its_stack() {
+    let Some(t) = fixture::trace_fixture("drip", &[], &["40"]) else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    let stack = |kind: &str, f: &str| {
+        r.stacks()
+            .iter()
+            .find(|s| s["kind"] == kind && frame_fn(s, 0) == Some(f))
+    };
+    let drip = stack("heap", "drip").expect("the leaking stack");
+    assert_eq!(
+        (drip["bytes"].as_u64(), drip["blocks"].as_u64()),
+        (Some(40 * 65536), Some(40))
+    );
+    assert_eq!(drip["verdict"]["verdict"], "leak", "{drip}");
+    let pages = drip["pages"].as_array().expect("pages");
+    assert!(
+        pages
+            .iter()
+            .any(|p| p["kind"] == "brk" && p["bytes"].as_u64() > Some(0)),
+        "{drip}"
+    );
+    let batch = stack("heap", "batch").expect("the spike's stack");
+    let spike_pages: u64 = batch["pages"]
+        .as_array()
+        .expect("pages")
+        .iter()
+        .map(|p| p["bytes"].as_u64().unwrap())
+        .sum();
+    assert!(spike_pages >= 8 << 20, "{batch}");
+    for f in ["drip", "batch"] {
+        for kind in ["brk", "mmap"] {
+            assert!(stack(kind, f).is_none(), "a {kind} stack of its own at {f}");
+        }
+    }
+}

@@ -122,6 +122,18 @@ pub fn text(r: &Report) -> String {
                 .map(|e| verdict(e, &r.verdicts_per))
                 .unwrap_or_default()
         );
+        if !st.pages.is_empty() {
+            let pages: Vec<String> = st
+                .pages
+                .iter()
+                .map(|p| format!("{} {} ({})", p.kind.name(), human(p.bytes), p.blocks))
+                .collect();
+            let _ = writeln!(
+                s,
+                "      pages the allocator mapped for them: {}",
+                pages.join(", ")
+            );
+        }
         frames(&mut s, &st.frames);
     }
     s

@@ -17,9 +17,11 @@ use crate::{
 };
 
 mod device;
+mod pages;
 pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
+pub use pages::Pages;
 
 pub const SCHEMA: &str = "leaktracer.report/1";
 
@@ -105,6 +107,10 @@ pub struct StackReport {
     /// was released at teardown). Listed after the outstanding stacks, whatever --top says.
     #[serde(default)]
     pub released: bool,
+    /// Pages the allocator mapped for these blocks (its heap's growth, large blocks' mappings):
+    /// page-level memory this stack explains, shown here rather than as stacks of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pages: Vec<Pages>,
     /// The analysis's key of this stack's group (not serialized: the live API finds its series).
     #[serde(skip)]
     pub group: Option<GroupKey>,
@@ -260,18 +266,12 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             totals.add(k, a.bytes, a.blocks);
         }
     }
-    let mut stacks: Vec<StackReport> = groups
-        .iter()
-        .take(cx.top)
-        .map(|g| StackReport {
-            verdict: cx.analysis.judge(&g.key(), cx.warmup_s),
-            group: Some(g.key()),
-            ..stack_report(ledger, sym, g, cx.now_ns)
-        })
-        .collect();
+    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups);
     if cx.final_report {
         let outstanding = groups.iter().map(Group::key).collect();
-        for (key, evidence) in cx.analysis.released_leaks(&outstanding, cx.warmup_s) {
+        let mut released = cx.analysis.released_leaks(&outstanding, cx.warmup_s);
+        pages::drop_explained(&mut released, &pages::heap_sites(&groups));
+        for (key, evidence) in released {
             let g = Group::empty(key, cx.now_ns);
             stacks.push(StackReport {
                 verdict: Some(evidence),
@@ -301,6 +301,28 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         heap: cx.heap,
         probe_cost: cx.probe_cost.clone(),
     }
+}
+
+/// The outstanding stacks, largest first, `cx.top` of them, with their verdicts; page-level groups
+/// that a heap-level stack explains are that stack's `pages`, not stacks of their own.
+fn outstanding_stacks(
+    ledger: &Ledger,
+    sym: &mut Symbolizer,
+    cx: &Context<'_>,
+    groups: &[Group],
+) -> Vec<StackReport> {
+    let mut groups = groups.to_vec();
+    let mut folded = pages::fold(&mut groups);
+    groups
+        .iter()
+        .take(cx.top)
+        .map(|g| StackReport {
+            verdict: cx.analysis.judge(&g.key(), cx.warmup_s),
+            group: Some(g.key()),
+            pages: folded.remove(&pages::site(&g.key())).unwrap_or_default(),
+            ..stack_report(ledger, sym, g, cx.now_ns)
+        })
+        .collect()
 }
 
 impl StackReport {
@@ -385,6 +407,7 @@ fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -
         truncated,
         verdict: None,
         released: false,
+        pages: Vec::new(),
         group: None,
         frames,
     }
