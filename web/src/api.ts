@@ -54,6 +54,8 @@ export interface Stack {
   confidence: number | null;
   released: boolean;
   site: string;
+  /** Pages the allocator mapped for these blocks, by page kind (brk, mmap). */
+  pages: Record<string, number>;
 }
 
 export interface Frame {

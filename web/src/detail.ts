@@ -5,6 +5,12 @@ import { SeriesChart } from './charts';
 import { el, fill } from './dom';
 import { bytes, count, seconds, slope } from './format';
 
+/** " · pages the allocator mapped for them: brk 4.8 MiB, mmap 260 KiB", or nothing. */
+function pagesNote(pages: Record<string, number> | undefined): string {
+  const parts = Object.entries(pages ?? {}).map(([kind, n]) => `${kind} ${bytes(n)}`);
+  return parts.length ? ` · pages the allocator mapped for them: ${parts.join(', ')}` : '';
+}
+
 export class StackView {
   private readonly chart: SeriesChart;
 
@@ -44,6 +50,7 @@ export class StackView {
         ` ${s.kind} · pid ${s.pid} · ${bytes(s.bytes)} in ${count(s.blocks)} blocks · oldest ${seconds(s.oldest_age_s)}`,
         s.slope !== null ? ` · ${slope(s.slope, per)}` : '',
         s.confidence !== null ? ` · confidence ${(s.confidence * 100).toFixed(0)}%` : '',
+        pagesNote(s.pages),
       ),
       el('ol', { class: 'frames', 'data-id': s.id }, ...frames),
     );

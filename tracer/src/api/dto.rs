@@ -179,6 +179,8 @@ pub struct StackDto {
     pub released: bool,
     /// The first frame in the program's own code, with file and line.
     pub site: String,
+    /// Pages the allocator mapped for these blocks, by page kind (brk, mmap).
+    pub pages: Bytes,
 }
 
 pub fn stack_key(s: &StackReport) -> String {
@@ -204,6 +206,7 @@ pub fn stack(s: &StackReport) -> StackDto {
         confidence: s.verdict.as_ref().map(|v| v.confidence),
         released: s.released,
         site: s.site(),
+        pages: s.pages.iter().map(|p| (p.kind.name(), p.bytes)).collect(),
     }
 }
 

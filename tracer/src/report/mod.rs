@@ -448,7 +448,7 @@ mod tests {
         analysis::{Analysis, Verdict},
         ingest::{Event, Input, What},
         ledger::Ledger,
-        model::{Frame, StackId},
+        model::{Frame, Kind, StackId},
     };
 
     fn event(func: AllocFn, what: What) -> Input {
@@ -494,5 +494,59 @@ mod tests {
         assert!(s.released);
         assert_eq!((s.bytes, s.blocks), (0, 0));
         assert_eq!(s.verdict.as_ref().unwrap().verdict, Verdict::Leak);
+    }
+
+    /// The brk pages malloc grew inside a stack's calls are that stack's pages, not a stack of
+    /// their own; a direct brk from another stack stands on its own.
+    #[test]
+    fn pages_the_heap_explains_are_folded_into_its_stack() {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "t".into(), Vec::new(), 0);
+        for id in [7, 8] {
+            let frames: Arc<[Frame]> = [Frame {
+                module: None,
+                offset: id,
+                addr: id,
+            }]
+            .into();
+            ledger.apply(Input::Stack {
+                id: StackId::new(id as u32),
+                frames,
+                truncated: false,
+            });
+        }
+        let on = |stack: u32, func: AllocFn, what: What| {
+            Input::Event(Event {
+                tgid: 1,
+                ts_ns: 1,
+                func: Some(func),
+                stack: Some(StackId::new(stack)),
+                what,
+            })
+        };
+        ledger.apply(on(7, AllocFn::Brk, What::Brk { result: 0x10_0000 }));
+        ledger.apply(on(7, AllocFn::Brk, What::Brk { result: 0x12_1000 }));
+        ledger.apply(on(
+            7,
+            AllocFn::Malloc,
+            What::Alloc {
+                addr: 0x10_0010,
+                size: 100_000,
+            },
+        ));
+        ledger.apply(on(8, AllocFn::Brk, What::Brk { result: 0x13_1000 }));
+        let r = report_of(&ledger, &Analysis::default(), 10);
+        let kinds: Vec<Kind> = r.stacks.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, [Kind::Heap, Kind::Brk], "{:?}", r.stacks);
+        assert_eq!(
+            r.stacks[0].pages,
+            [super::Pages {
+                kind: Kind::Brk,
+                bytes: 0x2_1000,
+                blocks: 1
+            }]
+        );
+        assert_eq!((r.stacks[1].bytes, r.stacks[1].pages.len()), (0x1_0000, 0));
+        assert_eq!(r.totals.brk.bytes, 0x3_1000, "the totals count every page");
     }
 }
