@@ -367,47 +367,48 @@ fn inlined_functions_are_frames_of_their_own() {
     let t = fixture::trace(&[], &[bin.to_str().expect("utf-8 path"), "100"]).expect("run");
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
-    fn place(s: &serde_json::Value, i: usize) -> (&str, u64) {
-        let f = &s["frames"][i];
-        (
-            f["function"].as_str().unwrap_or("?"),
-            f["line"].as_u64().unwrap_or(0),
-        )
-    }
-    let stack = |innermost: &str| {
-        r.stacks()
-            .iter()
-            .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(innermost))
-            .unwrap_or_else(|| panic!("no heap stack from {innermost}: {:?}", r.stacks()))
-    };
     let line = |needle| line_of("inlined", needle);
-    let buffers = stack("new_buffer");
-    assert_eq!(
-        (buffers["bytes"].as_u64(), buffers["blocks"].as_u64()),
-        (Some(409_600), Some(100))
+    // The heap stack whose innermost frame is `frames[0]`: its bytes and blocks, and its
+    // outermost frames as (function, line).
+    let check = |frames: &[(&str, &str)], bytes: u64, blocks: u64| {
+        let s = r
+            .stacks()
+            .iter()
+            .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(frames[0].0))
+            .unwrap_or_else(|| panic!("no heap stack from {}: {:?}", frames[0].0, r.stacks()));
+        assert_eq!(
+            (s["bytes"].as_u64(), s["blocks"].as_u64()),
+            (Some(bytes), Some(blocks))
+        );
+        let seen: Vec<(&str, u64)> = (0..frames.len())
+            .map(|i| {
+                let f = &s["frames"][i];
+                (
+                    f["function"].as_str().unwrap_or("?"),
+                    f["line"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        let want: Vec<(&str, u64)> = frames.iter().map(|(f, at)| (*f, line(at))).collect();
+        assert_eq!(seen, want);
+    };
+    check(
+        &[
+            ("new_buffer", "malloc(n)"),
+            ("new_job", "new_buffer(n)"),
+            ("run_jobs", "new_job(4096)"),
+            ("main", "run_jobs(n)"),
+        ],
+        409_600,
+        100,
     );
-    let outer: Vec<_> = (0..4).map(|i| place(buffers, i)).collect();
-    assert_eq!(
-        outer,
-        [
-            ("new_buffer", line("malloc(n)")),
-            ("new_job", line("new_buffer(n)")),
-            ("run_jobs", line("new_job(4096)")),
-            ("main", line("run_jobs(n)")),
-        ]
-    );
-    let jobs = stack("new_job");
-    assert_eq!(
-        (jobs["bytes"].as_u64(), jobs["blocks"].as_u64()),
-        (Some(1600), Some(100))
-    );
-    let outer: Vec<_> = (0..3).map(|i| place(jobs, i)).collect();
-    assert_eq!(
-        outer,
-        [
-            ("new_job", line("calloc(1")),
-            ("run_jobs", line("new_job(4096)")),
-            ("main", line("run_jobs(n)")),
-        ]
+    check(
+        &[
+            ("new_job", "calloc(1"),
+            ("run_jobs", "new_job(4096)"),
+            ("main", "run_jobs(n)"),
+        ],
+        1600,
+        100,
     );
 }
