@@ -367,7 +367,9 @@ fn inlined_functions_are_frames_of_their_own() {
     let t = fixture::trace(&[], &[bin.to_str().expect("utf-8 path"), "100"]).expect("run");
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
-    let line = |needle| line_of("inlined", needle);
+    fn line(needle: &str) -> u64 {
+        line_of("inlined", needle)
+    }
     // The heap stack whose innermost frame is `frames[0]`: its bytes and blocks, and its
     // outermost frames as (function, line).
     let check = |frames: &[(&str, &str)], bytes: u64, blocks: u64| {
