@@ -17,6 +17,8 @@ mod process;
 #[cfg(target_arch = "bpf")]
 mod python;
 #[cfg(target_arch = "bpf")]
+mod ring;
+#[cfg(target_arch = "bpf")]
 mod sampling;
 #[cfg(target_arch = "bpf")]
 mod shared;

@@ -13,7 +13,7 @@ use tracer_common::{
     PyFrame, PyStackEvent,
 };
 
-use crate::shared::{DATA_FLAGS, EVENTS, count, untimed_event};
+use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
 use crate::unwind::{get, set};
 
 /// Processes whose frames are walked, and where: set by user space, copied to forked children.

@@ -2,7 +2,7 @@
 
 use aya_ebpf::bindings::pt_regs;
 use aya_ebpf::{
-    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
@@ -10,13 +10,14 @@ use aya_ebpf::{
         },
     },
     macros::{btf_map, map},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, PerCpuArray},
 };
 use tracer_common::{
-    COUNTERS, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES,
-    MAX_TRACED, Pending, RINGBUF_BYTES, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
+    Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, MAX_TRACED,
+    Pending, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
 };
 
+pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
 use crate::task_storage::TaskStorage;
 pub use crate::unwind::{STEP, Stack, UserRegs, capture, deep, next_hint, read_len, share_suffix};
 
@@ -39,13 +40,6 @@ pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 /// device calls of their own: segments beside blocks).
 #[btf_map]
 pub static TORCH_PENDING: TaskStorage<Pending> = TaskStorage::new();
-
-#[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
-
-/// Loss and activity counters, indexed by [`Counter`].
-#[map]
-pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS, 0);
 
 /// The calling thread as (pid_tgid, tgid) when its process is traced.
 #[inline(always)]
@@ -88,14 +82,6 @@ pub fn stop_for_probes(flags: u32, ev: &mut Event) {
     }
 }
 
-#[inline(always)]
-pub fn count(c: Counter) {
-    if let Some(p) = STATS.get_ptr_mut(c as u32) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
-        unsafe { *p += 1 };
-    }
-}
-
 /// An event header for the current thread.
 #[inline(always)]
 pub fn event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
@@ -132,29 +118,6 @@ pub fn tick_ns() -> u64 {
         }
     }
 }
-
-/// An event header without a timestamp (frees: nothing reads their time; the clock costs).
-#[inline(always)]
-pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Event {
-    let mut ev = Event {
-        kind: kind as u32,
-        func,
-        tgid: (id >> 32) as u32,
-        tid: id as u32,
-        ..Event::default()
-    };
-    // A zero LLVM cannot see: it otherwise turns the last two fields' zeroing into a call of a
-    // byte-wise `memset` subprogram, ~20 ns of an allocation's return program here.
-    let zero = crate::unwind::opaque(0);
-    (ev.old_size, ev.aux) = (zero, zero);
-    ev
-}
-
-/// Data records never wake the consumer: user space polls every 50 ms and drains everything. A
-/// wakeup is an inter-processor interrupt, and one per record costs more than the record (the
-/// default 32 MiB of ring at ~100 bytes a record takes over 6 million records/s to fill between
-/// two polls; a full ring is counted as `ringbuf_full`, never silent).
-pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 
 /// Sends a record without a stack, waking the consumer now (process lifecycle events).
 #[inline(always)]
