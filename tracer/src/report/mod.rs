@@ -266,11 +266,13 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
             totals.add(k, a.bytes, a.blocks);
         }
     }
-    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups);
+    let mut folded = pages::Folded::of(&groups);
+    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups, &mut folded);
     if cx.final_report {
         let outstanding = groups.iter().map(Group::key).collect();
         let mut released = cx.analysis.released_leaks(&outstanding, cx.warmup_s);
-        pages::drop_explained(&mut released, &pages::heap_sites(&groups));
+        folded.add_heap(released.iter().map(|(k, _)| *k));
+        released.retain(|(k, _)| !folded.explains(k));
         for (key, evidence) in released {
             let g = Group::empty(key, cx.now_ns);
             stacks.push(StackReport {
@@ -310,16 +312,19 @@ fn outstanding_stacks(
     sym: &mut Symbolizer,
     cx: &Context<'_>,
     groups: &[Group],
+    folded: &mut pages::Folded,
 ) -> Vec<StackReport> {
-    let mut groups = groups.to_vec();
-    let mut folded = pages::fold(&mut groups);
-    groups
+    let shown: Vec<&Group> = groups
         .iter()
+        .filter(|g| !folded.explains(&g.key()))
         .take(cx.top)
+        .collect();
+    shown
+        .into_iter()
         .map(|g| StackReport {
             verdict: cx.analysis.judge(&g.key(), cx.warmup_s),
             group: Some(g.key()),
-            pages: folded.remove(&pages::site(&g.key())).unwrap_or_default(),
+            pages: folded.take(&g.key()),
             ..stack_report(ledger, sym, g, cx.now_ns)
         })
         .collect()

@@ -23,9 +23,9 @@ pub struct Pages {
 }
 
 /// A process's stack as the heap level and the page level share it.
-pub type Site = (u32, Option<StackId>, bool);
+type Site = (u32, Option<StackId>, bool);
 
-pub fn site(k: &GroupKey) -> Site {
+fn site(k: &GroupKey) -> Site {
     (k.pid, k.stack, k.inherited)
 }
 
@@ -37,47 +37,52 @@ fn page_level(kind: Kind) -> bool {
     matches!(kind, Kind::Brk | Kind::Mmap)
 }
 
-/// Takes out of `groups` (order kept) the page-level groups that a heap-level group of the same
-/// process and stack explains; returns them by that stack.
-pub fn fold(groups: &mut Vec<Group>) -> HashMap<Site, Vec<Pages>> {
-    let explained: HashSet<Site> = groups
-        .iter()
-        .filter(|g| heap_level(g.kind) && g.stack.is_some())
-        .map(|g| site(&g.key()))
-        .collect();
-    let mut folded: HashMap<Site, Vec<Pages>> = HashMap::new();
-    groups.retain(|g| {
-        let at = site(&g.key());
-        if !(page_level(g.kind) && explained.contains(&at)) {
-            return true;
+/// Which page-level groups a heap-level stack explains, and their pages by that stack.
+#[derive(Default)]
+pub struct Folded {
+    /// Sites of the heap-level groups.
+    heap: HashSet<Site>,
+    /// The explained page-level groups' pages, waiting for their heap-level stack.
+    pages: HashMap<Site, Vec<Pages>>,
+}
+
+impl Folded {
+    /// The folding of a report's outstanding groups.
+    pub fn of(groups: &[Group]) -> Self {
+        let mut folded = Folded::default();
+        folded.add_heap(groups.iter().map(Group::key));
+        for g in groups {
+            let key = g.key();
+            if folded.explains(&key) {
+                folded.pages.entry(site(&key)).or_default().push(Pages {
+                    kind: g.kind,
+                    bytes: g.bytes,
+                    blocks: g.blocks,
+                });
+            }
         }
-        folded.entry(at).or_default().push(Pages {
-            kind: g.kind,
-            bytes: g.bytes,
-            blocks: g.blocks,
-        });
-        false
-    });
-    folded
-}
+        folded
+    }
 
-/// Drops the page-level keys of `keyed` that a heap-level key among them, or in `heap`, explains
-/// (the same process and stack): for leaks released at the end, whose pages went with them.
-pub fn drop_explained<T>(keyed: &mut Vec<(GroupKey, T)>, heap: &HashSet<Site>) {
-    let mut sites: HashSet<Site> = keyed
-        .iter()
-        .filter(|(k, _)| heap_level(k.kind))
-        .map(|(k, _)| site(k))
-        .collect();
-    sites.extend(heap.iter().copied());
-    keyed.retain(|(k, _)| !(page_level(k.kind) && sites.contains(&site(k))));
-}
+    /// Counts the heap-level ones among `keys` as explaining the pages of their stacks (leaks
+    /// released at the end, whose pages went with them).
+    pub fn add_heap(&mut self, keys: impl IntoIterator<Item = GroupKey>) {
+        let heap = keys
+            .into_iter()
+            .filter(|k| heap_level(k.kind) && k.stack.is_some());
+        self.heap.extend(heap.map(|k| site(&k)));
+    }
 
-/// The sites of the heap-level groups among `groups`.
-pub fn heap_sites(groups: &[Group]) -> HashSet<Site> {
-    groups
-        .iter()
-        .filter(|g| heap_level(g.kind) && g.stack.is_some())
-        .map(|g| site(&g.key()))
-        .collect()
+    /// Whether `key` is a page-level group that a heap-level stack explains.
+    pub fn explains(&self, key: &GroupKey) -> bool {
+        page_level(key.kind) && self.heap.contains(&site(key))
+    }
+
+    /// The pages explained by `key`'s stack, for its report (taken once).
+    pub fn take(&mut self, key: &GroupKey) -> Vec<Pages> {
+        if !heap_level(key.kind) {
+            return Vec::new();
+        }
+        self.pages.remove(&site(key)).unwrap_or_default()
+    }
 }

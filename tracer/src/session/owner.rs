@@ -249,7 +249,7 @@ impl Owner {
                     inbox.ticks.sample.taken(self.started.elapsed().as_secs_f64(), cost);
                 }
                 _ = inbox.ticks.report.tick() => self.print_report()?,
-                _ = inbox.ticks.ui.tick() => self.publish(false),
+                _ = inbox.ticks.ui.tick() => self.publish(),
                 _ = inbox.ticks.snapshot.tick() => self.snapshot(Reason::Periodic),
                 Some(()) = inbox.on_demand.recv() => self.snapshot(Reason::OnDemand),
                 _ = inbox.ticks.scan.tick() => self.scan(),
@@ -334,11 +334,11 @@ impl Owner {
     }
 
     /// `--ui`: the latest report to the API.
-    fn publish(&mut self, final_report: bool) {
+    fn publish(&mut self) {
         if self.live.is_none() {
             return;
         }
-        let r = self.report(self.stored_top(), final_report);
+        let r = self.report(self.stored_top(), false);
         self.publish_report(r);
     }
 
