@@ -69,6 +69,11 @@ pub const TRACED_ON: u32 = 1;
 /// The process is ptrace-held by user space: when it maps executable file pages or execs, the
 /// thread is stopped (SIGSTOP, which the holder suppresses) until new libraries are probed.
 pub const TRACED_HOLD: u32 = 2;
+/// The process's heap allocations go as raw stack copies ([`DeepStackEvent`], at most
+/// [`DEEP_HEAP_BYTES`] of stack), unwound in user space with the call-frame information: its code
+/// has no frame pointers, or calls into code that has none (libstdc++'s `operator new`) before
+/// the allocator, whose caller a frame-pointer walk would skip.
+pub const TRACED_CFI: u32 = 4;
 
 impl EventKind {
     /// Decodes the wire value.
@@ -349,9 +354,9 @@ pub const DEEP_STACK_BYTES: usize = 16 * 1024;
 
 /// A record with the raw user stack instead of frames, for allocations whose callers are in code
 /// built without frame pointers (libtorch, libstdc++, the CUDA libraries): user space unwinds it
-/// with the libraries' `.eh_frame` call-frame information. Sent only for rare, large allocations
-/// (tensors, device memory), with `HEADER + len` bytes; always longer than any [`StackEvent`], which
-/// is how a consumer tells the two apart.
+/// with the libraries' `.eh_frame` call-frame information. Sent for tensors and device memory,
+/// and for the heap allocations of [`TRACED_CFI`] processes, with `HEADER + len` bytes; always
+/// longer than any [`StackEvent`], which is how a consumer tells the two apart.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct DeepStackEvent {
@@ -365,6 +370,12 @@ pub struct DeepStackEvent {
     pub stack: [u8; DEEP_STACK_BYTES],
 }
 const _: () = assert!(size_of::<DeepStackEvent>() == 96 + DEEP_STACK_BYTES);
+
+/// Bytes of stack a heap record of a [`TRACED_CFI`] process carries at most: the rest of the page
+/// the stack pointer is in, and one page more. A copy costs ~80 ns and ~50 ns per KiB here, and
+/// its bytes go through the ring: a heap allocation's callers up to `main` or a thread's start
+/// usually fit in a few KiB; a deeper stack is unwound as far as the copy reaches.
+pub const DEEP_HEAP_BYTES: usize = 8 * 1024;
 
 /// Bytes of a [`DeepStackEvent`] before its stack bytes.
 pub const DEEP_HEADER: usize = 96;
@@ -403,10 +414,11 @@ pub struct Pending {
     /// Bytes of stack a walk of this thread's allocations reads at once (0: not walked yet): what
     /// its walks have needed, so that a shallow stack is not copied 2 KiB at a time.
     pub walk_hint: u64,
-    /// Whether the thread's process has Python frames to walk (1) or not (0), as found when
-    /// user space had configured `py_gen - 1` processes' interpreters (0: not looked up yet).
-    pub py_gen: u64,
-    pub py: u64,
+    /// The thread's process's settings (tracer-ebpf's `settings`: Python frames to walk, heap
+    /// stacks as raw copies), as found when user space had made `settings_gen - 1` changes
+    /// (0: not looked up yet).
+    pub settings_gen: u64,
+    pub settings: u64,
     /// The CPU (+1) whose slot may still hold a copy of this entry, kept there by a thread
     /// preempted inside the kernel (tracer-ebpf's `entries`); 0: none.
     pub kept_on: u64,

@@ -8,15 +8,19 @@ use aya_ebpf::{
     maps::ProgramArray,
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
-use tracer_common::{AllocFn, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, Pending};
+use tracer_common::{
+    AllocFn, Counter, DEEP_HEAP_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent,
+    MAX_DEFERRED, Pending,
+};
 
 use crate::{
     entries,
     pages::flush,
     sampling,
     shared::{
-        STEP, capture, count, emit, emit_alloc, emit_deep, event, flush_frees, next_hint,
-        outermost_return, probe_regs, read_len, send_frees, tick_ns, traced_current, untimed_event,
+        HEAP_CFI, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_upto, event,
+        flush_frees, next_hint, outermost_return, probe_regs, read_len, send_frees, settings,
+        tick_ns, traced_current, untimed_event,
     },
 };
 
@@ -180,6 +184,11 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
     };
     // Timed only once it is sent (`--heap sampled` sends few), at tick resolution.
     ev.ts_ns = tick_ns();
+    if ev.addr != 0 && settings(p, ev.tgid) & HEAP_CFI != 0 {
+        // The frees first: the record after them may be a deep one, which carries none.
+        flush_frees(p);
+        return emit_deep_upto(&probe_regs(ctx.regs), &ev, DEEP_HEAP_BYTES as u64);
+    }
     let stack = if ev.addr == 0 {
         None // realloc(p, 0): a free, no stack needed
     } else {
@@ -215,9 +224,31 @@ fn flush_elsewhere(ctx: &RetProbeContext) {
 /// reached by tail call from the allocator returns.
 #[uretprobe(multi)]
 pub fn heap_flush(ctx: RetProbeContext) -> u32 {
-    if let Some((p, _)) = entries::of_probe(ctx.regs) {
-        let stack = capture(&probe_regs(ctx.regs), STEP);
+    let Some((p, id)) = entries::of_probe(ctx.regs) else {
+        return 0;
+    };
+    let regs = probe_regs(ctx.regs);
+    if settings(p, (id >> 32) as u32) & HEAP_CFI == 0 {
+        let stack = capture(&regs, STEP);
         flush(stack.as_ref(), p);
+        return 0;
+    }
+    // One raw stack copy per event, so that the pages have the stack of the blocks they hold:
+    // the first event here, the others by tail calls to this program (a copy per event in one
+    // program is more than the verifier takes).
+    if p.n_deferred == 0 {
+        return 0;
+    }
+    emit_deep_upto(&regs, &p.deferred[0], DEEP_HEAP_BYTES as u64);
+    for i in 1..MAX_DEFERRED {
+        p.deferred[i - 1] = p.deferred[i];
+    }
+    p.n_deferred -= 1;
+    if p.n_deferred > 0 {
+        // SAFETY: this same program; on success this does not return.
+        unsafe { HEAP_FLUSH.tail_call(&ctx, 0) };
+        count(Counter::StackErrors);
+        flush(None, p);
     }
     0
 }

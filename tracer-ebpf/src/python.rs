@@ -6,11 +6,11 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
 };
 use tracer_common::{
-    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_NONE, Pending, PyConfig,
-    PyFrame, PyStackEvent,
+    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_NONE, PyConfig, PyFrame,
+    PyStackEvent,
 };
 
 use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -19,27 +19,6 @@ use crate::unwind::{get, set};
 /// Processes whose frames are walked, and where: set by user space, copied to forked children.
 #[map]
 pub static PY_CONFIG: HashMap<u32, PyConfig> = HashMap::with_max_entries(MAX_PY_PROCESSES, 0);
-
-/// How many interpreters user space has configured in `PY_CONFIG` (slot 0), counted after each
-/// insert: a thread's entry keeps whether its process walks Python frames until it changes.
-#[map]
-static PY_GEN: Array<u64> = Array::with_max_entries(1, 0);
-
-/// Whether the thread of entry `p`, in process `tgid`, has Python frames to walk: looked up in
-/// `PY_CONFIG` once per thread and per interpreter user space configures, not per allocation
-/// (the hash lookup cost ~40 ns a heap record here). A forked child's threads have entries of
-/// their own; after an exec the answer may say yes for a process that has no interpreter any
-/// more, which [`emit_frames`] then finds.
-#[inline(always)]
-pub fn walks_python(p: &mut Pending, tgid: u32) -> bool {
-    let generation = PY_GEN.get(0).copied().unwrap_or(0) + 1;
-    if p.py_gen != generation {
-        p.py_gen = generation;
-        // SAFETY: only tested for presence.
-        p.py = u64::from(unsafe { PY_CONFIG.get(&tgid) }.is_some());
-    }
-    p.py != 0
-}
 
 /// The record being filled, per CPU (too large for the BPF stack).
 #[map]

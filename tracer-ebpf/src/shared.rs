@@ -10,11 +10,12 @@ use aya_ebpf::{
         },
     },
     macros::{btf_map, map},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_common::{
-    Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, MAX_TRACED,
-    Pending, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_HOLD,
+    Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord,
+    MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_CFI,
+    TRACED_HOLD,
 };
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -40,6 +41,37 @@ pub static GPU_PENDING: TaskStorage<Pending> = TaskStorage::new();
 /// device calls of their own: segments beside blocks).
 #[btf_map]
 pub static TORCH_PENDING: TaskStorage<Pending> = TaskStorage::new();
+
+/// How many times user space has changed a process's settings (slot 0): a Python interpreter
+/// configured in `PY_CONFIG`, [`TRACED_CFI`] set or cleared; bumped after each change. A thread's
+/// entry keeps its process's settings until it changes.
+#[map]
+static PROC_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// [`settings`]: the process has Python frames to walk.
+pub const WALKS_PYTHON: u64 = 1;
+/// [`settings`]: the process's heap stacks go as raw stack copies ([`TRACED_CFI`]).
+pub const HEAP_CFI: u64 = 2;
+
+/// The settings of the process (`tgid`) of the thread of entry `p`, as bits ([`WALKS_PYTHON`],
+/// [`HEAP_CFI`]): looked up once per thread and per change user space makes, not per allocation
+/// (a hash lookup costs ~40 ns a heap record here). A forked child's threads have entries of
+/// their own; after an exec the answer may say Python for a process that has no interpreter any
+/// more, which `python::emit_frames` then finds.
+#[inline(always)]
+pub fn settings(p: &mut Pending, tgid: u32) -> u64 {
+    let generation = PROC_GEN.get(0).copied().unwrap_or(0) + 1;
+    if p.settings_gen != generation {
+        p.settings_gen = generation;
+        // SAFETY: only tested for presence.
+        let python = unsafe { crate::python::PY_CONFIG.get(&tgid) }.is_some();
+        // SAFETY: the value is copied out at once.
+        let flags = unsafe { TRACED.get(&tgid) }.copied().unwrap_or(0);
+        p.settings = if python { WALKS_PYTHON } else { 0 }
+            | if flags & TRACED_CFI != 0 { HEAP_CFI } else { 0 };
+    }
+    p.settings
+}
 
 /// The calling thread as (pid_tgid, tgid) when its process is traced.
 #[inline(always)]
@@ -153,7 +185,7 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
-    if crate::python::walks_python(p, ev.tgid) {
+    if settings(p, ev.tgid) & WALKS_PYTHON != 0 {
         crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
     }
     if ev.ts_ns > p.prev_ns.saturating_add(SHARE_NS) {
@@ -261,10 +293,16 @@ fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 /// record with the frame-pointer walk's frames.
 #[inline(always)]
 pub fn emit_deep(regs: &UserRegs, ev: &Event) {
+    emit_deep_upto(regs, ev, DEEP_STACK_BYTES as u64);
+}
+
+/// [`emit_deep`] with at most `max` bytes of stack (a constant).
+#[inline(always)]
+pub fn emit_deep_upto(regs: &UserRegs, ev: &Event, max: u64) {
     // The Python frames first, from one verifier state (after the raw-stack copy, each of its
     // loop's exits would have the verifier walk them again: over its instruction limit).
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
-    match deep(regs, ev) {
+    match deep(regs, ev, max) {
         Some(bytes) => {
             if EVENTS.output(bytes, DATA_FLAGS).is_err() {
                 count(Counter::RingbufFull);

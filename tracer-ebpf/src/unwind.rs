@@ -279,11 +279,12 @@ fn copy(buf: &mut [u64; BUF_WORDS], src: u64, len: u64) -> bool {
 #[map]
 static DEEP: PerCpuArray<DeepStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
-/// Copies up to [`DEEP_STACK_BYTES`] of the user stack from `regs.sp` into this CPU's deep record
-/// (page by page: the copy stops at the end of the stack, which ends on a page boundary) and
-/// returns the record's bytes to send; None when less than [`DEEP_MIN_BYTES`] could be read.
+/// Copies up to `max` bytes ([`DEEP_STACK_BYTES`] or [`DEEP_HEAP_BYTES`], a constant) of the user
+/// stack from `regs.sp` into this CPU's deep record (page by page: the copy stops at the end of
+/// the stack, which ends on a page boundary) and returns the record's bytes to send; None when
+/// less than [`DEEP_MIN_BYTES`] could be read.
 #[inline(always)]
-pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
+pub fn deep(regs: &UserRegs, ev: &Event, max: u64) -> Option<&'static [u8]> {
     let d = DEEP.get_ptr_mut(0)?;
     // SAFETY: this CPU's scratch record, used only while this program runs.
     let d = unsafe { &mut *d };
@@ -295,16 +296,16 @@ pub fn deep(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
     }
     let mut len = first;
     for _ in 0..DEEP_STACK_BYTES as u64 / PAGE {
-        if len + PAGE > DEEP_STACK_BYTES as u64 || !copy_bytes(&mut d.stack, len, base + len, PAGE)
-        {
+        if len + PAGE > max || !copy_bytes(&mut d.stack, len, base + len, PAGE) {
             break;
         }
         len += PAGE;
     }
-    // What is left of the window is less than a page: the window's last page, copied again from
-    // where it overlaps (a read of constant size at a constant offset, which the verifier follows).
+    // What is left of the whole window is less than a page: the window's last page, copied again
+    // from where it overlaps (a read of constant size at a constant offset, which the verifier
+    // follows). A heap record's smaller window stays as it is: one read fewer.
     const LAST: usize = DEEP_STACK_BYTES - PAGE as usize;
-    if len + PAGE > DEEP_STACK_BYTES as u64 && len < DEEP_STACK_BYTES as u64 {
+    if max == DEEP_STACK_BYTES as u64 && len + PAGE > max && len < max {
         // SAFETY: LAST + PAGE = DEEP_STACK_BYTES, inside the record's stack bytes.
         let ok = unsafe {
             read_user_raw(

@@ -9,7 +9,7 @@ use crate::{
     check::{self, Budget},
     cli::{Command, ExportArgs, HistoryArgs, ReportArgs},
     error::Error,
-    model::{HeapAfter, HeapMode, HeapTracing, Kind},
+    model::{HeapAfter, HeapMode, HeapTracing, HeapUnwind, Kind},
     render::Exports,
     serve, store,
 };
@@ -154,6 +154,8 @@ pub struct Config {
     /// The event ring's size in bytes.
     pub ring_bytes: u32,
     pub python_stacks: bool,
+    /// `--unwind`: how heap stacks are taken.
+    pub unwind: HeapUnwind,
     pub ui: Option<UiConfig>,
     pub exports: Exports,
     pub history: Option<HistoryConfig>,
@@ -234,6 +236,7 @@ impl Config {
             probe_cost: a.probe_cost,
             ring_bytes: a.ring_mb << 20,
             python_stacks: !a.no_python_stacks,
+            unwind: a.unwind,
             ui: ui_config(a.ui, a.ui_token, a.keep_serving, a.web_dir)?,
             exports: a.exports.into(),
             history: history_config(&a.history)?,

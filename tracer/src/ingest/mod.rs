@@ -401,6 +401,9 @@ impl Decoder {
         if held {
             self.stopped.insert(ev.tid);
         }
+        if let (EventKind::Exec, Some(probe)) = (kind, &self.probe) {
+            let _ = probe.send(ProbeRequest::Exec { tgid: ev.tgid });
+        }
         let (Some(maps), Some(probe)) = (self.maps.get(ev.tgid), &self.probe) else {
             return;
         };

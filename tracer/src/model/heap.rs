@@ -46,3 +46,29 @@ impl Default for HeapTracing {
         }
     }
 }
+
+/// `--unwind`: how heap stacks are taken. `auto`: raw stack copies unwound with the call-frame
+/// information for executables without frame pointers and C++ ones, the kernel's frame-pointer
+/// walk for the rest (see probes/frames.rs).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HeapUnwind {
+    #[default]
+    Auto,
+    /// The frame-pointer walk for every process.
+    #[value(name = "fp")]
+    #[serde(rename = "fp")]
+    FramePointers,
+    /// Raw stack copies for every process.
+    Cfi,
+}

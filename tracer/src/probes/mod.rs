@@ -4,6 +4,7 @@
 mod channels;
 pub mod cost;
 pub mod elf;
+pub mod frames;
 pub mod placement;
 pub mod prober;
 mod ring;
@@ -22,12 +23,15 @@ use aya::{
 };
 use serde::Serialize;
 
-use tracer_common::{TRACED_HOLD, TRACED_ON};
+use tracer_common::{TRACED_CFI, TRACED_HOLD, TRACED_ON};
 
 pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
 
-use crate::error::Error;
+use crate::{error::Error, model::HeapUnwind};
+
+/// Map update flag: only an entry that exists is updated.
+const BPF_EXIST: u64 = 2;
 use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
 
 /// Whether the programs do the work or are empty (the probe floor, for the benchmark).
@@ -84,8 +88,12 @@ pub struct Probes {
     python: BpfHashMap<MapData, u32, tracer_common::PyConfig>,
     /// CPython versions seen that have no known layout (said once each).
     python_unknown: std::collections::HashSet<(u8, u8)>,
-    /// Interpreters configured so far: the kernel side's `PY_GEN`.
-    python_configured: u64,
+    /// Changes made to processes' settings so far (an interpreter configured, `TRACED_CFI` set
+    /// or cleared): the kernel side's `PROC_GEN`.
+    settings_changed: u64,
+    /// `--unwind`, and what was found of each executable looked at.
+    unwind: HeapUnwind,
+    code_traits: std::collections::HashMap<PathBuf, Option<frames::CodeTraits>>,
     /// `--no-python-stacks`.
     no_python: bool,
     attached: Vec<AttachedFn>,
@@ -240,7 +248,9 @@ impl Probes {
             traced,
             python,
             python_unknown: Default::default(),
-            python_configured: 0,
+            settings_changed: 0,
+            unwind: HeapUnwind::default(),
+            code_traits: Default::default(),
             no_python: false,
             attached: Vec::new(),
             libraries: Vec::new(),
@@ -453,9 +463,7 @@ impl Probes {
                     Ok(()) => tracing::info!(pid, path = %found.path, "Python frames walked"),
                     Err(e) => return tracing::warn!(pid, "Python frames not walked: {e}"),
                 }
-                // After the insert: threads that looked before it look again.
-                self.python_configured += 1;
-                if let Err(e) = self.set_setting("PY_GEN", self.python_configured) {
+                if let Err(e) = self.settings_changed() {
                     tracing::warn!(
                         pid,
                         "Python frames not walked for threads already seen: {e}"
@@ -628,14 +636,62 @@ impl Probes {
         };
         self.traced
             .insert(&pid, &flags, 0)
-            .map_err(|e| anyhow::anyhow!("adding pid {pid} to the traced map: {e}").into())
+            .map_err(|e| anyhow::anyhow!("adding pid {pid} to the traced map: {e}"))?;
+        self.choose_unwind(pid);
+        Ok(())
+    }
+
+    /// After a change to a process's settings in the kernel's maps: threads that looked before it
+    /// look again.
+    fn settings_changed(&mut self) -> Result<(), Error> {
+        self.settings_changed += 1;
+        self.set_setting("PROC_GEN", self.settings_changed)
+    }
+
+    /// `--unwind`.
+    pub fn set_unwind(&mut self, unwind: HeapUnwind) {
+        self.unwind = unwind;
+    }
+
+    /// Sets how `pid`'s heap stacks are taken, from the executable it runs now (at its exec, at
+    /// adoption): `TRACED_CFI` in its traced flags, or not.
+    pub fn choose_unwind(&mut self, pid: u32) {
+        let Some(exe) = crate::procfs::executable(pid) else {
+            return; // gone
+        };
+        let traits = *self
+            .code_traits
+            .entry(exe.clone())
+            .or_insert_with(|| frames::CodeTraits::of(&exe));
+        let cfi = traits.is_some_and(|t| t.wants_cfi(self.unwind));
+        let Ok(flags) = self.traced.get(&pid, 0) else {
+            return; // not traced (any more)
+        };
+        let new = if cfi {
+            flags | TRACED_CFI
+        } else {
+            flags & !TRACED_CFI
+        };
+        if new == flags {
+            return;
+        }
+        // Only while it is traced: an exit may have removed it.
+        if self.traced.insert(&pid, &new, BPF_EXIST).is_err() {
+            return;
+        }
+        tracing::info!(pid, exe = %exe.display(), ?traits, cfi, "heap stacks");
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!(pid, "heap stacks of threads already seen not changed: {e}");
+        }
     }
 
     /// Stops the kernel side from stopping threads for new code (before the holder goes away).
     pub fn release_holds(&mut self) {
         let pids: Vec<u32> = self.traced.keys().filter_map(Result::ok).collect();
         for pid in pids {
-            let _ = self.traced.insert(&pid, &TRACED_ON, 0);
+            if let Ok(flags) = self.traced.get(&pid, 0) {
+                let _ = self.traced.insert(&pid, &(flags & !TRACED_HOLD), BPF_EXIST);
+            }
         }
     }
 

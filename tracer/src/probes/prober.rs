@@ -29,6 +29,8 @@ pub enum ProbeRequest {
         mapped_ns: u64,
         held: bool,
     },
+    /// `tgid` has exec'd: its heap stacks are taken as its new executable needs (`--unwind`).
+    Exec { tgid: u32 },
     /// Everything asked before is done: the held thread may go on. `ours` says whether its
     /// SIGSTOP came from the kernel side (and is to be suppressed).
     Release {
@@ -130,6 +132,7 @@ fn serve(
                     info.send_replace(Arc::new(info_of(&probes)));
                 }
             }
+            ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
             }

@@ -31,6 +31,11 @@ pub const ALLOCATOR_ENV: &[&str] = &[
     "PYTHONMALLOC",
 ];
 
+/// The executable `pid` runs (None when it is gone or not ours to read).
+pub fn executable(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
 /// The [`ALLOCATOR_ENV`] variables set in a live process's environment, in that order.
 pub fn allocator_env(pid: u32) -> Vec<(String, String)> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();

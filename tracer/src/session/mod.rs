@@ -82,6 +82,7 @@ fn load_probes(config: &Config) -> Result<Probes, Error> {
     if !config.python_stacks {
         probes.skip_python();
     }
+    probes.set_unwind(config.unwind);
     if let Some(after) = config.heap.after {
         probes.defer_heap();
         if let HeapAfter::Steps(step @ 1..) = after {

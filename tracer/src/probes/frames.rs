@@ -1,0 +1,135 @@
+//! How a process's heap stacks are taken (`--unwind`): by the kernel's frame-pointer walk, or as
+//! raw stack copies that user space unwinds with the call-frame information (`.eh_frame`).
+//!
+//! The walk is cheap and exact for code built with frame pointers. Programs built the way
+//! distributions and users build them (x86-64 `-O2`) have none: the walk stops at the allocator's
+//! caller, or follows a register that holds something else. And a program with frame pointers that
+//! allocates through code without them (libstdc++'s `operator new`, glibc's `strdup`) loses the
+//! frame that called that code: the walk goes from the frameless function to its caller's caller.
+//! The copy costs more per allocation (see docs/performance.md), so `auto` takes it only where
+//! the walk is known to be wrong: executables without frame pointers and C++ executables.
+//! Python interpreters keep the walk: their lines come from the interpreter's own frames.
+
+use std::{fs::File, path::Path};
+
+use gimli::{BaseAddresses, CallFrameInstruction, CieOrFde, EhFrame, UnwindSection, X86_64};
+use memmap2::Mmap;
+use object::{Object, ObjectSection};
+
+use crate::model::HeapUnwind;
+
+/// What decides how an executable's heap stacks are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeTraits {
+    /// Most of its functions keep a frame pointer (their call-frame rules are based on `rbp`).
+    pub frame_pointers: bool,
+    /// It calls C++'s `operator new` (or links libstdc++).
+    pub cplusplus: bool,
+    /// It is a CPython interpreter.
+    pub python: bool,
+}
+
+impl CodeTraits {
+    /// Reads the traits of the ELF file at `path`; None when it cannot be read or parsed.
+    pub fn of(path: &Path) -> Option<Self> {
+        let file = File::open(path).ok()?;
+        // SAFETY: a read-only private mapping; every offset read is bounds-checked by the parsers.
+        let map = unsafe { Mmap::map(&file) }.ok()?;
+        let elf = object::File::parse(&*map).ok()?;
+        let frame_pointers = elf
+            .section_by_name(".eh_frame")
+            .and_then(|s| Some((s.address(), s.data().ok()?)))
+            .is_some_and(|(addr, data)| frame_pointer_share(addr, data) >= 0.5);
+        let dynstr = elf
+            .section_by_name(".dynstr")
+            .and_then(|s| s.data().ok())
+            .unwrap_or_default();
+        let has = |needle: &[u8]| dynstr.windows(needle.len()).any(|w| w == needle);
+        Some(Self {
+            frame_pointers,
+            cplusplus: has(b"libstdc++.so") || has(b"_Znwm") || has(b"_Znam"),
+            python: crate::python::interp::version_of(&path.to_string_lossy()).is_some(),
+        })
+    }
+
+    /// Whether heap stacks go as raw copies under `mode`.
+    pub fn wants_cfi(self, mode: HeapUnwind) -> bool {
+        match mode {
+            HeapUnwind::FramePointers => false,
+            HeapUnwind::Cfi => true,
+            HeapUnwind::Auto => !self.python && (!self.frame_pointers || self.cplusplus),
+        }
+    }
+}
+
+/// The share of the functions described in an `.eh_frame` section (at address `addr`) whose
+/// canonical frame address is computed from `rbp` somewhere in their body: 1.0 for code built
+/// with frame pointers, near 0 for code without (only functions that realign or `alloca` their
+/// stack keep one then).
+pub fn frame_pointer_share(addr: u64, data: &[u8]) -> f64 {
+    let eh = EhFrame::new(data, gimli::LittleEndian);
+    let bases = BaseAddresses::default().set_eh_frame(addr);
+    let mut entries = eh.entries(&bases);
+    let (mut functions, mut with_fp) = (0u64, 0u64);
+    while let Ok(Some(entry)) = entries.next() {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(|eh, bases, o| eh.cie_from_offset(bases, o)) else {
+            continue;
+        };
+        functions += 1;
+        let mut rules = fde.instructions(&eh, &bases);
+        while let Ok(Some(rule)) = rules.next() {
+            if let CallFrameInstruction::DefCfa { register, .. }
+            | CallFrameInstruction::DefCfaRegister { register } = rule
+                && register == X86_64::RBP
+            {
+                with_fp += 1;
+                break;
+            }
+        }
+    }
+    if functions == 0 {
+        return 0.0;
+    }
+    with_fp as f64 / functions as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traits(frame_pointers: bool, cplusplus: bool, python: bool) -> CodeTraits {
+        CodeTraits {
+            frame_pointers,
+            cplusplus,
+            python,
+        }
+    }
+
+    #[test]
+    fn auto_copies_stacks_only_where_the_walk_is_wrong() {
+        let auto = HeapUnwind::Auto;
+        assert!(
+            !traits(true, false, false).wants_cfi(auto),
+            "C with frame pointers"
+        );
+        assert!(traits(false, false, false).wants_cfi(auto), "C without");
+        assert!(
+            traits(true, true, false).wants_cfi(auto),
+            "C++: operator new has none"
+        );
+        assert!(
+            !traits(false, false, true).wants_cfi(auto),
+            "Python: its own frames"
+        );
+        assert!(traits(true, false, true).wants_cfi(HeapUnwind::Cfi));
+        assert!(!traits(false, true, false).wants_cfi(HeapUnwind::FramePointers));
+    }
+
+    #[test]
+    fn an_empty_section_describes_no_function() {
+        assert_eq!(frame_pointer_share(0x1000, &[]), 0.0);
+    }
+}
