@@ -377,6 +377,26 @@ const _: () = assert!(size_of::<DeepStackEvent>() == 96 + DEEP_STACK_BYTES);
 /// usually fit in a few KiB; a deeper stack is unwound as far as the copy reaches.
 pub const DEEP_HEAP_BYTES: usize = 8 * 1024;
 
+/// Key of the kernel's `DEEP_HINTS` map: an allocator's return address (`ip`, in its caller) in
+/// a process. Its value: the bytes of stack that unwinding that caller's records has needed,
+/// written by user space after it unwinds them, so that a heap record copies that much of the
+/// stack (at least [`DEEP_MIN_BYTES`]) and not the whole [`DEEP_HEAP_BYTES`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeepHintKey {
+    pub tgid: u32,
+    pub pad: u32,
+    pub ip: u64,
+}
+
+/// Bytes of stack a heap record copies at a site user space has not given a length for yet: a
+/// few KiB covers most; a copy cut short is unwound as far as it goes, and user space asks for
+/// twice as much at that site from then on.
+pub const DEEP_HEAP_FIRST: usize = 2048;
+
+/// Allocation sites with a copy-length hint at most (least recently used go first).
+pub const MAX_DEEP_HINTS: u32 = 65_536;
+
 /// Bytes of a [`DeepStackEvent`] before its stack bytes.
 pub const DEEP_HEADER: usize = 96;
 /// The least stack a deep record carries, so that it is longer than any [`StackEvent`].
@@ -552,4 +572,5 @@ mod user {
     // SAFETY: plain-old-data structs with explicit layout and no padding (sizes pinned above).
     unsafe impl aya::Pod for super::PyConfig {}
     unsafe impl aya::Pod for super::SampledKey {}
+    unsafe impl aya::Pod for super::DeepHintKey {}
 }

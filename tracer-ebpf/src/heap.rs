@@ -9,8 +9,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    AllocFn, Counter, DEEP_HEAP_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent,
-    MAX_DEFERRED, Pending,
+    AllocFn, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED, Pending,
 };
 
 use crate::{
@@ -18,7 +17,7 @@ use crate::{
     pages::flush,
     sampling,
     shared::{
-        HEAP_CFI, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_upto, event,
+        HEAP_CFI, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap, event,
         flush_frees, next_hint, outermost_return, probe_regs, read_len, send_frees, settings,
         tick_ns, traced_current, untimed_event,
     },
@@ -187,7 +186,7 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
     if ev.addr != 0 && settings(p, ev.tgid) & HEAP_CFI != 0 {
         // The frees first: the record after them may be a deep one, which carries none.
         flush_frees(p);
-        return emit_deep_upto(&probe_regs(ctx.regs), &ev, DEEP_HEAP_BYTES as u64);
+        return emit_deep_heap(&probe_regs(ctx.regs), &ev);
     }
     let stack = if ev.addr == 0 {
         None // realloc(p, 0): a free, no stack needed
@@ -239,7 +238,7 @@ pub fn heap_flush(ctx: RetProbeContext) -> u32 {
     if p.n_deferred == 0 {
         return 0;
     }
-    emit_deep_upto(&regs, &p.deferred[0], DEEP_HEAP_BYTES as u64);
+    emit_deep_heap(&regs, &p.deferred[0]);
     for i in 1..MAX_DEFERRED {
         p.deferred[i - 1] = p.deferred[i];
     }

@@ -20,7 +20,9 @@ use tracer_common::{
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
 use crate::task_storage::TaskStorage;
-pub use crate::unwind::{STEP, Stack, UserRegs, capture, deep, next_hint, read_len, share_suffix};
+pub use crate::unwind::{
+    STEP, Stack, UserRegs, capture, deep, deep_heap, next_hint, read_len, share_suffix,
+};
 
 /// Threads sent a SIGSTOP for new code, until user space handles the stop: what tells it the stop
 /// is the kernel side's own even when the marked record was lost to a full ring (taken for a
@@ -296,22 +298,42 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event) {
     emit_deep_upto(regs, ev, DEEP_STACK_BYTES as u64);
 }
 
+/// A heap allocation's (or its pages') deep record, with as much stack as its site needs (see
+/// `unwind::deep_heap`), else the frame-pointer walk's frames.
+#[inline(always)]
+pub fn emit_deep_heap(regs: &UserRegs, ev: &Event) {
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    match deep_heap(regs, ev) {
+        Some(bytes) => send_deep(bytes),
+        None => send_walked(regs, ev),
+    }
+}
+
 /// [`emit_deep`] with at most `max` bytes of stack (a constant).
 #[inline(always)]
-pub fn emit_deep_upto(regs: &UserRegs, ev: &Event, max: u64) {
+fn emit_deep_upto(regs: &UserRegs, ev: &Event, max: u64) {
     // The Python frames first, from one verifier state (after the raw-stack copy, each of its
     // loop's exits would have the verifier walk them again: over its instruction limit).
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
     match deep(regs, ev, max) {
-        Some(bytes) => {
-            if EVENTS.output(bytes, DATA_FLAGS).is_err() {
-                count(Counter::RingbufFull);
-            }
-        }
-        None => match capture(regs, STEP) {
-            Some(stack) => send_stack(&stack, ev, 0),
-            None => emit(ev),
-        },
+        Some(bytes) => send_deep(bytes),
+        None => send_walked(regs, ev),
+    }
+}
+
+#[inline(always)]
+fn send_deep(bytes: &[u8]) {
+    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+        count(Counter::RingbufFull);
+    }
+}
+
+/// `ev` with the frame-pointer walk's frames (when the stack could not be copied).
+#[inline(always)]
+fn send_walked(regs: &UserRegs, ev: &Event) {
+    match capture(regs, STEP) {
+        Some(stack) => send_stack(&stack, ev, 0),
+        None => emit(ev),
     }
 }
 

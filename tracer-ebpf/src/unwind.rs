@@ -17,11 +17,11 @@
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as read_user_raw},
     macros::map,
-    maps::PerCpuArray,
+    maps::{LruHashMap, PerCpuArray},
 };
 use tracer_common::{
-    DEEP_HEADER, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepStackEvent, Event, FREES_PER_RECORD,
-    MAX_FRAMES, StackEvent,
+    DEEP_HEADER, DEEP_HEAP_BYTES, DEEP_HEAP_FIRST, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepHintKey,
+    DeepStackEvent, Event, FREES_PER_RECORD, MAX_DEEP_HINTS, MAX_FRAMES, StackEvent,
 };
 
 const PAGE: u64 = 4096;
@@ -322,6 +322,47 @@ pub fn deep(regs: &UserRegs, ev: &Event, max: u64) -> Option<&'static [u8]> {
         return None;
     }
     d.len = len;
+    let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
+    let n = if n > DEEP_STACK_BYTES {
+        DEEP_STACK_BYTES
+    } else {
+        n
+    };
+    // SAFETY: the header and `n <= DEEP_STACK_BYTES` stack bytes of this CPU's record.
+    Some(unsafe {
+        core::slice::from_raw_parts((d as *const DeepStackEvent).cast::<u8>(), DEEP_HEADER + n)
+    })
+}
+
+/// Bytes of stack each allocation site's records need (see [`DeepHintKey`]), from user space.
+#[map]
+static DEEP_HINTS: LruHashMap<DeepHintKey, u32> = LruHashMap::with_max_entries(MAX_DEEP_HINTS, 0);
+
+/// A heap allocation's deep record: as many bytes of stack as user space found its site's
+/// records need ([`DEEP_HEAP_FIRST`] before it has said), in one read; when that read fails (the
+/// stack ends sooner), the whole [`DEEP_HEAP_BYTES`] window page by page, as [`deep`] copies it.
+#[inline(always)]
+pub fn deep_heap(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
+    let key = DeepHintKey {
+        tgid: ev.tgid,
+        pad: 0,
+        ip: regs.ip,
+    };
+    // SAFETY: the value is copied out at once.
+    let hint = (unsafe { DEEP_HINTS.get(&key) })
+        .copied()
+        .unwrap_or(DEEP_HEAP_FIRST as u32);
+    let d = DEEP.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch record, used only while this program runs.
+    let d = unsafe { &mut *d };
+    let base = regs.sp & !7;
+    let len = (opaque(u64::from(hint)) & (2 * DEEP_HEAP_BYTES as u64 - 1))
+        .clamp(DEEP_MIN_BYTES as u64, DEEP_HEAP_BYTES as u64);
+    // SAFETY: `len <= DEEP_HEAP_BYTES < DEEP_STACK_BYTES` bytes into the record's stack bytes.
+    if unsafe { read_user_raw(d.stack.as_mut_ptr().cast(), len as u32, base as *const _) } != 0 {
+        return deep(regs, ev, DEEP_HEAP_BYTES as u64);
+    }
+    (d.event, d.ip, d.sp, d.bp, d.len) = (*ev, regs.ip, base, regs.bp, len);
     let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
     let n = if n > DEEP_STACK_BYTES {
         DEEP_STACK_BYTES

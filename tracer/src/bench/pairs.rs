@@ -1,7 +1,7 @@
 //! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
 //! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
-//! leaktracer's programs (`--heap full`, also with the loop below a 6000-byte frame, and
-//! `--heap sampled`), with leaktracer's programs but `free` probed at its first instruction (the
+//! leaktracer's programs (`--heap full`, also with the loop below a 6000-byte frame, with stacks
+//! copied and unwound by call-frame information (`--unwind cfi`), and `--heap sampled`), with leaktracer's programs but `free` probed at its first instruction (the
 //! single-step cost that probe placement removes), and with bcc's memleak on the same workload
 //! when it is installed. Figures are printed, never asserted.
 
@@ -124,6 +124,7 @@ enum Config {
     Untraced,
     Floor,
     Leaktracer,
+    Cfi,
     BigFrame,
     Sampled,
     FreeAtEntry,
@@ -136,6 +137,7 @@ impl Config {
             Config::Untraced => "untraced",
             Config::Floor => "bare probes (floor)",
             Config::Leaktracer => "leaktracer (--heap full)",
+            Config::Cfi => "leaktracer --unwind cfi",
             Config::BigFrame => "leaktracer, below a 6000-byte frame",
             Config::Sampled => "leaktracer --heap sampled",
             Config::FreeAtEntry => "leaktracer, free probed at +0",
@@ -158,6 +160,7 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
         Config::Untraced,
         Config::Floor,
         Config::Leaktracer,
+        Config::Cfi,
         Config::BigFrame,
         Config::Sampled,
         Config::FreeAtEntry,
@@ -219,6 +222,16 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
         ),
         ("leaktracer sampled / floor", median(Config::Sampled), floor),
         (
+            "leaktracer --unwind cfi / floor",
+            median(Config::Cfi),
+            floor,
+        ),
+        (
+            "(cfi - untraced) / (leaktracer - untraced)",
+            added(Config::Cfi),
+            added(Config::Leaktracer),
+        ),
+        (
             "(leaktracer - untraced) / (floor - untraced)",
             added(Config::Leaktracer),
             added(Config::Floor),
@@ -276,10 +289,17 @@ fn measure(
         }
         Config::Floor => bare(&argv)?,
         Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
-        Config::Leaktracer | Config::BigFrame | Config::FreeAtEntry | Config::Sampled => {
+        Config::Leaktracer
+        | Config::Cfi
+        | Config::BigFrame
+        | Config::FreeAtEntry
+        | Config::Sampled => {
             let mut flags = vec!["--top", "1", "--json", "-o", "/dev/null", "--no-store"];
-            if config == Config::Sampled {
-                flags.extend(["--heap", "sampled"]);
+            match config {
+                Config::Sampled => flags.extend(["--heap", "sampled"]),
+                // The frame-pointer walk, whatever `auto` would choose for this binary.
+                Config::Cfi => flags.extend(["--unwind", "cfi"]),
+                _ => flags.extend(["--unwind", "fp"]),
             }
             let config = session_config::Config::from_flags(&flags, RunMode::Run)?;
             session::run(Target::Launch(argv), config)?;

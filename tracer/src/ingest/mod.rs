@@ -21,7 +21,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, DEEP_HEADER, DEEP_HEAP_BYTES, Event as RawEvent, EventKind, MAX_FRAMES,
+    STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use crate::probes::KernelCounters;
@@ -151,6 +152,7 @@ struct Decoder {
     /// Reused for each record's raw frames.
     scratch: Vec<u64>,
     unwinders: unwind::Unwinders,
+    hints: unwind::CopyHints,
     /// Threads the kernel side stopped for new code, not yet released.
     stopped: HashSet<u32>,
     /// Files with executable pages already announced to the prober.
@@ -300,6 +302,7 @@ impl Decoder {
             self.maps.refresh_on_miss(ev.tgid);
         }
         self.scratch.clear();
+        let mut cut = false;
         if let Some(maps) = self.maps.get(ev.tgid) {
             let raw = unwind::RawStack {
                 ip,
@@ -307,12 +310,26 @@ impl Decoder {
                 bp,
                 bytes: stack,
             };
-            self.unwinders
+            let reach = self
+                .unwinders
                 .unwind(ev.tgid, maps, &raw, MAX_FRAMES, &mut self.scratch);
+            cut = reach.beyond;
+            self.hint_copy(ev.tgid, ip, len, reach);
         }
-        let truncated = self.scratch.len() == MAX_FRAMES;
+        let truncated = cut || self.scratch.len() == MAX_FRAMES;
         let id = self.intern_scratch(ev.tgid, ev.tid, truncated, out);
         self.push_event(kind, &ev, id, out);
+    }
+
+    /// A heap record's copy (at most `DEEP_HEAP_BYTES`) tells the kernel how much stack its
+    /// site needs, when that grew.
+    fn hint_copy(&mut self, tgid: u32, ip: u64, len: usize, reach: unwind::Reach) {
+        if len > DEEP_HEAP_BYTES {
+            return; // a tensor's or device call's whole window
+        }
+        if let (Some(bytes), Some(probe)) = (self.hints.after(tgid, ip, len, reach), &self.probe) {
+            let _ = probe.send(ProbeRequest::CopyHint { tgid, ip, bytes });
+        }
     }
 
     fn push_event(
@@ -373,6 +390,7 @@ impl Decoder {
                 self.python.forget(ev.tgid);
                 self.stacks.forget(ev.tgid); // same addresses, different code now
                 self.unwinders.forget(ev.tgid);
+                self.hints.forget(ev.tgid);
                 self.maps.refresh(ev.tgid);
             }
             EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
@@ -394,6 +412,7 @@ impl Decoder {
                 self.python.forget(ev.tgid);
                 self.maps.forget(ev.tgid);
                 self.unwinders.forget(ev.tgid);
+                self.hints.forget(ev.tgid);
                 return self.stacks.forget(ev.tgid);
             }
             _ => return,

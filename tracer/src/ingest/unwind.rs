@@ -19,6 +19,8 @@ use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment};
 use rustc_hash::FxHashMap;
 
+use tracer_common::{DEEP_HEAP_BYTES, DEEP_MIN_BYTES};
+
 use crate::procfs::ProcMaps;
 
 /// Bytes of one section of a mapped file (the file stays mapped while any module uses it).
@@ -145,6 +147,55 @@ impl Default for Unwinders {
     }
 }
 
+/// How far an unwind read into its stack copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// Bytes from the copy's start up to the farthest word read.
+    pub read: usize,
+    /// It needed a word past the copy's end: the stack is cut short there.
+    pub beyond: bool,
+}
+
+impl Reach {
+    /// The copy length to ask for next time at this site, after a copy of `len` bytes: what was
+    /// read and a little more (another path to the same site may be a little deeper), or twice
+    /// the copy when it was too short; within `min..=max`.
+    pub fn next_copy(self, len: usize, min: usize, max: usize) -> usize {
+        const MARGIN: usize = 256;
+        let want = if self.beyond {
+            2 * len
+        } else {
+            self.read + MARGIN
+        };
+        want.clamp(min, max)
+    }
+}
+
+/// The copy lengths asked of the kernel per allocation site (tracer-common's `DeepHintKey`), as
+/// last sent: a site's length only grows.
+#[derive(Default)]
+pub struct CopyHints {
+    sent: FxHashMap<(u32, u64), u32>,
+}
+
+impl CopyHints {
+    /// After a heap record of `tgid` at `ip` whose `len`-byte copy was unwound to `reach`: the
+    /// length to send for the site when it is more than the one sent before.
+    pub fn after(&mut self, tgid: u32, ip: u64, len: usize, reach: Reach) -> Option<u32> {
+        let want = reach.next_copy(len, DEEP_MIN_BYTES, DEEP_HEAP_BYTES) as u32;
+        let sent = self.sent.entry((tgid, ip)).or_insert(0);
+        (want > *sent).then(|| {
+            *sent = want;
+            want
+        })
+    }
+
+    /// A process's sites (exec: new code; exit).
+    pub fn forget(&mut self, tgid: u32) {
+        self.sent.retain(|(t, _), _| *t != tgid);
+    }
+}
+
 /// Registers and stack bytes of a deep record.
 pub struct RawStack<'a> {
     pub ip: u64,
@@ -155,7 +206,8 @@ pub struct RawStack<'a> {
 
 impl Unwinders {
     /// Unwinds `stack` of process `tgid` (its mappings `maps`) into `out`: the ip, then return
-    /// addresses, at most `max` of them.
+    /// addresses, at most `max` of them. Says how much of the copy it read, and whether it needed
+    /// more than the copy holds.
     pub fn unwind(
         &mut self,
         tgid: u32,
@@ -163,7 +215,7 @@ impl Unwinders {
         stack: &RawStack<'_>,
         max: usize,
         out: &mut Vec<u64>,
-    ) {
+    ) -> Reach {
         let proc = self.procs.entry(tgid).or_default();
         for (start, end, offset, path) in maps.mappings() {
             if !proc.added.insert(start) {
@@ -182,9 +234,14 @@ impl Unwinders {
             let module = framehop::Module::new(path.to_string(), start..end, base, Sections(info));
             proc.unwinder.add_module(module);
         }
+        let mut reach = Reach::default();
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = usize::try_from(addr.checked_sub(stack.sp).ok_or(())?).map_err(|_| ())?;
-            let b = stack.bytes.get(off..off + 8).ok_or(())?;
+            let Some(b) = stack.bytes.get(off..off + 8) else {
+                reach.beyond = reach.beyond || off < 1 << 20; // a stack address, not garbage
+                return Err(());
+            };
+            reach.read = reach.read.max(off + 8);
             Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
         };
         let regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
@@ -197,6 +254,7 @@ impl Unwinders {
                 _ => break,
             }
         }
+        reach
     }
 
     /// Drops a process's unwinder (exec: new code; exit).

@@ -62,10 +62,11 @@ impl CodeTraits {
     }
 }
 
-/// The share of the functions described in an `.eh_frame` section (at address `addr`) whose
-/// canonical frame address is computed from `rbp` somewhere in their body: 1.0 for code built
-/// with frame pointers, near 0 for code without (only functions that realign or `alloca` their
-/// stack keep one then).
+/// The share of the functions described in an `.eh_frame` section (at address `addr`) with a
+/// frame whose canonical frame address is computed from `rbp` somewhere in their body: 1.0 for
+/// code built with frame pointers, near 0 for code without (only functions that realign or
+/// `alloca` their stack keep one then). Functions without a frame of their own (leaves that push
+/// nothing, `_start`) and the PLT (whose rule is an expression) count for neither.
 pub fn frame_pointer_share(addr: u64, data: &[u8]) -> f64 {
     let eh = EhFrame::new(data, gimli::LittleEndian);
     let bases = BaseAddresses::default().set_eh_frame(addr);
@@ -78,16 +79,23 @@ pub fn frame_pointer_share(addr: u64, data: &[u8]) -> f64 {
         let Ok(fde) = partial.parse(|eh, bases, o| eh.cie_from_offset(bases, o)) else {
             continue;
         };
-        functions += 1;
+        let (mut frame, mut rbp, mut expression) = (false, false, false);
         let mut rules = fde.instructions(&eh, &bases);
         while let Ok(Some(rule)) = rules.next() {
-            if let CallFrameInstruction::DefCfa { register, .. }
-            | CallFrameInstruction::DefCfaRegister { register } = rule
-                && register == X86_64::RBP
-            {
-                with_fp += 1;
-                break;
+            match rule {
+                CallFrameInstruction::DefCfa { register, .. }
+                | CallFrameInstruction::DefCfaRegister { register } => {
+                    frame = true;
+                    rbp |= register == X86_64::RBP;
+                }
+                CallFrameInstruction::DefCfaOffset { .. } => frame = true,
+                CallFrameInstruction::DefCfaExpression { .. } => expression = true,
+                _ => {}
             }
+        }
+        if frame && !expression {
+            functions += 1;
+            with_fp += u64::from(rbp);
         }
     }
     if functions == 0 {

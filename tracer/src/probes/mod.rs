@@ -91,6 +91,8 @@ pub struct Probes {
     /// Changes made to processes' settings so far (an interpreter configured, `TRACED_CFI` set
     /// or cleared): the kernel side's `PROC_GEN`.
     settings_changed: u64,
+    /// The kernel's copy lengths per allocation site (`DEEP_HINTS`).
+    deep_hints: BpfHashMap<MapData, tracer_common::DeepHintKey, u32>,
     /// `--unwind`, and what was found of each executable looked at.
     unwind: HeapUnwind,
     code_traits: std::collections::HashMap<PathBuf, Option<frames::CodeTraits>>,
@@ -242,10 +244,16 @@ impl Probes {
                 .ok_or_else(|| anyhow::anyhow!("no PY_CONFIG map"))?,
         )
         .map_err(|e| anyhow::anyhow!("PY_CONFIG map: {e}"))?;
+        let deep_hints = BpfHashMap::try_from(
+            bpf.take_map("DEEP_HINTS")
+                .ok_or_else(|| anyhow::anyhow!("no DEEP_HINTS map"))?,
+        )
+        .map_err(|e| anyhow::anyhow!("DEEP_HINTS map: {e}"))?;
         let mut probes = Self {
             bpf,
             mode,
             traced,
+            deep_hints,
             python,
             python_unknown: Default::default(),
             settings_changed: 0,
@@ -682,6 +690,14 @@ impl Probes {
         tracing::info!(pid, exe = %exe.display(), ?traits, cfi, "heap stacks");
         if let Err(e) = self.settings_changed() {
             tracing::warn!(pid, "heap stacks of threads already seen not changed: {e}");
+        }
+    }
+
+    /// Has heap records of `tgid` whose allocator returns to `ip` copy `bytes` of stack.
+    pub fn hint_copy(&mut self, tgid: u32, ip: u64, bytes: u32) {
+        let key = tracer_common::DeepHintKey { tgid, pad: 0, ip };
+        if let Err(e) = self.deep_hints.insert(&key, &bytes, 0) {
+            tracing::debug!(tgid, ip, "copy hint not set: {e}");
         }
     }
 

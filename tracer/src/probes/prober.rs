@@ -31,6 +31,8 @@ pub enum ProbeRequest {
     },
     /// `tgid` has exec'd: its heap stacks are taken as its new executable needs (`--unwind`).
     Exec { tgid: u32 },
+    /// Heap records of `tgid` whose allocator returns to `ip` are to copy `bytes` of stack.
+    CopyHint { tgid: u32, ip: u64, bytes: u32 },
     /// Everything asked before is done: the held thread may go on. `ours` says whether its
     /// SIGSTOP came from the kernel side (and is to be suppressed).
     Release {
@@ -133,6 +135,7 @@ fn serve(
                 }
             }
             ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
+            ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
             }
