@@ -32,12 +32,12 @@ if ! [ -x "$HOME/.cargo/bin/bpf-linker" ] || ! [ -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
-# 3. apt packages: gcc and libc6-dev for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
+# 3. apt packages: gcc, g++ and libc6-dev for fixtures, valgrind as the exit-totals oracle, libc6-dbg for libc line info;
 #    the export checkers: protoc with pprof's profile.proto (golang-github-google-pprof-dev) and
 #    promtool (prometheus); Node.js and npm to build the explorer page, Chromium to test it.
 #    Services are not started (policy-rc.d), only the tools are wanted.
 need=()
-pkgs=(gcc libc6-dev valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus chromium)
+pkgs=(gcc g++ libc6-dev valgrind libc6-dbg protobuf-compiler golang-github-google-pprof-dev prometheus chromium)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 for p in "${pkgs[@]}"; do

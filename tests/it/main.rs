@@ -19,19 +19,26 @@ mod scenarios;
 mod serve;
 mod torch;
 mod tree;
+mod unwind;
 mod verdicts;
 
 use std::path::Path;
 
-/// The 1-based line of the first line of fixture `name` containing `needle`.
+/// The 1-based line of the first line of fixture `name` (`name.c`, or a file name with its
+/// extension) containing `needle`.
 pub fn line_of(name: &str, needle: &str) -> u64 {
+    let file = if name.contains('.') {
+        name.to_string()
+    } else {
+        format!("{name}.c")
+    };
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
-        .join(format!("{name}.c"));
+        .join(&file);
     let text = std::fs::read_to_string(&src).expect("fixture source");
     let i = text
         .lines()
         .position(|l| l.contains(needle))
-        .unwrap_or_else(|| panic!("{needle} not in {name}.c"));
+        .unwrap_or_else(|| panic!("{needle} not in {file}"));
     i as u64 + 1
 }

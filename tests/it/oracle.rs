@@ -1,6 +1,7 @@
 //! Cross-check against valgrind: each traced process's heap at exit equals valgrind's "in use at
 //! exit" for the same binary. valgrind runs with --run-libc-freeres=no so that glibc's exit-time
-//! cleanup (which an ordinary run never does) does not free blocks only under valgrind.
+//! cleanup (which an ordinary run never does) does not free blocks only under valgrind, and with
+//! --run-cxx-freeres=no for libstdc++'s.
 
 use std::process::Command;
 
@@ -12,6 +13,7 @@ fn valgrind(argv: &[&str]) -> Vec<(u64, u64, u64)> {
     let out = Command::new("valgrind")
         .args([
             "--run-libc-freeres=no",
+            "--run-cxx-freeres=no",
             "--trace-children=yes",
             "--child-silent-after-fork=no",
         ])
@@ -51,7 +53,10 @@ fn traced(argv: &[&str]) -> Vec<(u64, u64)> {
 }
 
 fn check(name: &str, args: &[&str]) {
-    let bin = fixture::build(name);
+    check_binary(name, &fixture::build(name), args);
+}
+
+fn check_binary(name: &str, bin: &std::path::Path, args: &[&str]) {
     let mut argv = vec![bin.to_str().unwrap()];
     argv.extend_from_slice(args);
     let mut expected: Vec<_> = valgrind(&argv);
@@ -75,4 +80,16 @@ fn heap_totals_at_exit_equal_valgrind() {
     check("heap", &["no-pvalloc"]);
     check("threads", &[]);
     check("tree", &["fork"]);
+}
+
+/// A C++ program built as users build it (`g++ -O2 -g`, no frame pointers: stacks copied and
+/// unwound), with libstdc++'s own start-up allocations.
+#[test]
+fn cplusplus_heap_at_exit_equals_valgrind() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build_cxx("thumbnailer-O2", "thumbnailer", &["-O2", "-g"]);
+    check_binary("thumbnailer", &bin, &["30"]);
 }

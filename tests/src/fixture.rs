@@ -81,6 +81,17 @@ pub fn build_variant(name: &str, source: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Builds `tests/fixtures/SOURCE.cpp` with g++ and `flags` only (as a user builds C++: no
+/// frame pointers at `-O2`) into the binary `name`.
+pub fn build_cxx(name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let out = target_dir().join("fixtures").join(name);
+    let src = fixtures_src().join(format!("{source}.cpp"));
+    let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+    args.extend(["-o".into(), path_str(&out), path_str(&src)]);
+    compile_once_with("g++", &out, &args);
+    out
+}
+
 /// The stand-in CUDA driver and runtime (libcuda.so.1, libcudart.so.13, tests/fixtures/fakecuda),
 /// built once; returns their directory. The runtime finds the driver beside it, as a real install
 /// finds it on the loader's path.
@@ -120,6 +131,11 @@ fn path_str(p: &Path) -> String {
 
 /// Runs gcc with `args` unless `out` was already built by this test run.
 fn compile_once(out: &Path, args: &[String]) {
+    compile_once_with("gcc", out, args)
+}
+
+/// Runs `compiler` with `args` unless `out` was already built by this test run.
+fn compile_once_with(compiler: &str, out: &Path, args: &[String]) {
     static BUILT: OnceLock<Mutex<Vec<PathBuf>>> = OnceLock::new();
     let mut built = BUILT
         .get_or_init(Default::default)
@@ -129,8 +145,12 @@ fn compile_once(out: &Path, args: &[String]) {
         return;
     }
     std::fs::create_dir_all(out.parent().expect("output dir")).expect("fixtures dir");
-    let status = Command::new("gcc").args(args).status().expect("gcc");
-    assert!(status.success(), "gcc failed: gcc {}", args.join(" "));
+    let status = Command::new(compiler).args(args).status().expect(compiler);
+    assert!(
+        status.success(),
+        "{compiler} failed: {compiler} {}",
+        args.join(" ")
+    );
     built.push(out.to_path_buf());
 }
 

@@ -71,8 +71,7 @@ pub const TRACED_ON: u32 = 1;
 pub const TRACED_HOLD: u32 = 2;
 /// The process's heap allocations go as raw stack copies ([`DeepStackEvent`], at most
 /// [`DEEP_HEAP_BYTES`] of stack), unwound in user space with the call-frame information: its code
-/// has no frame pointers, or calls into code that has none (libstdc++'s `operator new`) before
-/// the allocator, whose caller a frame-pointer walk would skip.
+/// has no frame pointers (or `--unwind cfi` says so).
 pub const TRACED_CFI: u32 = 4;
 
 impl EventKind {

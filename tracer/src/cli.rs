@@ -264,11 +264,12 @@ pub struct ReportArgs {
     /// Native stacks only: do not walk the Python frames of CPython processes.
     #[arg(long)]
     pub no_python_stacks: bool,
-    /// How heap stacks are taken: `fp` walks frame pointers in the kernel (cheapest; right only
-    /// for code built with them); `cfi` copies a few KiB of stack per allocation and unwinds it
-    /// with the call-frame information (right for code built without frame pointers, inlined
-    /// or not); `auto` copies for executables without frame pointers and for C++ programs
-    /// (libstdc++'s `operator new` has none), and walks for the rest and for Python interpreters.
+    /// How heap stacks are taken: `fp` walks frame pointers in the kernel (cheapest; right for
+    /// code built with them, but a frame that calls a frameless function such as `operator new`
+    /// is skipped); `cfi` copies the stack (a few hundred bytes to 8 KiB per allocation, as each
+    /// site needs) and unwinds it with the call-frame information (right for any code, inlined
+    /// functions included; costs more, most of it in leaktracer); `auto` copies for executables
+    /// built without frame pointers and walks for the rest and for Python interpreters.
     #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
     pub unwind: crate::model::HeapUnwind,
     /// Serve the leak explorer (the page at /, the read-only JSON API under /api/v1 with live

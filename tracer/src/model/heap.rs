@@ -48,8 +48,8 @@ impl Default for HeapTracing {
 }
 
 /// `--unwind`: how heap stacks are taken. `auto`: raw stack copies unwound with the call-frame
-/// information for executables without frame pointers and C++ ones, the kernel's frame-pointer
-/// walk for the rest (see probes/frames.rs).
+/// information for executables without frame pointers, the kernel's frame-pointer walk for the
+/// rest (see probes/frames.rs).
 #[derive(
     Clone,
     Copy,

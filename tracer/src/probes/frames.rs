@@ -3,11 +3,16 @@
 //!
 //! The walk is cheap and exact for code built with frame pointers. Programs built the way
 //! distributions and users build them (x86-64 `-O2`) have none: the walk stops at the allocator's
-//! caller, or follows a register that holds something else. And a program with frame pointers that
-//! allocates through code without them (libstdc++'s `operator new`, glibc's `strdup`) loses the
-//! frame that called that code: the walk goes from the frameless function to its caller's caller.
-//! The copy costs more per allocation (see docs/performance.md), so `auto` takes it only where
-//! the walk is known to be wrong: executables without frame pointers and C++ executables.
+//! caller, or follows a register that holds something else. The copies cost more per allocation
+//! (docs/performance.md), most of it in user space, where each record is unwound: a program that
+//! makes a million allocations from thousands of sites at start-up (libtorch's static
+//! initialisation) is unwound slower than it allocates. So `auto` copies only for executables
+//! without frame pointers, where the walk is wrong for every allocation.
+//!
+//! A program with frame pointers that allocates through code without them (libstdc++'s
+//! `operator new`, glibc's `strdup`) loses one frame to the walk: the one that called that
+//! code (the walk goes from the frameless function to its caller's caller). `--unwind cfi`
+//! gets it back, at the copies' cost.
 //! Python interpreters keep the walk: their lines come from the interpreter's own frames.
 
 use std::{fs::File, path::Path};
@@ -23,8 +28,6 @@ use crate::model::HeapUnwind;
 pub struct CodeTraits {
     /// Most of its functions keep a frame pointer (their call-frame rules are based on `rbp`).
     pub frame_pointers: bool,
-    /// It calls C++'s `operator new` (or links libstdc++).
-    pub cplusplus: bool,
     /// It is a CPython interpreter.
     pub python: bool,
 }
@@ -40,14 +43,8 @@ impl CodeTraits {
             .section_by_name(".eh_frame")
             .and_then(|s| Some((s.address(), s.data().ok()?)))
             .is_some_and(|(addr, data)| frame_pointer_share(addr, data) >= 0.5);
-        let dynstr = elf
-            .section_by_name(".dynstr")
-            .and_then(|s| s.data().ok())
-            .unwrap_or_default();
-        let has = |needle: &[u8]| dynstr.windows(needle.len()).any(|w| w == needle);
         Some(Self {
             frame_pointers,
-            cplusplus: has(b"libstdc++.so") || has(b"_Znwm") || has(b"_Znam"),
             python: crate::python::interp::version_of(&path.to_string_lossy()).is_some(),
         })
     }
@@ -57,7 +54,7 @@ impl CodeTraits {
         match mode {
             HeapUnwind::FramePointers => false,
             HeapUnwind::Cfi => true,
-            HeapUnwind::Auto => !self.python && (!self.frame_pointers || self.cplusplus),
+            HeapUnwind::Auto => !self.python && !self.frame_pointers,
         }
     }
 }
@@ -108,10 +105,9 @@ pub fn frame_pointer_share(addr: u64, data: &[u8]) -> f64 {
 mod tests {
     use super::*;
 
-    fn traits(frame_pointers: bool, cplusplus: bool, python: bool) -> CodeTraits {
+    fn traits(frame_pointers: bool, python: bool) -> CodeTraits {
         CodeTraits {
             frame_pointers,
-            cplusplus,
             python,
         }
     }
@@ -119,21 +115,14 @@ mod tests {
     #[test]
     fn auto_copies_stacks_only_where_the_walk_is_wrong() {
         let auto = HeapUnwind::Auto;
+        assert!(!traits(true, false).wants_cfi(auto), "frame pointers");
+        assert!(traits(false, false).wants_cfi(auto), "none");
         assert!(
-            !traits(true, false, false).wants_cfi(auto),
-            "C with frame pointers"
-        );
-        assert!(traits(false, false, false).wants_cfi(auto), "C without");
-        assert!(
-            traits(true, true, false).wants_cfi(auto),
-            "C++: operator new has none"
-        );
-        assert!(
-            !traits(false, false, true).wants_cfi(auto),
+            !traits(false, true).wants_cfi(auto),
             "Python: its own frames"
         );
-        assert!(traits(true, false, true).wants_cfi(HeapUnwind::Cfi));
-        assert!(!traits(false, true, false).wants_cfi(HeapUnwind::FramePointers));
+        assert!(traits(true, true).wants_cfi(HeapUnwind::Cfi));
+        assert!(!traits(false, false).wants_cfi(HeapUnwind::FramePointers));
     }
 
     #[test]
