@@ -6,13 +6,12 @@ use tests::{fixture, report::frame_fn};
 
 use crate::line_of;
 
+/// A leaking stack: bytes, blocks, and its frames from the innermost as (function, line).
+type Leak = (u64, u64, Vec<(String, u64)>);
+
 /// The heap stacks of `inlined.c` built with `flags`, traced with `lt_flags`: for each leaking
 /// helper, its bytes and blocks, and the stack's frames from the innermost as (function, line).
-fn inlined_stacks(
-    variant: &str,
-    flags: &[&str],
-    lt_flags: &[&str],
-) -> Vec<(u64, u64, Vec<(String, u64)>)> {
+fn inlined_stacks(variant: &str, flags: &[&str], lt_flags: &[&str]) -> Vec<Leak> {
     let bin = fixture::build_variant(variant, "inlined", flags);
     let t = fixture::trace(lt_flags, &[bin.to_str().expect("utf-8 path"), "100"]).expect("run");
     assert_eq!(t.output.status.code(), Some(0));
@@ -46,7 +45,7 @@ fn inlined_stacks(
 }
 
 /// What `inlined.c`'s two leaks must show: bytes, blocks, and their first frames at their lines.
-fn expected_inlined() -> Vec<(u64, u64, Vec<(String, u64)>)> {
+fn expected_inlined() -> Vec<Leak> {
     let at = |f: &str, needle: &str| (f.to_string(), line_of("inlined", needle));
     vec![
         (
@@ -72,10 +71,7 @@ fn expected_inlined() -> Vec<(u64, u64, Vec<(String, u64)>)> {
 }
 
 /// The stacks' first frames (as many as expected), beside bytes and blocks.
-fn heads(
-    got: Vec<(u64, u64, Vec<(String, u64)>)>,
-    want: &[(u64, u64, Vec<(String, u64)>)],
-) -> Vec<(u64, u64, Vec<(String, u64)>)> {
+fn heads(got: Vec<Leak>, want: &[Leak]) -> Vec<Leak> {
     got.into_iter()
         .zip(want)
         .map(|((b, n, frames), (_, _, w))| (b, n, frames.into_iter().take(w.len()).collect()))
@@ -157,10 +153,7 @@ fn a_cplusplus_cache_leak_is_named_at_its_line() {
         "Image::Image(unsigned long) (thumbnailer.cpp:{})",
         line("pixels(n)")
     );
-    assert!(
-        out.contains(&format!("LEAK heap")) && out.contains(&site),
-        "{out}"
-    );
+    assert!(out.contains("LEAK heap") && out.contains(&site), "{out}");
     let pixels = r
         .stacks()
         .iter()
