@@ -262,3 +262,34 @@ fn a_short_run_is_judged_with_default_options() {
     let o = check(&["--no-store"], &[bin, "40", "spikes"]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
+
+/// Three threads churning a steady working set (built with -O2, no frame pointers): their
+/// arenas' pages grow while the heap bytes stay flat. That is the allocator keeping memory, as
+/// its brk heap does: a `brk` stack judged retention, no leak verdict of any kind, and the check
+/// passes.
+#[test]
+fn steady_churn_on_threads_is_not_a_leak() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build_variant("churn-O2", "churn", &["-O2", "-fomit-frame-pointer"]);
+    let bin = bin.to_str().unwrap();
+    let o = check(&["--no-store"], &[bin, "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let t = fixture::trace(&[], &[bin, "3"]).expect("run");
+    let r = t.last();
+    let leaks: Vec<_> = r
+        .stacks()
+        .iter()
+        .filter(|s| s["verdict"]["verdict"] == "leak")
+        .collect();
+    assert!(leaks.is_empty(), "{leaks:?}");
+    let arenas = r
+        .stacks()
+        .iter()
+        .find(|s| s["kind"] == "brk" && tests::report::frame_fn(s, 0) == Some("worker"))
+        .unwrap_or_else(|| panic!("no arena stack: {:?}", r.stacks()));
+    assert_eq!(arenas["verdict"]["verdict"], "retention", "{arenas}");
+    assert!(arenas["bytes"].as_u64().unwrap() > 1 << 20, "{arenas}");
+}

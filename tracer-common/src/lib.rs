@@ -64,6 +64,11 @@ pub enum EventKind {
 /// sent SIGSTOP so that user space can probe the new code before it runs (see [`TRACED_HOLD`]).
 pub const STOPPED_FOR_PROBES: u64 = 1;
 
+/// A bit of an `Mmap` event's `aux` (above the protection, which is in bits 32..40): the mapping
+/// was made inside an allocator call (malloc growing its memory: glibc's thread arenas are
+/// reserved without access this way, then opened by mprotect as they grow).
+pub const MAPPED_BY_ALLOCATOR: u64 = 1 << 63;
+
 /// `TRACED` map value bits. Every traced process has [`TRACED_ON`].
 pub const TRACED_ON: u32 = 1;
 /// The process is ptrace-held by user space: when it maps executable file pages or execs, the
@@ -354,8 +359,8 @@ pub const DEEP_STACK_BYTES: usize = 16 * 1024;
 /// A record with the raw user stack instead of frames, for allocations whose callers are in code
 /// built without frame pointers (libtorch, libstdc++, the CUDA libraries): user space unwinds it
 /// with the libraries' `.eh_frame` call-frame information. Sent for tensors and device memory,
-/// and for the heap allocations of [`TRACED_CFI`] processes, with `HEADER + len` bytes; always
-/// longer than any [`StackEvent`], which is how a consumer tells the two apart.
+/// and for the heap allocations of [`TRACED_CFI`] processes, with `HEADER + len + 8 * n_frees`
+/// bytes; always longer than any [`StackEvent`], which is how a consumer tells the two apart.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct DeepStackEvent {
@@ -365,7 +370,10 @@ pub struct DeepStackEvent {
     pub sp: u64,
     pub bp: u64,
     /// Bytes of `stack` copied, from `sp` (rounded down to 8) upwards.
-    pub len: u64,
+    pub len: u32,
+    /// A heap record's frees (the thread's not sent yet, made before this allocation, in
+    /// order): `n_frees` addresses right after the `len` stack bytes.
+    pub n_frees: u32,
     pub stack: [u8; DEEP_STACK_BYTES],
 }
 const _: () = assert!(size_of::<DeepStackEvent>() == 96 + DEEP_STACK_BYTES);

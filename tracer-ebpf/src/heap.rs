@@ -184,9 +184,7 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
     // Timed only once it is sent (`--heap sampled` sends few), at tick resolution.
     ev.ts_ns = tick_ns();
     if ev.addr != 0 && settings(p, ev.tgid) & HEAP_CFI != 0 {
-        // The frees first: the record after them may be a deep one, which carries none.
-        flush_frees(p);
-        return emit_deep_heap(&probe_regs(ctx.regs), &ev);
+        return emit_deep_heap(&probe_regs(ctx.regs), &ev, p);
     }
     let stack = if ev.addr == 0 {
         None // realloc(p, 0): a free, no stack needed
@@ -238,7 +236,8 @@ pub fn heap_flush(ctx: RetProbeContext) -> u32 {
     if p.n_deferred == 0 {
         return 0;
     }
-    emit_deep_heap(&regs, &p.deferred[0]);
+    let first = p.deferred[0];
+    emit_deep_heap(&regs, &first, p);
     for i in 1..MAX_DEFERRED {
         p.deferred[i - 1] = p.deferred[i];
     }

@@ -16,7 +16,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
-use tracer_common::{AllocFn, Counter, Event, EventKind, MAX_DEFERRED, Pending};
+use tracer_common::{
+    AllocFn, Counter, Event, EventKind, MAPPED_BY_ALLOCATOR, MAX_DEFERRED, Pending,
+};
 
 use crate::entries;
 use crate::shared::{
@@ -140,6 +142,9 @@ fn park(p: &mut Pending, ev: &Event) {
     let i = p.n_deferred as usize;
     if i < MAX_DEFERRED {
         p.deferred[i] = *ev;
+        if ev.kind == EventKind::Mmap as u32 {
+            p.deferred[i].aux |= MAPPED_BY_ALLOCATOR;
+        }
         p.n_deferred += 1;
     }
 }

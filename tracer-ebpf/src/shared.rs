@@ -299,13 +299,20 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event) {
 }
 
 /// A heap allocation's (or its pages') deep record, with as much stack as its site needs (see
-/// `unwind::deep_heap`), else the frame-pointer walk's frames.
+/// `unwind::deep_heap`) and the thread's unsent frees, else the frees and the frame-pointer
+/// walk's frames.
 #[inline(always)]
-pub fn emit_deep_heap(regs: &UserRegs, ev: &Event) {
+pub fn emit_deep_heap(regs: &UserRegs, ev: &Event, p: &mut Pending) {
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
-    match deep_heap(regs, ev) {
-        Some(bytes) => send_deep(bytes),
-        None => send_walked(regs, ev),
+    match deep_heap(regs, ev, &p.frees, p.n_frees) {
+        Some(bytes) => {
+            p.n_frees = 0;
+            send_deep(bytes)
+        }
+        None => {
+            flush_frees(p);
+            send_walked(regs, ev)
+        }
     }
 }
 

@@ -321,7 +321,7 @@ pub fn deep(regs: &UserRegs, ev: &Event, max: u64) -> Option<&'static [u8]> {
     if len < DEEP_MIN_BYTES as u64 {
         return None;
     }
-    d.len = len;
+    (d.len, d.n_frees) = (len as u32, 0);
     let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
     let n = if n > DEEP_STACK_BYTES {
         DEEP_STACK_BYTES
@@ -341,8 +341,14 @@ static DEEP_HINTS: LruHashMap<DeepHintKey, u32> = LruHashMap::with_max_entries(M
 /// A heap allocation's deep record: as many bytes of stack as user space found its site's
 /// records need ([`DEEP_HEAP_FIRST`] before it has said), in one read; when that read fails (the
 /// stack ends sooner), the whole [`DEEP_HEAP_BYTES`] window page by page, as [`deep`] copies it.
+/// The thread's unsent frees (`frees`, `n` of them) follow the stack bytes.
 #[inline(always)]
-pub fn deep_heap(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
+pub fn deep_heap(
+    regs: &UserRegs,
+    ev: &Event,
+    frees: &[u64; FREES_PER_RECORD],
+    n: u32,
+) -> Option<&'static [u8]> {
     let key = DeepHintKey {
         tgid: ev.tgid,
         pad: 0,
@@ -356,22 +362,49 @@ pub fn deep_heap(regs: &UserRegs, ev: &Event) -> Option<&'static [u8]> {
     // SAFETY: this CPU's scratch record, used only while this program runs.
     let d = unsafe { &mut *d };
     let base = regs.sp & !7;
-    let len = (opaque(u64::from(hint)) & (2 * DEEP_HEAP_BYTES as u64 - 1))
+    let want = (opaque(u64::from(hint)) & (2 * DEEP_HEAP_BYTES as u64 - 1))
         .clamp(DEEP_MIN_BYTES as u64, DEEP_HEAP_BYTES as u64);
-    // SAFETY: `len <= DEEP_HEAP_BYTES < DEEP_STACK_BYTES` bytes into the record's stack bytes.
-    if unsafe { read_user_raw(d.stack.as_mut_ptr().cast(), len as u32, base as *const _) } != 0 {
-        return deep(regs, ev, DEEP_HEAP_BYTES as u64);
+    // SAFETY: `want <= DEEP_HEAP_BYTES < DEEP_STACK_BYTES` bytes into the record's stack bytes.
+    let len = if unsafe {
+        read_user_raw(d.stack.as_mut_ptr().cast(), want as u32, base as *const _)
+    } == 0
+    {
+        (d.event, d.ip, d.sp, d.bp) = (*ev, regs.ip, base, regs.bp);
+        want
+    } else {
+        deep(regs, ev, DEEP_HEAP_BYTES as u64)?;
+        u64::from(d.len)
+    };
+    let len = opaque(len) & (2 * DEEP_HEAP_BYTES as u64 - 1);
+    let len = if len > DEEP_HEAP_BYTES as u64 {
+        DEEP_HEAP_BYTES as u64
+    } else {
+        len
+    };
+    let n = (n as usize).min(FREES_PER_RECORD);
+    for (i, addr) in frees.iter().enumerate() {
+        if i >= n {
+            break;
+        }
+        let at = len as usize + 8 * i;
+        // SAFETY: `at + 8 <= DEEP_HEAP_BYTES + 8 * FREES_PER_RECORD < DEEP_STACK_BYTES`.
+        unsafe {
+            core::ptr::write_unaligned(d.stack.as_mut_ptr().add(at).cast::<u64>(), *addr);
+        }
     }
-    (d.event, d.ip, d.sp, d.bp, d.len) = (*ev, regs.ip, base, regs.bp, len);
-    let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
-    let n = if n > DEEP_STACK_BYTES {
+    (d.len, d.n_frees) = (len as u32, n as u32);
+    let used = (len as usize + 8 * n) & (DEEP_STACK_BYTES * 2 - 1);
+    let used = if used > DEEP_STACK_BYTES {
         DEEP_STACK_BYTES
     } else {
-        n
+        used
     };
-    // SAFETY: the header and `n <= DEEP_STACK_BYTES` stack bytes of this CPU's record.
+    // SAFETY: the header and `used <= DEEP_STACK_BYTES` bytes of this CPU's record.
     Some(unsafe {
-        core::slice::from_raw_parts((d as *const DeepStackEvent).cast::<u8>(), DEEP_HEADER + n)
+        core::slice::from_raw_parts(
+            (d as *const DeepStackEvent).cast::<u8>(),
+            DEEP_HEADER + used,
+        )
     })
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tracer_common::{AllocFn, EventKind};
+use tracer_common::{AllocFn, EventKind, MAPPED_BY_ALLOCATOR};
 
 use crate::{
     model::{Frame, StackId},
@@ -65,6 +65,9 @@ pub enum What {
         len: u64,
         anonymous: bool,
         no_access: bool,
+        /// Made inside an allocator call: anonymous and without access, an allocator's heap
+        /// reserved (glibc's thread arenas).
+        by_allocator: bool,
     },
     /// mprotect: `no_access` turns memory back into reserved address space.
     Mprotect {
@@ -154,8 +157,9 @@ impl Raw {
                 addr: self.addr,
                 len: self.size,
                 anonymous: self.aux & MAP_ANONYMOUS != 0,
-                // The protection is in the upper half; PROT_NONE is 0.
-                no_access: self.aux >> 32 == 0,
+                // The protection is in bits 32..40; PROT_NONE is 0.
+                no_access: (self.aux >> 32) & 0xff == 0,
+                by_allocator: self.aux & MAPPED_BY_ALLOCATOR != 0,
             },
             EventKind::Mprotect => What::Mprotect {
                 addr: self.old_addr,

@@ -176,7 +176,7 @@ impl Decoder {
     }
 
     /// A thread's frees, in the order they were made.
-    fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
+    pub(super) fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
         for &addr in addrs {
             let ev = Event {
                 kind: EventKind::Free as u32,

@@ -286,14 +286,19 @@ impl Decoder {
             unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         // SAFETY: as above; the event is the header's first 64 bytes.
         let ev: RawEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        let (ip, sp, bp, len) = (header[8], header[9], header[10], header[11] as usize);
-        let (Some(kind), Some(stack)) = (
+        let (ip, sp, bp) = (header[8], header[9], header[10]);
+        // `len` and `n_frees`, two u32s.
+        let (len, n_frees) = (header[11] as u32 as usize, (header[11] >> 32) as usize);
+        let frees_at = DEEP_HEADER.saturating_add(len);
+        let (Some(kind), Some(stack), Some(frees)) = (
             EventKind::from_u32(ev.kind),
-            bytes.get(DEEP_HEADER..DEEP_HEADER.saturating_add(len)),
+            bytes.get(DEEP_HEADER..frees_at),
+            bytes.get(frees_at..frees_at.saturating_add(8 * n_frees)),
         ) else {
             self.undecodable += 1;
             return;
         };
+        self.push_frees(ev.tgid, &u64_words(frees), out);
         if self
             .maps
             .get(ev.tgid)
@@ -305,6 +310,7 @@ impl Decoder {
         let mut cut = false;
         if let Some(maps) = self.maps.get(ev.tgid) {
             let raw = unwind::RawStack {
+                tid: ev.tid,
                 ip,
                 sp,
                 bp,

@@ -130,11 +130,33 @@ struct ProcUnwinder {
     added: HashSet<u64>,
 }
 
+/// The last unwind of one thread's allocation site. Unwinding is a function of the registers and
+/// of the stack words it reads: a record with the same registers and the same words at those
+/// addresses has the same frames, found without unwinding (a loop that allocates at one site
+/// sends the same stack over and over).
+struct Memo {
+    sp: u64,
+    bp: u64,
+    /// Modules of the process when it was made (a module added since may unwind further).
+    modules: usize,
+    /// The words read, as (offset from `sp`, value).
+    reads: Vec<(u32, u64)>,
+    frames: Vec<u64>,
+    reach: Reach,
+}
+
+/// Memos kept at most; beyond, they are all dropped and made again.
+const MAX_MEMOS: usize = 1 << 16;
+
 /// Unwinders per process, and the unwind information of every file, read once.
 pub struct Unwinders {
     files: HashMap<Arc<str>, Option<Arc<FileUnwindInfo>>>,
     procs: FxHashMap<u32, ProcUnwinder>,
     cache: CacheX86_64,
+    /// Per (process, thread, ip).
+    memos: FxHashMap<(u32, u32, u64), Memo>,
+    /// The words the unwind in progress reads.
+    reads: Vec<(u32, u64)>,
 }
 
 impl Default for Unwinders {
@@ -143,6 +165,8 @@ impl Default for Unwinders {
             files: HashMap::new(),
             procs: FxHashMap::default(),
             cache: CacheX86_64::new(),
+            memos: FxHashMap::default(),
+            reads: Vec::new(),
         }
     }
 }
@@ -196,8 +220,9 @@ impl CopyHints {
     }
 }
 
-/// Registers and stack bytes of a deep record.
+/// Registers and stack bytes of a deep record, and its thread.
 pub struct RawStack<'a> {
+    pub tid: u32,
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
@@ -216,6 +241,40 @@ impl Unwinders {
         max: usize,
         out: &mut Vec<u64>,
     ) -> Reach {
+        let modules = self.add_modules(tgid, maps);
+        let key = (tgid, stack.tid, stack.ip);
+        if let Some(m) = self.memos.get(&key)
+            && m.sp == stack.sp
+            && m.bp == stack.bp
+            && m.modules == modules
+            && m.reads
+                .iter()
+                .all(|&(off, w)| word(stack.bytes, off as usize) == Some(w))
+        {
+            out.extend(m.frames.iter().take(max));
+            return m.reach;
+        }
+        let start = out.len();
+        let reach = self.unwind_afresh(tgid, stack, max, out);
+        if self.memos.len() >= MAX_MEMOS {
+            self.memos.clear();
+        }
+        let memo = Memo {
+            sp: stack.sp,
+            bp: stack.bp,
+            modules,
+            reads: std::mem::take(&mut self.reads),
+            frames: out[start..].to_vec(),
+            reach,
+        };
+        if let Some(old) = self.memos.insert(key, memo) {
+            self.reads = old.reads; // its buffer, for the next unwind
+        }
+        reach
+    }
+
+    /// Adds the modules of `tgid`'s mappings not added yet; returns how many it has.
+    fn add_modules(&mut self, tgid: u32, maps: &ProcMaps) -> usize {
         let proc = self.procs.entry(tgid).or_default();
         for (start, end, offset, path) in maps.mappings() {
             if !proc.added.insert(start) {
@@ -234,15 +293,32 @@ impl Unwinders {
             let module = framehop::Module::new(path.to_string(), start..end, base, Sections(info));
             proc.unwinder.add_module(module);
         }
+        proc.added.len()
+    }
+
+    /// Unwinds with framehop, noting every word read in `self.reads`.
+    fn unwind_afresh(
+        &mut self,
+        tgid: u32,
+        stack: &RawStack<'_>,
+        max: usize,
+        out: &mut Vec<u64>,
+    ) -> Reach {
+        let Some(proc) = self.procs.get(&tgid) else {
+            return Reach::default();
+        };
         let mut reach = Reach::default();
+        let reads = &mut self.reads;
+        reads.clear();
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = usize::try_from(addr.checked_sub(stack.sp).ok_or(())?).map_err(|_| ())?;
-            let Some(b) = stack.bytes.get(off..off + 8) else {
+            let Some(w) = word(stack.bytes, off) else {
                 reach.beyond = reach.beyond || off < 1 << 20; // a stack address, not garbage
                 return Err(());
             };
             reach.read = reach.read.max(off + 8);
-            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+            reads.push((off as u32, w));
+            Ok(w)
         };
         let regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
         let mut frames = proc
@@ -260,7 +336,14 @@ impl Unwinders {
     /// Drops a process's unwinder (exec: new code; exit).
     pub fn forget(&mut self, tgid: u32) {
         self.procs.remove(&tgid);
+        self.memos.retain(|(t, _, _), _| *t != tgid);
     }
+}
+
+/// The little-endian word at byte `off` of `bytes`, if the copy holds it.
+fn word(bytes: &[u8], off: usize) -> Option<u64> {
+    let b = bytes.get(off..off.checked_add(8)?)?;
+    Some(u64::from_le_bytes(b.try_into().ok()?))
 }
 
 #[cfg(test)]

@@ -73,10 +73,11 @@ impl Process {
         for b in blocks {
             f(Kind::of(b.origin.func), b.size, &b.origin);
         }
-        for (n, o) in self.mmaps.live() {
-            f(Kind::Mmap, n, o);
+        // An allocator's heaps in mmap'd memory (glibc's thread arenas) are what its brk heap is.
+        for (n, o, arena) in self.mmaps.live() {
+            f(if arena { Kind::Brk } else { Kind::Mmap }, n, o);
         }
-        for (n, o) in self.brk.segments.live() {
+        for (n, o, _) in self.brk.segments.live() {
             f(Kind::Brk, n, o);
         }
     }
@@ -135,7 +136,11 @@ impl Process {
                 len,
                 anonymous,
                 no_access,
-            } => self.mmap(addr, len, anonymous, no_access, origin),
+                by_allocator,
+            } => {
+                let arena = no_access && by_allocator;
+                self.mmap(addr, len, anonymous, arena, no_access, origin)
+            }
             What::Mprotect {
                 addr,
                 len,
@@ -222,11 +227,21 @@ impl Process {
         }
     }
 
-    /// A successful mmap: anonymous mappings are tracked (without access: reserved); any mapping
-    /// replaces what it covers.
-    pub fn mmap(&mut self, addr: u64, len: u64, anonymous: bool, no_access: bool, origin: Origin) {
+    /// A successful mmap: anonymous mappings are tracked (without access: reserved; reserved by
+    /// an allocator call: an allocator's heap); any mapping replaces what it covers.
+    pub fn mmap(
+        &mut self,
+        addr: u64,
+        len: u64,
+        anonymous: bool,
+        arena: bool,
+        no_access: bool,
+        origin: Origin,
+    ) {
         let end = addr.saturating_add(page_up(len));
-        if anonymous {
+        if anonymous && arena {
+            self.mmaps.insert_arena(addr, end, origin);
+        } else if anonymous {
             self.mmaps.insert(addr, end, origin, no_access);
         } else {
             self.mmaps.remove(addr, end);

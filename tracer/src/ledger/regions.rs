@@ -14,6 +14,9 @@ pub struct Region {
     pub origin: Origin,
     /// Mapped without access: address space, not memory.
     pub reserved: bool,
+    /// An allocator's heap: reserved inside an allocator call and opened as it grows (glibc's
+    /// thread arenas), memory the allocator keeps as the brk heap is.
+    pub arena: bool,
 }
 
 /// Regions keyed by start address.
@@ -25,6 +28,15 @@ pub struct Regions {
 impl Regions {
     /// Adds [start, end), replacing whatever overlapped it.
     pub fn insert(&mut self, start: u64, end: u64, origin: Origin, reserved: bool) {
+        self.insert_region(start, end, origin, reserved, false);
+    }
+
+    /// Adds an allocator's heap reserved at [start, end) (see [`Region::arena`]).
+    pub fn insert_arena(&mut self, start: u64, end: u64, origin: Origin) {
+        self.insert_region(start, end, origin, true, true);
+    }
+
+    fn insert_region(&mut self, start: u64, end: u64, origin: Origin, reserved: bool, arena: bool) {
         self.remove(start, end);
         self.map.insert(
             start,
@@ -32,6 +44,7 @@ impl Regions {
                 end,
                 origin,
                 reserved,
+                arena,
             },
         );
     }
@@ -50,6 +63,7 @@ impl Regions {
                 end: r.end.min(end),
                 origin: r.origin,
                 reserved,
+                arena: r.arena,
             };
             self.map.insert(s.max(start), piece);
         }
@@ -107,12 +121,12 @@ impl Regions {
             .is_some_and(|(_, r)| r.end > addr && r.reserved)
     }
 
-    /// (bytes, origin) of each accessible region.
-    pub fn live(&self) -> impl Iterator<Item = (u64, &Origin)> {
+    /// (bytes, origin, whether an allocator's heap) of each accessible region.
+    pub fn live(&self) -> impl Iterator<Item = (u64, &Origin, bool)> {
         self.map
             .iter()
             .filter(|(_, r)| !r.reserved)
-            .map(|(s, r)| (r.end - s, &r.origin))
+            .map(|(s, r)| (r.end - s, &r.origin, r.arena))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Region)> {

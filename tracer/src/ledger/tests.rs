@@ -51,11 +51,17 @@ fn realloc(old: u64, new: u64, size: u64, stack: u32) -> Input {
 }
 /// An anonymous private mapping with protection `prot`.
 fn mmap(addr: u64, len: u64, prot: u64, stack: u32) -> Input {
+    mmap_by(addr, len, prot, stack, false)
+}
+
+/// As [`mmap`]; `by_allocator`: made inside an allocator call.
+fn mmap_by(addr: u64, len: u64, prot: u64, stack: u32, by_allocator: bool) -> Input {
     let what = What::Mmap {
         addr,
         len,
         anonymous: true,
         no_access: prot == 0,
+        by_allocator,
     };
     Input::Event(Event {
         stack: Some(StackId::new(stack)),
@@ -206,6 +212,25 @@ fn arena_reservation_counts_only_what_mprotect_opens() {
     ]);
     assert_eq!(of(&l, Kind::Mmap, 1), (135168, 1));
     assert_eq!(l.procs[&PID].mismatches.unmatched_unmap_bytes, 0);
+}
+
+/// The same reservation made by malloc (a thread's first allocation makes its arena): what
+/// mprotect opens is the allocator's heap, counted as its brk heap is, at the allocating stack;
+/// a large block malloc maps with access stays a mapping.
+#[test]
+fn an_arena_malloc_reserves_is_the_allocators_heap() {
+    let base = 0x7f00_0000_0000u64;
+    let l = ledger(vec![
+        mmap_by(base, 128 << 20, 0, 1, true),
+        munmap(base, 12 << 20),
+        munmap(base + (76 << 20), 52 << 20),
+        mprotect(base + (12 << 20), 135168, RW),
+        mprotect(base + (12 << 20) + 135168, 65536, RW),
+        mmap_by(0x10_0000, 1 << 20, RW, 2, true),
+    ]);
+    assert_eq!(of(&l, Kind::Brk, 1), (135168 + 65536, 2));
+    assert_eq!(of(&l, Kind::Mmap, 1), (0, 0));
+    assert_eq!(of(&l, Kind::Mmap, 2), (1 << 20, 1));
 }
 
 #[test]
