@@ -144,34 +144,37 @@ fn bad_budgets_and_kinds_are_tool_errors() {
     }
 }
 
+/// `check FLAGS --json -o NAME.json -- ARGV…`: the gate's output, and the final report.
+pub(crate) fn check_report(
+    name: &str,
+    flags: &[&str],
+    argv: &[&str],
+) -> (Output, tests::report::Report) {
+    let report = fixture::target_dir().join(format!("{name}.json"));
+    let o = check(
+        &[flags, &["--json", "-o", report.to_str().unwrap()]].concat(),
+        argv,
+    );
+    let text = std::fs::read_to_string(&report).expect("report written");
+    let last = tests::report::Report::parse(text.lines().last().expect("a report")).unwrap();
+    (o, last)
+}
+
 /// `check --store DB --json -o FILE -- teardown ARGS…`: the gate's output, and the final report.
 fn check_teardown(
     name: &str,
     args: &[&str],
 ) -> (Output, tests::report::Report, std::path::PathBuf) {
     let bin = fixture::build("teardown");
-    let dir = fixture::target_dir();
-    let (db, report) = (
-        dir.join(format!("{name}.db")),
-        dir.join(format!("{name}.json")),
-    );
+    let db = fixture::target_dir().join(format!("{name}.db"));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
-    let o = check(
-        &[
-            "--sample",
-            "0.1",
-            "--store",
-            db.to_str().unwrap(),
-            "--json",
-            "-o",
-            report.to_str().unwrap(),
-        ],
+    let (o, last) = check_report(
+        name,
+        &["--sample", "0.1", "--store", db.to_str().unwrap()],
         &[&[bin.to_str().unwrap()], args].concat(),
     );
-    let text = std::fs::read_to_string(&report).expect("report written");
-    let last = tests::report::Report::parse(text.lines().last().expect("a report")).unwrap();
     (o, last, db)
 }
 

@@ -127,24 +127,8 @@ fn a_cplusplus_cache_leak_is_named_at_its_line() {
     let bin = fixture::build_cxx("thumbnailer-O2", "thumbnailer", &["-O2", "-g"]);
     let bin = bin.to_str().expect("utf-8 path");
     let line = |needle: &str| line_of("thumbnailer.cpp", needle);
-    let report = fixture::target_dir().join("thumbnailer.json");
     let check = |args: &[&str]| {
-        let o = fixture::leaktracer_cmd()
-            .args([
-                "check",
-                "--no-store",
-                "--json",
-                "-o",
-                report.to_str().unwrap(),
-                "--",
-                bin,
-            ])
-            .args(args)
-            .output()
-            .expect("leaktracer check");
-        let text = std::fs::read_to_string(&report).expect("report written");
-        let last = tests::report::Report::parse(text.lines().last().expect("a report")).unwrap();
-        (o, last)
+        crate::check::check_report("thumbnailer", &["--no-store"], &[&[bin], args].concat())
     };
     let (o, r) = check(&["60"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();

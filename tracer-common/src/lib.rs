@@ -378,10 +378,10 @@ pub struct DeepStackEvent {
 }
 const _: () = assert!(size_of::<DeepStackEvent>() == 96 + DEEP_STACK_BYTES);
 
-/// Bytes of stack a heap record of a [`TRACED_CFI`] process carries at most: the rest of the page
-/// the stack pointer is in, and one page more. A copy costs ~80 ns and ~50 ns per KiB here, and
-/// its bytes go through the ring: a heap allocation's callers up to `main` or a thread's start
-/// usually fit in a few KiB; a deeper stack is unwound as far as the copy reaches.
+/// Bytes of stack a heap record of a [`TRACED_CFI`] process carries at most (its site's length
+/// comes from [`DeepHintKey`]'s map). A copy costs ~80 ns and ~50 ns per KiB here, and its bytes
+/// go through the ring: a heap allocation's callers up to `main` or a thread's start usually fit
+/// in a few hundred bytes; a deeper stack is unwound as far as the copy reaches.
 pub const DEEP_HEAP_BYTES: usize = 8 * 1024;
 
 /// Key of the kernel's `DEEP_HINTS` map: an allocator's return address (`ip`, in its caller) in

@@ -295,7 +295,13 @@ fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 /// record with the frame-pointer walk's frames.
 #[inline(always)]
 pub fn emit_deep(regs: &UserRegs, ev: &Event) {
-    emit_deep_upto(regs, ev, DEEP_STACK_BYTES as u64);
+    // The Python frames first, from one verifier state (after the raw-stack copy, each of its
+    // loop's exits would have the verifier walk them again: over its instruction limit).
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    match deep(regs, ev, DEEP_STACK_BYTES as u64) {
+        Some(bytes) => send_deep(bytes),
+        None => send_walked(regs, ev),
+    }
 }
 
 /// A heap allocation's (or its pages') deep record, with as much stack as its site needs (see
@@ -313,18 +319,6 @@ pub fn emit_deep_heap(regs: &UserRegs, ev: &Event, p: &mut Pending) {
             flush_frees(p);
             send_walked(regs, ev)
         }
-    }
-}
-
-/// [`emit_deep`] with at most `max` bytes of stack (a constant).
-#[inline(always)]
-fn emit_deep_upto(regs: &UserRegs, ev: &Event, max: u64) {
-    // The Python frames first, from one verifier state (after the raw-stack copy, each of its
-    // loop's exits would have the verifier walk them again: over its instruction limit).
-    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
-    match deep(regs, ev, max) {
-        Some(bytes) => send_deep(bytes),
-        None => send_walked(regs, ev),
     }
 }
 

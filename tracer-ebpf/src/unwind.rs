@@ -322,16 +322,23 @@ pub fn deep(regs: &UserRegs, ev: &Event, max: u64) -> Option<&'static [u8]> {
         return None;
     }
     (d.len, d.n_frees) = (len as u32, 0);
-    let n = (opaque(len) as usize) & (DEEP_STACK_BYTES * 2 - 1);
+    Some(deep_record(d, len))
+}
+
+/// The bytes of deep record `d` to send: its header and the first `used` bytes after it.
+#[inline(always)]
+fn deep_record(d: &DeepStackEvent, used: u64) -> &'static [u8] {
+    let n = (opaque(used) as usize) & (DEEP_STACK_BYTES * 2 - 1);
     let n = if n > DEEP_STACK_BYTES {
         DEEP_STACK_BYTES
     } else {
         n
     };
-    // SAFETY: the header and `n <= DEEP_STACK_BYTES` stack bytes of this CPU's record.
-    Some(unsafe {
+    // SAFETY: the header and `n <= DEEP_STACK_BYTES` bytes of this CPU's record (a per-CPU map
+    // value, which lives as long as the program).
+    unsafe {
         core::slice::from_raw_parts((d as *const DeepStackEvent).cast::<u8>(), DEEP_HEADER + n)
-    })
+    }
 }
 
 /// Bytes of stack each allocation site's records need (see [`DeepHintKey`]), from user space.
@@ -393,19 +400,7 @@ pub fn deep_heap(
         }
     }
     (d.len, d.n_frees) = (len as u32, n as u32);
-    let used = (len as usize + 8 * n) & (DEEP_STACK_BYTES * 2 - 1);
-    let used = if used > DEEP_STACK_BYTES {
-        DEEP_STACK_BYTES
-    } else {
-        used
-    };
-    // SAFETY: the header and `used <= DEEP_STACK_BYTES` bytes of this CPU's record.
-    Some(unsafe {
-        core::slice::from_raw_parts(
-            (d as *const DeepStackEvent).cast::<u8>(),
-            DEEP_HEADER + used,
-        )
-    })
+    Some(deep_record(d, len + 8 * n as u64))
 }
 
 /// Copies `len` (at most a page) bytes of user memory at `src` into `buf` at byte offset `at`.

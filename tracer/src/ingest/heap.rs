@@ -118,7 +118,7 @@ impl Decoder {
             self.undecodable_heap();
             return;
         };
-        self.push_frees(h.tgid, &words[n..], out);
+        self.push_frees(h.tgid, words[n..].iter().copied(), out);
         let ev = Event {
             kind: kind as u32,
             func: u32::from(h.func),
@@ -172,12 +172,17 @@ impl Decoder {
             self.undecodable += 1;
             return;
         }
-        self.push_frees(tgid, &addrs, out);
+        self.push_frees(tgid, addrs, out);
     }
 
     /// A thread's frees, in the order they were made.
-    pub(super) fn push_frees(&mut self, tgid: u32, addrs: &[u64], out: &mut Vec<Input>) {
-        for &addr in addrs {
+    pub(super) fn push_frees(
+        &mut self,
+        tgid: u32,
+        addrs: impl IntoIterator<Item = u64>,
+        out: &mut Vec<Input>,
+    ) {
+        for addr in addrs {
             let ev = Event {
                 kind: EventKind::Free as u32,
                 func: AllocFn::Free as u32,

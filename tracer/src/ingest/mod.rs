@@ -21,8 +21,7 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, DEEP_HEADER, DEEP_HEAP_BYTES, Event as RawEvent, EventKind, MAX_FRAMES,
-    STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use crate::probes::KernelCounters;
@@ -298,7 +297,12 @@ impl Decoder {
             self.undecodable += 1;
             return;
         };
-        self.push_frees(ev.tgid, &u64_words(frees), out);
+        let frees = frees
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|w| u64::from_le_bytes(*w));
+        self.push_frees(ev.tgid, frees, out);
         if self
             .maps
             .get(ev.tgid)
@@ -320,19 +324,22 @@ impl Decoder {
                 .unwinders
                 .unwind(ev.tgid, maps, &raw, MAX_FRAMES, &mut self.scratch);
             cut = reach.beyond;
-            self.hint_copy(ev.tgid, ip, len, reach);
+            self.hint_copy(&ev, ip, len, reach);
         }
         let truncated = cut || self.scratch.len() == MAX_FRAMES;
         let id = self.intern_scratch(ev.tgid, ev.tid, truncated, out);
         self.push_event(kind, &ev, id, out);
     }
 
-    /// A heap record's copy (at most `DEEP_HEAP_BYTES`) tells the kernel how much stack its
-    /// site needs, when that grew.
-    fn hint_copy(&mut self, tgid: u32, ip: u64, len: usize, reach: unwind::Reach) {
-        if len > DEEP_HEAP_BYTES {
-            return; // a tensor's or device call's whole window
+    /// A heap record's copy (or its pages') tells the kernel how much stack its site needs, when
+    /// that grew. Tensors and device calls copy their whole window: no hint.
+    fn hint_copy(&mut self, ev: &RawEvent, ip: u64, len: usize, reach: unwind::Reach) {
+        let whole_window = AllocFn::from_u32(ev.func)
+            .is_some_and(|f| f == AllocFn::C10AllocCpu || f.is_cuda() || f.is_torch_cuda());
+        if whole_window {
+            return;
         }
+        let tgid = ev.tgid;
         if let (Some(bytes), Some(probe)) = (self.hints.after(tgid, ip, len, reach), &self.probe) {
             let _ = probe.send(ProbeRequest::CopyHint { tgid, ip, bytes });
         }

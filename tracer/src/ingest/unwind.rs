@@ -259,17 +259,19 @@ impl Unwinders {
         if self.memos.len() >= MAX_MEMOS {
             self.memos.clear();
         }
-        let memo = Memo {
-            sp: stack.sp,
-            bp: stack.bp,
-            modules,
-            reads: std::mem::take(&mut self.reads),
-            frames: out[start..].to_vec(),
+        // The memo replaced keeps its buffers: its reads become the next unwind's.
+        let memo = self.memos.entry(key).or_insert_with(|| Memo {
+            sp: 0,
+            bp: 0,
+            modules: 0,
+            reads: Vec::new(),
+            frames: Vec::new(),
             reach,
-        };
-        if let Some(old) = self.memos.insert(key, memo) {
-            self.reads = old.reads; // its buffer, for the next unwind
-        }
+        });
+        (memo.sp, memo.bp, memo.modules, memo.reach) = (stack.sp, stack.bp, modules, reach);
+        std::mem::swap(&mut memo.reads, &mut self.reads);
+        memo.frames.clear();
+        memo.frames.extend_from_slice(&out[start..]);
         reach
     }
 

@@ -137,10 +137,7 @@ impl Process {
                 anonymous,
                 no_access,
                 by_allocator,
-            } => {
-                let arena = no_access && by_allocator;
-                self.mmap(addr, len, anonymous, arena, no_access, origin)
-            }
+            } => self.mmap(addr, len, anonymous, no_access, by_allocator, origin),
             What::Mprotect {
                 addr,
                 len,
@@ -227,19 +224,19 @@ impl Process {
         }
     }
 
-    /// A successful mmap: anonymous mappings are tracked (without access: reserved; reserved by
+    /// A successful mmap: anonymous mappings are tracked (without access: reserved; reserved inside
     /// an allocator call: an allocator's heap); any mapping replaces what it covers.
     pub fn mmap(
         &mut self,
         addr: u64,
         len: u64,
         anonymous: bool,
-        arena: bool,
         no_access: bool,
+        by_allocator: bool,
         origin: Origin,
     ) {
         let end = addr.saturating_add(page_up(len));
-        if anonymous && arena {
+        if anonymous && no_access && by_allocator {
             self.mmaps.insert_arena(addr, end, origin);
         } else if anonymous {
             self.mmaps.insert(addr, end, origin, no_access);

@@ -29,10 +29,10 @@ pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
 
 use crate::{error::Error, model::HeapUnwind};
+use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
 
 /// Map update flag: only an entry that exists is updated.
 const BPF_EXIST: u64 = 2;
-use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
 
 /// Whether the programs do the work or are empty (the probe floor, for the benchmark).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
