@@ -58,6 +58,8 @@ pub enum EventKind {
     HeapAlloc = 17,
     /// A [`FreesEvent`].
     Frees = 18,
+    /// A [`HeapRecord`] followed by a [`LeafWords`] block before its frames ([`TRACED_LEAF`]).
+    HeapAllocLeaf = 19,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -78,6 +80,12 @@ pub const TRACED_HOLD: u32 = 2;
 /// [`DEEP_HEAP_BYTES`] of stack), unwound in user space with the call-frame information: its code
 /// has no frame pointers (or `--unwind cfi` says so).
 pub const TRACED_CFI: u32 = 4;
+/// The process's heap records carry the top of the stack at the allocator's return
+/// ([`LeafWords`], kind [`EventKind::HeapAllocLeaf`]) beside the frame-pointer walk: its code keeps
+/// frame pointers but the libraries it calls (libstdc++'s `operator new`, libc's `strdup`) do not,
+/// and the walk skips the caller of such a frameless function. User space unwinds those few words
+/// with the call-frame information to put the skipped frames back.
+pub const TRACED_LEAF: u32 = 8;
 
 impl EventKind {
     /// Decodes the wire value.
@@ -102,6 +110,7 @@ impl EventKind {
             16 => PyFrames,
             17 => HeapAlloc,
             18 => Frees,
+            19 => HeapAllocLeaf,
             _ => return None,
         })
     }
@@ -352,6 +361,22 @@ pub struct HeapRecord {
     pub old_addr: u64,
 }
 const _: () = assert!(size_of::<HeapRecord>() == 48);
+
+/// Stack words a [`LeafWords`] block carries: enough for a frameless function or two between the
+/// allocator and the program (`operator new` keeps 16 bytes, `strdup` 32).
+pub const LEAF_WORDS: usize = 8;
+
+/// The top of the stack at a heap allocator's return, sent between a
+/// [`EventKind::HeapAllocLeaf`] record's header and its frames: the registers, and `LEAF_WORDS`
+/// words from `sp` up (zeros where they could not be read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeafWords {
+    pub sp: u64,
+    pub bp: u64,
+    pub words: [u64; LEAF_WORDS],
+}
+const _: () = assert!(size_of::<LeafWords>() == 80);
 
 /// Bytes of raw user stack a [`DeepStackEvent`] carries at most.
 pub const DEEP_STACK_BYTES: usize = 16 * 1024;

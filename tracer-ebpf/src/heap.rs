@@ -17,7 +17,7 @@ use crate::{
     pages::flush,
     sampling,
     shared::{
-        HEAP_CFI, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap, event,
+        HEAP_CFI, HEAP_LEAF, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap, event,
         flush_frees, next_hint, outermost_return, probe_regs, read_len, send_frees, settings,
         tick_ns, traced_current, untimed_event,
     },
@@ -186,16 +186,18 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
     if ev.addr != 0 && settings(p, ev.tgid) & HEAP_CFI != 0 {
         return emit_deep_heap(&probe_regs(ctx.regs), &ev, p);
     }
+    let regs = probe_regs(ctx.regs);
     let stack = if ev.addr == 0 {
         None // realloc(p, 0): a free, no stack needed
     } else {
-        capture(&probe_regs(ctx.regs), read_len(p.walk_hint))
+        capture(&regs, read_len(p.walk_hint))
     };
     if let Some(stack) = &stack {
         p.walk_hint = next_hint(p.walk_hint, stack.extent);
     }
+    let leaf = (settings(p, ev.tgid) & HEAP_LEAF != 0).then_some(&regs);
     match stack {
-        Some(stack) => emit_alloc(&stack, &ev, p),
+        Some(stack) => emit_alloc(&stack, &ev, p, leaf),
         None => {
             flush_frees(p);
             emit(&ev);

@@ -6,7 +6,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
-            bpf_get_current_task_btf, bpf_jiffies64, bpf_send_signal_thread, bpf_task_pt_regs,
+            bpf_get_current_task_btf, bpf_jiffies64, bpf_probe_read_user as read_user_raw,
+            bpf_send_signal_thread, bpf_task_pt_regs,
         },
     },
     macros::{btf_map, map},
@@ -14,8 +15,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord,
-    MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_CFI,
-    TRACED_HOLD,
+    LEAF_WORDS, LeafWords, MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES,
+    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF,
 };
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -54,9 +55,11 @@ static PROC_GEN: Array<u64> = Array::with_max_entries(1, 0);
 pub const WALKS_PYTHON: u64 = 1;
 /// [`settings`]: the process's heap stacks go as raw stack copies ([`TRACED_CFI`]).
 pub const HEAP_CFI: u64 = 2;
+/// [`settings`]: the process's walked heap records carry leaf words ([`TRACED_LEAF`]).
+pub const HEAP_LEAF: u64 = 4;
 
 /// The settings of the process (`tgid`) of the thread of entry `p`, as bits ([`WALKS_PYTHON`],
-/// [`HEAP_CFI`]): looked up once per thread and per change user space makes, not per allocation
+/// [`HEAP_CFI`], [`HEAP_LEAF`]): looked up once per thread and per change user space makes, not per allocation
 /// (a hash lookup costs ~40 ns a heap record here). A forked child's threads have entries of
 /// their own; after an exec the answer may say Python for a process that has no interpreter any
 /// more, which `python::emit_frames` then finds.
@@ -70,7 +73,8 @@ pub fn settings(p: &mut Pending, tgid: u32) -> u64 {
         // SAFETY: the value is copied out at once.
         let flags = unsafe { TRACED.get(&tgid) }.copied().unwrap_or(0);
         p.settings = if python { WALKS_PYTHON } else { 0 }
-            | if flags & TRACED_CFI != 0 { HEAP_CFI } else { 0 };
+            | if flags & TRACED_CFI != 0 { HEAP_CFI } else { 0 }
+            | if flags & TRACED_LEAF != 0 { HEAP_LEAF } else { 0 };
     }
     p.settings
 }
@@ -182,10 +186,12 @@ pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 /// Sends a heap allocation as a [`HeapRecord`] with its stack, carrying the thread's unsent frees
 /// (`p`'s). Only the frames that differ from the thread's previous heap record go (the rest are
 /// named by count). The compact header is written just before the frames in this CPU's record,
-/// and the frees just after the frames sent, so that one copy into the ring sends it all.
+/// and the frees just after the frames sent, so that one copy into the ring sends it all. With
+/// `leaf` (the allocator's return registers, [`HEAP_LEAF`] processes) the record is an
+/// [`EventKind::HeapAllocLeaf`]: [`LeafWords`] read from the stack go between header and frames.
 #[inline(always)]
-pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
-    const AT: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES - size_of::<HeapRecord>();
+pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending, leaf: Option<&UserRegs>) {
+    const FRAMES: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
     if settings(p, ev.tgid) & WALKS_PYTHON != 0 {
         crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
@@ -203,13 +209,29 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
     } else {
         m
     };
-    // SAFETY: `stack.record` is this CPU's record (a `RecordBuf`: the frames have
-    // FREES_PER_RECORD words of room after them), filled by `capture` in this program run; the
-    // header ends where the frames start; every index is checked against the room.
+    let (kind, head) = match leaf {
+        Some(_) => (EventKind::HeapAllocLeaf, size_of::<HeapRecord>() + size_of::<LeafWords>()),
+        None => (EventKind::HeapAlloc, size_of::<HeapRecord>()),
+    };
+    // SAFETY: `stack.record` is this CPU's record (in a `RecordBuf`: LEAF_ROOM bytes before it,
+    // FREES_PER_RECORD words of room after its frames), filled by `capture` in this program run;
+    // the header ends where the frames start; every index is checked against the room.
     let bytes = unsafe {
-        let base = stack.record.cast::<u8>();
-        *base.add(AT).cast::<HeapRecord>() = HeapRecord {
-            kind: EventKind::HeapAlloc as u32,
+        let frames = stack.record.cast::<u8>().add(FRAMES);
+        if let Some(regs) = leaf {
+            let block = frames.sub(size_of::<LeafWords>()).cast::<LeafWords>();
+            (*block).sp = regs.sp;
+            (*block).bp = regs.bp;
+            // A failed read leaves zeros: user space then keeps the walk's frames as they are.
+            let _ = read_user_raw(
+                (&raw mut (*block).words).cast(),
+                8 * LEAF_WORDS as u32,
+                regs.sp as *const _,
+            );
+        }
+        let start = frames.sub(head);
+        *start.cast::<HeapRecord>() = HeapRecord {
+            kind: kind as u32,
             tgid: ev.tgid,
             tid: ev.tid,
             func: ev.func as u8,
@@ -228,7 +250,7 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending) {
                 *words.add(i) = p.frees[j];
             }
         }
-        core::slice::from_raw_parts(base.add(AT), size_of::<HeapRecord>() + 8 * (n + m))
+        core::slice::from_raw_parts(start, head + 8 * (n + m))
     };
     p.n_frees = 0;
     if EVENTS.output(bytes, DATA_FLAGS).is_err() {

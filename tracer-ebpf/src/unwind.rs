@@ -21,7 +21,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     DEEP_HEADER, DEEP_HEAP_BYTES, DEEP_HEAP_FIRST, DEEP_MIN_BYTES, DEEP_STACK_BYTES, DeepHintKey,
-    DeepStackEvent, Event, FREES_PER_RECORD, MAX_DEEP_HINTS, MAX_FRAMES, StackEvent,
+    DeepStackEvent, Event, FREES_PER_RECORD, HeapRecord, LeafWords, MAX_DEEP_HINTS, MAX_FRAMES,
+    StackEvent,
 };
 
 const PAGE: u64 = 4096;
@@ -43,12 +44,20 @@ static STACK_COPY: PerCpuArray<[u64; BUF_WORDS]> = PerCpuArray::with_max_entries
 #[map]
 static RECORD: PerCpuArray<RecordBuf> = PerCpuArray::with_max_entries(1, 0);
 
-/// A record and room after its frames: a heap record's frees follow its used frames.
+/// A record, room before it and room after its frames: a heap record's frees follow its used
+/// frames, and a leaf heap record's header and leaf words go right before its frames, further
+/// back than a stack record's header.
 #[repr(C)]
 pub struct RecordBuf {
+    before: [u64; LEAF_ROOM / 8],
     record: StackEvent,
     room: [u64; FREES_PER_RECORD],
 }
+
+/// Bytes of [`RecordBuf`] before the record: a [`HeapRecord`] and [`LeafWords`] before the frames
+/// are this much longer than a [`StackEvent`]'s header.
+pub const LEAF_ROOM: usize =
+    size_of::<HeapRecord>() + size_of::<LeafWords>() - (size_of::<StackEvent>() - 8 * MAX_FRAMES);
 
 /// The user registers a walk starts from.
 #[repr(C)]
@@ -127,7 +136,9 @@ pub fn set(p: *mut u64, v: u64) {
 /// `len` bytes at a time (see [`read_len`]).
 #[inline(always)]
 pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
-    let record = RECORD.get_ptr_mut(0)?.cast::<StackEvent>();
+    let buf = RECORD.get_ptr_mut(0)?;
+    // SAFETY: a field of this CPU's record buffer.
+    let record = unsafe { &raw mut (*buf).record };
     let buf = STACK_COPY.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
     // SAFETY: per-CPU scratch buffers, used only while this program runs on this CPU.

@@ -1,7 +1,9 @@
 //! `leaktracer bench`: ns per malloc+free pair on a tight loop, in one run: untraced, with empty
 //! programs at the same probe points (the floor: what the kernel's uprobe machinery costs), with
-//! leaktracer's programs (`--heap full`, also with the loop below a 6000-byte frame, with stacks
-//! copied and unwound by call-frame information (`--unwind cfi`), and `--heap sampled`), with leaktracer's programs but `free` probed at its first instruction (the
+//! leaktracer's programs (`--heap full` with the plain frame-pointer walk, with the walk and leaf
+//! words (`auto` on this binary), with the loop below a 6000-byte frame, with stacks copied and
+//! unwound by call-frame information (`--unwind cfi`), and `--heap sampled`), with leaktracer's
+//! programs but `free` probed at its first instruction (the
 //! single-step cost that probe placement removes), and with bcc's memleak on the same workload
 //! when it is installed. Figures are printed, never asserted.
 
@@ -124,6 +126,7 @@ enum Config {
     Untraced,
     Floor,
     Leaktracer,
+    Leaf,
     Cfi,
     BigFrame,
     Sampled,
@@ -137,6 +140,7 @@ impl Config {
             Config::Untraced => "untraced",
             Config::Floor => "bare probes (floor)",
             Config::Leaktracer => "leaktracer (--heap full)",
+            Config::Leaf => "leaktracer, walk + leaf words",
             Config::Cfi => "leaktracer --unwind cfi",
             Config::BigFrame => "leaktracer, below a 6000-byte frame",
             Config::Sampled => "leaktracer --heap sampled",
@@ -160,6 +164,7 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
         Config::Untraced,
         Config::Floor,
         Config::Leaktracer,
+        Config::Leaf,
         Config::Cfi,
         Config::BigFrame,
         Config::Sampled,
@@ -198,7 +203,7 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
     for (c, s) in results {
         let all: Vec<String> = s.iter().map(|s| format!("{:.1}", clock(s))).collect();
         println!(
-            "  {:<32} {:>10.1}   [{}]",
+            "  {:<36} {:>10.1}   [{}]",
             c.label(),
             median(*c).unwrap_or(f64::NAN),
             all.join(", ")
@@ -225,6 +230,16 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
             "leaktracer --unwind cfi / floor",
             median(Config::Cfi),
             floor,
+        ),
+        (
+            "leaktracer walk + leaf words / floor",
+            median(Config::Leaf),
+            floor,
+        ),
+        (
+            "(leaf - untraced) / (leaktracer - untraced)",
+            added(Config::Leaf),
+            added(Config::Leaktracer),
         ),
         (
             "(cfi - untraced) / (leaktracer - untraced)",
@@ -290,6 +305,7 @@ fn measure(
         Config::Floor => bare(&argv)?,
         Config::Memleak => memleak::run(memleak.expect("found"), &argv)?,
         Config::Leaktracer
+        | Config::Leaf
         | Config::Cfi
         | Config::BigFrame
         | Config::FreeAtEntry
@@ -299,6 +315,8 @@ fn measure(
                 Config::Sampled => flags.extend(["--heap", "sampled"]),
                 // The frame-pointer walk, whatever `auto` would choose for this binary.
                 Config::Cfi => flags.extend(["--unwind", "cfi"]),
+                // `auto` on this binary, built with frame pointers: the walk with leaf words.
+                Config::Leaf => flags.extend(["--unwind", "auto"]),
                 _ => flags.extend(["--unwind", "fp"]),
             }
             let config = session_config::Config::from_flags(&flags, RunMode::Run)?;

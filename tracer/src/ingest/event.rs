@@ -128,7 +128,10 @@ impl Raw {
         env: Option<Vec<(String, String)>>,
     ) -> Option<What> {
         Some(match self.kind {
-            EventKind::PyFrames | EventKind::HeapAlloc | EventKind::Frees => return None,
+            EventKind::PyFrames
+            | EventKind::HeapAlloc
+            | EventKind::HeapAllocLeaf
+            | EventKind::Frees => return None,
             EventKind::Alloc => What::Alloc {
                 addr: self.addr,
                 size: self.size,

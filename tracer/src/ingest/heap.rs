@@ -6,11 +6,28 @@
 use std::collections::HashMap;
 
 use tracer_common::{
-    AllocFn, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, MAX_FRAMES, SHARE_NS,
-    StackEvent,
+    AllocFn, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord, LeafWords, MAX_FRAMES,
+    SHARE_NS, StackEvent,
 };
 
-use super::{Decoder, Input, u64_words};
+use super::{Decoder, Input, leaf, u64_words, unwind};
+
+/// The [`LeafWords`] at the front of a leaf heap record's words, taken out of them; None when the
+/// record is too short to hold them.
+fn leaf_words(words: &mut Vec<u64>) -> Option<LeafWords> {
+    const N: usize = size_of::<LeafWords>() / 8;
+    if words.len() < N {
+        return None;
+    }
+    let mut leaf = LeafWords {
+        sp: words[0],
+        bp: words[1],
+        ..LeafWords::default()
+    };
+    leaf.words.copy_from_slice(&words[2..N]);
+    words.drain(..N);
+    Some(leaf)
+}
 
 /// Per thread: its process, the time and the stack (innermost frame first) of its last heap
 /// record. A thread's stack goes when the thread's process exits, or [`KEPT_NS`] after its last
@@ -28,6 +45,8 @@ struct Last {
     tgid: u32,
     ts_ns: u64,
     frames: Vec<u64>,
+    /// The record's stack with the frames its leaf words put back (see `leaf`), when it had some.
+    spliced: Vec<u64>,
 }
 
 /// How long a thread's last stack is kept after its record.
@@ -52,8 +71,10 @@ impl ThreadStacks {
             tgid,
             ts_ns,
             frames: Vec::new(),
+            spliced: Vec::new(),
         });
         (last.tgid, last.ts_ns) = (tgid, ts_ns);
+        last.spliced.clear();
         let kept = &mut last.frames;
         if shared > kept.len() {
             kept.clear();
@@ -62,6 +83,23 @@ impl ThreadStacks {
         kept.drain(..kept.len() - shared);
         kept.splice(0..0, frames.iter().copied());
         Some(kept)
+    }
+
+    /// Thread `tid`'s last record's stack was `spliced` from its walk and its leaf words.
+    fn set_spliced(&mut self, tid: u32, spliced: &[u64]) {
+        if let Some(last) = self.last.get_mut(&tid) {
+            last.spliced.clear();
+            last.spliced.extend_from_slice(spliced);
+        }
+    }
+
+    /// The stack to give a walked record of thread `tid` (its frames `walked`): its last heap
+    /// record's spliced stack when that record had the same walk. The pages an allocator call
+    /// maps go after its heap record with the same walk and no leaf words of their own: they
+    /// belong to the same stack.
+    pub fn spliced_for(&self, tid: u32, walked: &[u64]) -> Option<&[u64]> {
+        let last = self.last.get(&tid)?;
+        (!last.spliced.is_empty() && last.frames == walked).then_some(&last.spliced[..])
     }
 
     /// Drops the stacks of threads without a record for [`KEPT_NS`], once per [`SHARE_NS`] of
@@ -96,8 +134,9 @@ impl ThreadStacks {
 }
 
 impl Decoder {
-    /// A heap allocation ([`HeapRecord`]): the thread's frees made before it, then the allocation.
-    pub(super) fn decode_heap(&mut self, bytes: &[u8], out: &mut Vec<Input>) {
+    /// A heap allocation ([`HeapRecord`], with [`LeafWords`] when `leaf`): the thread's frees made
+    /// before it, then the allocation.
+    pub(super) fn decode_heap(&mut self, bytes: &[u8], leaf: bool, out: &mut Vec<Input>) {
         const HEADER: usize = size_of::<HeapRecord>();
         let Some(header) = bytes.first_chunk::<HEADER>() else {
             self.undecodable_heap();
@@ -105,7 +144,8 @@ impl Decoder {
         };
         // SAFETY: HEADER bytes; HeapRecord is plain data, read unaligned.
         let h: HeapRecord = unsafe { std::ptr::read_unaligned(header.as_ptr().cast()) };
-        let words = u64_words(&bytes[HEADER..]);
+        let mut words = u64_words(&bytes[HEADER..]);
+        let leaf = leaf.then(|| leaf_words(&mut words));
         let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
         let kind = match AllocFn::from_u32(u32::from(h.func)) {
             Some(AllocFn::Realloc | AllocFn::Reallocarray) => Some(EventKind::Realloc),
@@ -113,8 +153,12 @@ impl Decoder {
             _ => None,
         };
         let shared = usize::from(h.shared);
-        let (Some(kind), true, true) = (kind, n + shared <= MAX_FRAMES, words.len() == n + m)
-        else {
+        let (Some(kind), true, true, true) = (
+            kind,
+            n + shared <= MAX_FRAMES,
+            words.len() == n + m,
+            leaf.is_none_or(|l| l.is_some()),
+        ) else {
             self.undecodable_heap();
             return;
         };
@@ -133,23 +177,52 @@ impl Decoder {
         let completed = self
             .thread_stacks
             .complete(h.tgid, h.tid, h.ts_ns, &words[..n], shared);
-        let stack = match completed {
-            Some(frames) => {
-                let mut se = StackEvent {
-                    event: ev,
-                    stack_bytes: 8 * frames.len() as i64,
-                    leaf_caller: 0,
-                    frames: [0; MAX_FRAMES],
-                };
-                se.frames[..frames.len()].copy_from_slice(frames);
-                self.intern(&se, out)
-            }
-            None => {
-                self.undecodable += 1; // its stack: the event itself counts without one
-                None
-            }
+        let Some(walked) = completed else {
+            self.undecodable += 1; // its stack: the event itself counts without one
+            self.push_event(kind, &ev, None, out);
+            return;
         };
+        let mut se = StackEvent {
+            event: ev,
+            stack_bytes: 8 * walked.len() as i64,
+            leaf_caller: 0,
+            frames: [0; MAX_FRAMES],
+        };
+        se.frames[..walked.len()].copy_from_slice(walked);
+        if let Some(Some(leaf)) = leaf {
+            self.splice_leaf(&mut se, &leaf);
+        }
+        let stack = self.intern(&se, out);
         self.push_event(kind, &ev, stack, out);
+    }
+
+    /// Puts back into `se` (a heap record's walked stack) the frames its leaf words unwind to,
+    /// and remembers the result for the pages its call mapped.
+    fn splice_leaf(&mut self, se: &mut StackEvent, leaf: &LeafWords) {
+        let ev = se.event;
+        let n = (se.stack_bytes / 8) as usize;
+        let Some(maps) = self.maps.get(ev.tgid) else {
+            return;
+        };
+        let bytes = leaf::bytes(leaf);
+        let raw = unwind::RawStack {
+            tid: ev.tid,
+            ip: se.frames[0],
+            sp: leaf.sp,
+            bp: leaf.bp,
+            bytes: &bytes,
+        };
+        let mut unwound = std::mem::take(&mut self.scratch);
+        unwound.clear();
+        self.unwinders
+            .unwind(ev.tgid, maps, &raw, leaf::LEAF_FRAMES, &mut unwound);
+        let mut spliced = Vec::with_capacity(n + unwound.len());
+        leaf::splice(&se.frames[..n], &unwound, &mut spliced);
+        self.scratch = unwound;
+        spliced.truncate(MAX_FRAMES);
+        se.frames[..spliced.len()].copy_from_slice(&spliced);
+        se.stack_bytes = 8 * spliced.len() as i64;
+        self.thread_stacks.set_spliced(ev.tid, &spliced);
     }
 
     /// A heap record that could not be read: counted, and no thread's stack is trusted after it.

@@ -4,6 +4,7 @@
 
 mod event;
 mod heap;
+mod leaf;
 mod maps;
 mod sampled;
 mod stacks;
@@ -212,7 +213,8 @@ impl Decoder {
             Some(EventKind::PyFrames) if bytes.len() >= size_of::<RawEvent>() => {
                 return self.decode_python(bytes);
             }
-            Some(EventKind::HeapAlloc) => return self.decode_heap(bytes, out),
+            Some(EventKind::HeapAlloc) => return self.decode_heap(bytes, false, out),
+            Some(EventKind::HeapAllocLeaf) => return self.decode_heap(bytes, true, out),
             Some(EventKind::Frees) => return self.decode_frees(bytes, out),
             _ => {}
         }
@@ -257,7 +259,7 @@ impl Decoder {
             "event"
         );
         self.observe_process(kind, &ev);
-        let stack = stack.and_then(|se| self.intern(&se, out));
+        let stack = stack.and_then(|se| self.intern_walked(se, out));
         self.push_event(kind, &ev, stack, out);
     }
 
@@ -449,6 +451,19 @@ impl Decoder {
                 });
             }
         }
+    }
+
+    /// A walked record's stack, or the spliced stack of its thread's last heap record when it
+    /// is the same walk (the pages of a leaf process's allocator call).
+    fn intern_walked(&mut self, mut se: StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
+        let n = usize::try_from(se.stack_bytes / 8).unwrap_or(0).min(MAX_FRAMES);
+        let tid = se.event.tid;
+        if let Some(spliced) = self.thread_stacks.spliced_for(tid, &se.frames[..n]) {
+            let m = spliced.len();
+            se.frames[..m].copy_from_slice(spliced);
+            se.stack_bytes = 8 * m as i64;
+        }
+        self.intern(&se, out)
     }
 
     fn intern(&mut self, se: &StackEvent, out: &mut Vec<Input>) -> Option<StackId> {

@@ -21,6 +21,8 @@ use gimli::{BaseAddresses, CallFrameInstruction, CieOrFde, EhFrame, UnwindSectio
 use memmap2::Mmap;
 use object::{Object, ObjectSection};
 
+use tracer_common::{TRACED_CFI, TRACED_LEAF};
+
 use crate::model::HeapUnwind;
 
 /// What decides how an executable's heap stacks are taken.
@@ -49,12 +51,41 @@ impl CodeTraits {
         })
     }
 
-    /// Whether heap stacks go as raw copies under `mode`.
-    pub fn wants_cfi(self, mode: HeapUnwind) -> bool {
+    /// How heap stacks are taken under `mode`. `auto`: copies where the walk would stop at the
+    /// first function (code without frame pointers), the walk with leaf words where the program
+    /// keeps frame pointers (the libraries it calls may not), and the plain walk for Python,
+    /// whose lines come from the interpreter's frames.
+    pub fn heap_stacks(self, mode: HeapUnwind) -> HeapStacks {
         match mode {
-            HeapUnwind::FramePointers => false,
-            HeapUnwind::Cfi => true,
-            HeapUnwind::Auto => !self.python && !self.frame_pointers,
+            HeapUnwind::FramePointers => HeapStacks::Walk,
+            HeapUnwind::Cfi => HeapStacks::Copy,
+            HeapUnwind::Auto if self.python => HeapStacks::Walk,
+            HeapUnwind::Auto if self.frame_pointers => HeapStacks::WalkWithLeaf,
+            HeapUnwind::Auto => HeapStacks::Copy,
+        }
+    }
+}
+
+/// How a process's heap stacks are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeapStacks {
+    /// The kernel's frame-pointer walk.
+    Walk,
+    /// The walk, and the top of the stack for user space to unwind the frameless functions
+    /// between the allocator and the program (`TRACED_LEAF`).
+    WalkWithLeaf,
+    /// Raw stack copies, unwound in user space (`TRACED_CFI`).
+    Copy,
+}
+
+impl HeapStacks {
+    /// The process's traced flags with this choice in them.
+    pub fn flags(self, flags: u32) -> u32 {
+        let flags = flags & !(TRACED_CFI | TRACED_LEAF);
+        match self {
+            Self::Walk => flags,
+            Self::WalkWithLeaf => flags | TRACED_LEAF,
+            Self::Copy => flags | TRACED_CFI,
         }
     }
 }
@@ -115,14 +146,22 @@ mod tests {
     #[test]
     fn auto_copies_stacks_only_where_the_walk_is_wrong() {
         let auto = HeapUnwind::Auto;
-        assert!(!traits(true, false).wants_cfi(auto), "frame pointers");
-        assert!(traits(false, false).wants_cfi(auto), "none");
-        assert!(
-            !traits(false, true).wants_cfi(auto),
-            "Python: its own frames"
-        );
-        assert!(traits(true, true).wants_cfi(HeapUnwind::Cfi));
-        assert!(!traits(false, false).wants_cfi(HeapUnwind::FramePointers));
+        let stacks = |fp, py, mode| traits(fp, py).heap_stacks(mode);
+        assert_eq!(stacks(true, false, auto), HeapStacks::WalkWithLeaf);
+        assert_eq!(stacks(false, false, auto), HeapStacks::Copy);
+        assert_eq!(stacks(false, true, auto), HeapStacks::Walk, "Python");
+        assert_eq!(stacks(true, true, auto), HeapStacks::Walk, "Python");
+        assert_eq!(stacks(true, true, HeapUnwind::Cfi), HeapStacks::Copy);
+        let fp = HeapUnwind::FramePointers;
+        assert_eq!(stacks(false, false, fp), HeapStacks::Walk);
+    }
+
+    #[test]
+    fn a_choice_replaces_the_last_in_the_flags() {
+        let on = tracer_common::TRACED_ON;
+        assert_eq!(HeapStacks::Copy.flags(on | TRACED_LEAF), on | TRACED_CFI);
+        assert_eq!(HeapStacks::WalkWithLeaf.flags(on | TRACED_CFI), on | TRACED_LEAF);
+        assert_eq!(HeapStacks::Walk.flags(on | TRACED_CFI | TRACED_LEAF), on);
     }
 
     #[test]

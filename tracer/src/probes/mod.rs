@@ -23,7 +23,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use tracer_common::{TRACED_CFI, TRACED_HOLD, TRACED_ON};
+use tracer_common::{TRACED_HOLD, TRACED_ON};
 
 pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
@@ -662,7 +662,7 @@ impl Probes {
     }
 
     /// Sets how `pid`'s heap stacks are taken, from the executable it runs now (at its exec, at
-    /// adoption): `TRACED_CFI` in its traced flags, or not.
+    /// adoption): `TRACED_CFI` or `TRACED_LEAF` in its traced flags, or neither.
     pub fn choose_unwind(&mut self, pid: u32) {
         let Some(exe) = crate::procfs::executable(pid) else {
             return; // gone
@@ -671,15 +671,11 @@ impl Probes {
             .code_traits
             .entry(exe.clone())
             .or_insert_with(|| frames::CodeTraits::of(&exe));
-        let cfi = traits.is_some_and(|t| t.wants_cfi(self.unwind));
+        let stacks = traits.map_or(frames::HeapStacks::Walk, |t| t.heap_stacks(self.unwind));
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return; // not traced (any more)
         };
-        let new = if cfi {
-            flags | TRACED_CFI
-        } else {
-            flags & !TRACED_CFI
-        };
+        let new = stacks.flags(flags);
         if new == flags {
             return;
         }
@@ -687,7 +683,7 @@ impl Probes {
         if self.traced.insert(&pid, &new, BPF_EXIST).is_err() {
             return;
         }
-        tracing::info!(pid, exe = %exe.display(), ?traits, cfi, "heap stacks");
+        tracing::info!(pid, exe = %exe.display(), ?traits, ?stacks, "heap stacks");
         if let Err(e) = self.settings_changed() {
             tracing::warn!(pid, "heap stacks of threads already seen not changed: {e}");
         }
