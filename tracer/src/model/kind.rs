@@ -10,7 +10,7 @@ use super::StackId;
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
 )]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Kind {
     Heap,
     Mmap,
@@ -25,6 +25,7 @@ pub enum Kind {
     Pinned,
     /// Blocks PyTorch's CUDA caching allocator handed out (tensors), inside the segments it
     /// reserved (which are `Device`): device minus these is what the cache holds.
+    #[serde(alias = "torchblock")]
     TorchBlock,
 }
 
@@ -42,7 +43,7 @@ impl Kind {
         }
     }
 
-    /// The kind's name in reports.
+    /// The kind's name in reports (the same as its serialized name: one name everywhere).
     pub fn name(self) -> &'static str {
         match self {
             Kind::Heap => "heap",
@@ -67,6 +68,21 @@ impl Kind {
         Kind::Pinned,
         Kind::TorchBlock,
     ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    #[test]
+    fn a_kind_has_one_name_in_reports_totals_and_json() {
+        for k in Kind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+            assert_eq!(serde_json::from_value::<Kind>(k.name().into()).unwrap(), k);
+        }
+        let old: Kind = serde_json::from_value("torchblock".into()).unwrap();
+        assert_eq!(old, Kind::TorchBlock, "histories stored before keep loading");
+    }
 }
 
 /// One group of outstanding memory: a process's blocks of one kind from one stack, its own or
