@@ -57,7 +57,10 @@ mod tests {
     fn a_frameless_callers_caller_goes_back_between_the_ip_and_the_chain() {
         // malloc returns into operator new (0x10); the walk goes on from main (0x30): the
         // constructor that called operator new (0x20) is skipped.
-        assert_eq!(spliced(&[0x10, 0x30, 0x40], &[0x10, 0x20]), [0x10, 0x20, 0x30, 0x40]);
+        assert_eq!(
+            spliced(&[0x10, 0x30, 0x40], &[0x10, 0x20]),
+            [0x10, 0x20, 0x30, 0x40]
+        );
     }
 
     #[test]

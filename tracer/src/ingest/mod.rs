@@ -456,7 +456,9 @@ impl Decoder {
     /// A walked record's stack, or the spliced stack of its thread's last heap record when it
     /// is the same walk (the pages of a leaf process's allocator call).
     fn intern_walked(&mut self, mut se: StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
-        let n = usize::try_from(se.stack_bytes / 8).unwrap_or(0).min(MAX_FRAMES);
+        let n = usize::try_from(se.stack_bytes / 8)
+            .unwrap_or(0)
+            .min(MAX_FRAMES);
         let tid = se.event.tid;
         if let Some(spliced) = self.thread_stacks.spliced_for(tid, &se.frames[..n]) {
             let m = spliced.len();

@@ -81,7 +81,11 @@ mod tests {
             assert_eq!(serde_json::from_value::<Kind>(k.name().into()).unwrap(), k);
         }
         let old: Kind = serde_json::from_value("torchblock".into()).unwrap();
-        assert_eq!(old, Kind::TorchBlock, "histories stored before keep loading");
+        assert_eq!(
+            old,
+            Kind::TorchBlock,
+            "histories stored before keep loading"
+        );
     }
 }
 

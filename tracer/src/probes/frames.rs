@@ -160,7 +160,10 @@ mod tests {
     fn a_choice_replaces_the_last_in_the_flags() {
         let on = tracer_common::TRACED_ON;
         assert_eq!(HeapStacks::Copy.flags(on | TRACED_LEAF), on | TRACED_CFI);
-        assert_eq!(HeapStacks::WalkWithLeaf.flags(on | TRACED_CFI), on | TRACED_LEAF);
+        assert_eq!(
+            HeapStacks::WalkWithLeaf.flags(on | TRACED_CFI),
+            on | TRACED_LEAF
+        );
         assert_eq!(HeapStacks::Walk.flags(on | TRACED_CFI | TRACED_LEAF), on);
     }
 

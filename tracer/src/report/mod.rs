@@ -18,6 +18,7 @@ use crate::{
 
 mod device;
 mod pages;
+mod site;
 pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
@@ -328,56 +329,6 @@ fn outstanding_stacks(
             ..stack_report(ledger, sym, g, cx.now_ns)
         })
         .collect()
-}
-
-impl StackReport {
-    /// Where the stack comes from, in one line: its first frame with a function in the program's
-    /// own code (not in a shared library named lib*.so*, as libc, libstdc++, libtorch, libcudart;
-    /// not from a header, a dependency's sources or the toolchain's), else its first frame with a
-    /// function; with file and line when known.
-    pub fn site(&self) -> String {
-        const THIRD_PARTY: [&str; 8] = [
-            "/.cargo/registry/",
-            "/.cargo/git/",
-            "/rustc/",
-            "/include/",
-            "/usr/",
-            "site-packages/",
-            "dist-packages/",
-            "/lib/python3.",
-        ];
-        let in_library = |f: &&SymFrame| {
-            let lib = f.module.as_deref().is_some_and(|m| {
-                let name = m.rsplit('/').next().unwrap_or(m);
-                name.starts_with("lib") && name.contains(".so")
-            });
-            let third_party = f.file.as_deref().is_some_and(|file| {
-                THIRD_PARTY.iter().any(|d| file.contains(d))
-                    || file.ends_with(".h")
-                    || file.ends_with(".hpp")
-            });
-            lib || third_party
-        };
-        let own = self
-            .frames
-            .iter()
-            .find(|f| f.function.is_some() && !in_library(f));
-        own.into_iter()
-            .chain(self.frames.iter())
-            .find_map(|f| {
-                let func = f.function.as_deref()?;
-                Some(match (&f.file, f.line) {
-                    (Some(file), Some(line)) => {
-                        format!(
-                            "{func} ({}:{line})",
-                            file.rsplit('/').next().unwrap_or(file)
-                        )
-                    }
-                    _ => func.to_string(),
-                })
-            })
-            .unwrap_or_else(|| "unknown stack".into())
-    }
 }
 
 fn proc_report(p: &Process) -> ProcReport {

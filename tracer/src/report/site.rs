@@ -1,0 +1,178 @@
+//! A stack's site: the one location `check`, the text report and the explorer name it by.
+
+use super::StackReport;
+use crate::symbolize::{PYTHON_MODULE, SymFrame};
+
+/// Sources that are not the user's: a dependency's, the toolchain's, the system's, headers,
+/// installed Python packages and Python's standard library.
+const THIRD_PARTY: [&str; 9] = [
+    "/.cargo/registry/",
+    "/.cargo/git/",
+    "/rustc/",
+    "/include/",
+    "/usr/",
+    "site-packages/",
+    "dist-packages/",
+    "/lib/python3.",
+    "<frozen ",
+];
+
+impl StackReport {
+    /// Where the stack comes from, in one line, with file and line when known. With Python
+    /// frames: the innermost Python frame of the user's code (outside installed packages and the
+    /// standard library), else the innermost Python frame; never a function of the interpreter,
+    /// an executable or libpython. Otherwise the first frame with a function in the program's own
+    /// code (not in a shared library named lib*.so*, as libc, libstdc++, libtorch, libcudart; not
+    /// from a header, a dependency's sources or the toolchain's), else its first frame with a
+    /// function.
+    pub fn site(&self) -> String {
+        let python = |f: &&SymFrame| f.module.as_deref() == Some(PYTHON_MODULE);
+        let own = if self.frames.iter().any(|f| python(&f)) {
+            let mut py = self.frames.iter().filter(python);
+            py.clone().find(|f| !third_party(f)).or_else(|| py.next())
+        } else {
+            self.frames
+                .iter()
+                .find(|f| f.function.is_some() && !in_library(f) && !third_party(f))
+        };
+        own.into_iter()
+            .chain(self.frames.iter())
+            .find_map(|f| {
+                let func = f.function.as_deref()?;
+                Some(match (&f.file, f.line) {
+                    (Some(file), Some(line)) => {
+                        format!(
+                            "{func} ({}:{line})",
+                            file.rsplit('/').next().unwrap_or(file)
+                        )
+                    }
+                    _ => func.to_string(),
+                })
+            })
+            .unwrap_or_else(|| "unknown stack".into())
+    }
+}
+
+/// A frame of a shared library (lib*.so*).
+fn in_library(f: &SymFrame) -> bool {
+    f.module.as_deref().is_some_and(|m| {
+        let name = m.rsplit('/').next().unwrap_or(m);
+        name.starts_with("lib") && name.contains(".so")
+    })
+}
+
+/// A frame of code the user did not write (see [`THIRD_PARTY`]; headers).
+fn third_party(f: &SymFrame) -> bool {
+    f.file.as_deref().is_some_and(|file| {
+        THIRD_PARTY.iter().any(|d| file.contains(d))
+            || file.ends_with(".h")
+            || file.ends_with(".hpp")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(module: &str, function: &str, file: &str, line: u32) -> SymFrame {
+        SymFrame {
+            address: "0x0".into(),
+            function: Some(function.into()),
+            file: (!file.is_empty()).then(|| file.into()),
+            line: (line > 0).then_some(line),
+            module: Some(module.into()),
+            offset: "0x0".into(),
+        }
+    }
+
+    fn site_of(frames: Vec<SymFrame>) -> String {
+        StackReport {
+            pid: 1,
+            kind: crate::model::Kind::Heap,
+            inherited: false,
+            bytes: 0,
+            blocks: 0,
+            oldest_age_s: 0.0,
+            allocators: Vec::new(),
+            truncated: false,
+            verdict: None,
+            released: false,
+            pages: Vec::new(),
+            group: None,
+            frames,
+        }
+        .site()
+    }
+
+    #[test]
+    fn a_python_stack_is_named_by_the_users_innermost_line_not_the_interpreter() {
+        let torch = "/venv/lib/python3.12/site-packages/torch/nn/functional.py";
+        let frames = vec![
+            frame("/usr/lib/x86_64-linux-gnu/libc.so.6", "malloc", "", 0),
+            frame(
+                "/usr/bin/python3.12",
+                "_PyObject_MakeTpCall",
+                "Objects/call.c",
+                240,
+            ),
+            frame(PYTHON_MODULE, "mse_loss", torch, 3383),
+            frame(PYTHON_MODULE, "forward_loss", "/work/train.py", 22),
+            frame(PYTHON_MODULE, "<module>", "/work/train.py", 40),
+            frame("/usr/bin/python3.12", "Py_RunMain", "Modules/main.c", 700),
+        ];
+        assert_eq!(site_of(frames), "forward_loss (train.py:22)");
+    }
+
+    #[test]
+    fn a_stack_only_in_libraries_python_is_named_by_its_innermost_python_frame() {
+        let lib = "/usr/lib/python3.11/json/decoder.py";
+        let frames = vec![
+            frame(
+                "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+                "PyList_New",
+                "",
+                0,
+            ),
+            frame(PYTHON_MODULE, "raw_decode", lib, 353),
+            frame(PYTHON_MODULE, "decode", lib, 337),
+        ];
+        assert_eq!(site_of(frames), "raw_decode (decoder.py:353)");
+    }
+
+    #[test]
+    fn a_native_stack_is_named_by_the_programs_own_code() {
+        let frames = vec![
+            frame("/usr/lib/x86_64-linux-gnu/libc.so.6", "malloc", "", 0),
+            frame(
+                "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+                "operator new(unsigned long)",
+                "",
+                0,
+            ),
+            frame(
+                "/app/thumbs",
+                "std::vector<char>::vector",
+                "/usr/include/c++/14/bits/stl_vector.h",
+                600,
+            ),
+            frame(
+                "/app/thumbs",
+                "Image::Image(unsigned long)",
+                "/app/thumbnailer.cpp",
+                16,
+            ),
+        ];
+        assert_eq!(
+            site_of(frames),
+            "Image::Image(unsigned long) (thumbnailer.cpp:16)"
+        );
+        let libs = vec![frame(
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "malloc",
+            "",
+            0,
+        )];
+        assert_eq!(site_of(libs), "malloc");
+        assert_eq!(site_of(Vec::new()), "unknown stack");
+    }
+}
