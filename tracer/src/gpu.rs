@@ -9,10 +9,26 @@ use std::collections::BTreeMap;
 use nvml_wrapper::{Nvml, enums::device::UsedGpuMemory};
 use serde::Serialize;
 
-/// NVML opened once per session.
+/// NVML opened once per session, and each process's last reading.
 pub struct GpuView {
     nvml: Result<Nvml, String>,
+    /// Per pid: NVML's last figure for it, from the last reading that listed it.
+    lived: BTreeMap<u32, Reading>,
+    /// When NVML was last read (seconds into the session).
+    read_at_s: Option<f64>,
 }
+
+/// What NVML said a process held, what leaktracer had traced of its device memory then, and
+/// when (seconds into the session).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct Reading {
+    pub bytes: u64,
+    pub traced_bytes: u64,
+    pub at_s: f64,
+}
+
+/// How often NVML is read while the session runs, at most.
+const EVERY_S: f64 = 1.0;
 
 /// One GPU's memory as NVML reports it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
@@ -34,6 +50,35 @@ pub struct Sample {
     /// Device memory per pid, summed over GPUs (compute and graphics contexts).
     #[serde(skip)]
     pub per_pid: BTreeMap<u32, u64>,
+    /// Per pid: the last reading that listed it, this one or an earlier one (a process that has
+    /// exited is in none after its exit: its figure is the last taken while it lived).
+    #[serde(skip)]
+    pub lived: BTreeMap<u32, Reading>,
+    /// Per pid listed now: its traced device bytes when this reading was taken.
+    #[serde(skip)]
+    pub traced: BTreeMap<u32, u64>,
+    /// When this reading was taken (seconds into the session).
+    #[serde(skip)]
+    pub at_s: f64,
+}
+
+impl Sample {
+    /// NVML's figure for `pid` and when it was taken: now while it lives (0 when NVML does not
+    /// list it), the last reading while it lived once it has `exited`. None without NVML.
+    pub fn reading_for(&self, pid: u32, exited: bool) -> Option<Reading> {
+        if !self.available {
+            return None;
+        }
+        let now = Reading {
+            bytes: self.per_pid.get(&pid).copied().unwrap_or(0),
+            traced_bytes: self.traced.get(&pid).copied().unwrap_or(0),
+            at_s: self.at_s,
+        };
+        Some(match self.lived.get(&pid) {
+            Some(last) if exited && !self.per_pid.contains_key(&pid) => *last,
+            _ => now,
+        })
+    }
 }
 
 impl GpuView {
@@ -42,10 +87,45 @@ impl GpuView {
         if let Err(e) = &nvml {
             tracing::info!(reason = %e, "NVML unavailable: device memory is not reconciled");
         }
-        Self { nvml }
+        Self {
+            nvml,
+            lived: BTreeMap::new(),
+            read_at_s: None,
+        }
     }
 
-    pub fn sample(&self) -> Sample {
+    /// Reads NVML on the session's sampling tick, at most once per [`EVERY_S`], so that a
+    /// process's figure is known after it exits (NVML lists only live processes). `traced`:
+    /// a process's traced device bytes now.
+    pub fn observe(&mut self, at_s: f64, traced: impl Fn(u32) -> u64) {
+        let due = self.read_at_s.is_none_or(|t| at_s - t >= EVERY_S);
+        if self.nvml.is_ok() && due {
+            self.sample(at_s, traced);
+        }
+    }
+
+    /// A reading now, `at_s` seconds into the session, with every process's last one.
+    pub fn sample(&mut self, at_s: f64, traced: impl Fn(u32) -> u64) -> Sample {
+        let mut s = self.read();
+        s.at_s = at_s;
+        if s.available {
+            self.read_at_s = Some(at_s);
+            for (&pid, &bytes) in &s.per_pid {
+                let traced_bytes = traced(pid);
+                s.traced.insert(pid, traced_bytes);
+                let reading = Reading {
+                    bytes,
+                    traced_bytes,
+                    at_s,
+                };
+                self.lived.insert(pid, reading);
+            }
+            s.lived = self.lived.clone();
+        }
+        s
+    }
+
+    fn read(&self) -> Sample {
         let nvml = match &self.nvml {
             Ok(n) => n,
             Err(reason) => {
@@ -66,6 +146,7 @@ impl GpuView {
 }
 
 fn read(nvml: &Nvml) -> Result<Sample, nvml_wrapper::error::NvmlError> {
+    // (`lived` and `at_s` are the view's to fill.)
     let mut s = Sample {
         available: true,
         ..Sample::default()
@@ -88,4 +169,36 @@ fn read(nvml: &Nvml) -> Result<Sample, nvml_wrapper::error::NvmlError> {
         }
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Reading, Sample};
+
+    #[test]
+    fn an_exited_process_keeps_the_figure_taken_while_it_lived() {
+        let mut s = Sample {
+            available: true,
+            at_s: 30.0,
+            ..Sample::default()
+        };
+        let reading = |bytes, traced_bytes, at_s| Reading {
+            bytes,
+            traced_bytes,
+            at_s,
+        };
+        s.per_pid.insert(7, 1 << 20);
+        s.traced.insert(7, 1 << 19);
+        s.lived.insert(7, reading(1 << 20, 1 << 19, 30.0));
+        s.lived.insert(9, reading(1850 << 20, 572 << 20, 28.0));
+        let live = reading(1 << 20, 1 << 19, 30.0);
+        assert_eq!(s.reading_for(7, false), Some(live));
+        let last = reading(1850 << 20, 572 << 20, 28.0);
+        assert_eq!(s.reading_for(9, true), Some(last), "exited: its last reading");
+        let none = reading(0, 0, 30.0);
+        assert_eq!(s.reading_for(9, false), Some(none), "alive, not listed now: 0");
+        assert_eq!(s.reading_for(11, true), Some(none), "never listed");
+        let off = Sample::default();
+        assert_eq!(off.reading_for(9, true), None, "no NVML");
+    }
 }

@@ -70,6 +70,17 @@ impl Kind {
     ];
 }
 
+/// One group of outstanding memory: a process's blocks of one kind from one stack, its own or
+/// inherited at fork. The ledger sums by it, the analysis keeps a series per it, the report and
+/// the API name a stack's series by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    pub pid: u32,
+    pub stack: Option<StackId>,
+    pub kind: Kind,
+    pub inherited: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::Kind;
@@ -87,15 +98,4 @@ mod tests {
             "histories stored before keep loading"
         );
     }
-}
-
-/// One group of outstanding memory: a process's blocks of one kind from one stack, its own or
-/// inherited at fork. The ledger sums by it, the analysis keeps a series per it, the report and
-/// the API name a stack's series by it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupKey {
-    pub pid: u32,
-    pub stack: Option<StackId>,
-    pub kind: Kind,
-    pub inherited: bool,
 }

@@ -279,10 +279,11 @@ fn gpu(s: &mut String, r: &Report) {
         );
     }
     for p in &r.gpu.processes {
-        let nvml_part = match (p.nvml_bytes, p.unexplained_bytes) {
-            (Some(n), Some(u)) => format!(
-                ", NVML {} ({}{} not explained by traced calls)",
+        let nvml_part = match (p.nvml_bytes, p.unexplained_bytes, p.nvml_at_s) {
+            (Some(n), Some(u), at) => format!(
+                ", NVML {}{} ({}{} not explained by traced calls then)",
                 human(n),
+                at.map(|t| format!(" at {t:.1} s")).unwrap_or_default(),
                 if u < 0 { "-" } else { "" },
                 human(u.unsigned_abs())
             ),

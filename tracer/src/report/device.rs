@@ -31,9 +31,17 @@ pub struct GpuProcess {
     /// Of the device memory, what PyTorch's caching allocator has handed out (blocks: tensors);
     /// the rest of its segments is cache.
     pub torch_block_bytes: u64,
-    /// What NVML says the process holds on its GPUs; null without NVML.
+    /// What NVML says the process holds on its GPUs; null without NVML. For a process that has
+    /// exited, the last figure taken while it lived.
     pub nvml_bytes: Option<u64>,
-    /// NVML minus traced: the CUDA context, fragmentation, allocations leaktracer did not see.
+    /// When NVML's figure was taken, in seconds since the session began; null without NVML.
+    #[serde(default)]
+    pub nvml_at_s: Option<f64>,
+    /// The process's traced device memory when NVML's figure was taken.
+    #[serde(default)]
+    pub nvml_traced_bytes: Option<u64>,
+    /// NVML minus traced, both when NVML's figure was taken: the CUDA context, fragmentation,
+    /// allocations leaktracer did not see.
     pub unexplained_bytes: Option<i64>,
 }
 
@@ -41,9 +49,8 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
     let processes = processes
         .iter()
         .filter_map(|p| {
-            let nvml_bytes = nvml
-                .available
-                .then(|| nvml.per_pid.get(&p.pid).copied().unwrap_or(0));
+            let reading = nvml.reading_for(p.pid, p.exited);
+            let nvml_bytes = reading.map(|r| r.bytes);
             let (traced, managed) = (p.own.device.bytes, p.own.managed.bytes);
             let seen = traced > 0 || managed > 0 || nvml_bytes.is_some_and(|b| b > 0);
             seen.then(|| GpuProcess {
@@ -52,7 +59,9 @@ pub fn gpu(processes: &[ProcReport], nvml: Sample) -> GpuReport {
                 managed_bytes: managed,
                 torch_block_bytes: p.own.torch_block.bytes,
                 nvml_bytes,
-                unexplained_bytes: nvml_bytes.map(|n| n as i64 - traced as i64),
+                nvml_at_s: reading.map(|r| r.at_s),
+                nvml_traced_bytes: reading.map(|r| r.traced_bytes),
+                unexplained_bytes: reading.map(|r| r.bytes as i64 - r.traced_bytes as i64),
             })
         })
         .collect();

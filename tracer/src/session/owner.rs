@@ -290,18 +290,21 @@ impl Owner {
     /// Returns what it took.
     fn sample(&mut self) -> std::time::Duration {
         let t = Instant::now();
+        let groups = self.ledger.group_bytes();
+        let at_s = self.started.elapsed().as_secs_f64();
+        self.gpus.observe(at_s, |pid| device_bytes(&groups, pid));
         let x = if self.config.per_step() {
             self.ledger.steps as f64
         } else {
             self.started.elapsed().as_secs_f64()
         };
-        self.analysis
-            .sample(x, &self.ledger, &self.ledger.group_bytes());
+        self.analysis.sample(x, &self.ledger, &groups);
         t.elapsed()
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {
         let info = self.prober.info.borrow().clone();
+        let groups = self.ledger.group_bytes();
         let cx = report::Context {
             final_report,
             elapsed_s: self.started.elapsed().as_secs_f64(),
@@ -309,7 +312,9 @@ impl Owner {
             top,
             probes: &info.attached,
             libraries: &info.libraries,
-            nvml: &self.gpus.sample(),
+            nvml: &self.gpus.sample(self.started.elapsed().as_secs_f64(), |pid| {
+                device_bytes(&groups, pid)
+            }),
             analysis: &self.analysis,
             warmup_s: self.config.warmup,
             per_step: self.config.per_step(),
@@ -433,4 +438,13 @@ impl Owner {
             );
         }
     }
+}
+
+/// A process's own traced device memory, from the ledger's group sums.
+fn device_bytes(groups: &[(crate::model::GroupKey, u64)], pid: u32) -> u64 {
+    groups
+        .iter()
+        .filter(|(k, _)| k.pid == pid && k.kind == crate::model::Kind::Device && !k.inherited)
+        .map(|(_, b)| b)
+        .sum()
 }
