@@ -99,7 +99,7 @@ while read -r label want cmdline; do
   [[ $label == *"$filter"* ]] || continue
   read -r -a cmd <<<"$cmdline"
   src=$S/${label%%:*}
-  out=$("$LT" check --no-store "${extra[@]}" -- "${cmd[@]}" 2>/dev/null) && got=0 || got=$?
+  out=$("$LT" check --no-store "${extra[@]}" -- "${cmd[@]}" </dev/null 2>/dev/null) && got=0 || got=$?
   leak_line=$(grep -m1 -E '^[[:space:]]*LEAK ' <<<"$out" || true)
   site=-
   [ -z "$leak_line" ] || site=${leak_line##*: }

@@ -1,6 +1,4 @@
-// Application log: every message is formatted into a std::string and appended to a global
-// std::vector<std::string> that only its destructor clears, at exit.
-// leak: the vector keeps every line; bounded: only the last 512 lines are kept (a ring).
+// Application log: each formatted line is appended to a global std::vector<std::string> cleared only by its destructor at exit. Variants: leak | bounded (ring of the last 512 lines).
 #include <chrono>
 #include <cstdio>
 #include <cstring>

@@ -1,7 +1,4 @@
-/* Connection manager: each accepted connection gets a struct and a 48 KiB receive buffer;
- * conn_close() frees the struct but forgets the buffer. leak: buffers leak on close; fixed:
- * conn_close frees them; spike: fixed, plus every 25 ticks a burst of 640 connections (30 MiB of
- * buffers) is opened and then all closed. */
+/* Connection manager: conn_close() frees the struct but forgets its 48 KiB receive buffer. Variants: leak | fixed (buffer freed) | spike (fixed + a burst of 640 connections, 30 MiB, every 25 ticks). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

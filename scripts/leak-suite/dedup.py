@@ -1,6 +1,4 @@
-# ETL job deduplicating rows: the module-level _seen dict (row digest -> row) is meant to be reset
-# per batch but never is. leak: _seen grows across batches; fixed: reset after each batch;
-# spike: fixed, plus every 25 batches a 40 MiB backfill batch is loaded at once and dropped.
+# ETL dedup: the module-level _seen dict (digest -> row) is never reset between batches. Variants: leak | fixed (reset per batch) | spike (fixed + a 40 MiB backfill batch every 25 batches).
 import hashlib
 import sys
 import time

@@ -1,6 +1,4 @@
-# Batch importer that keeps its failures for the final report: each exception is appended to a
-# list, and its traceback keeps the failing frame, with the ~96 KiB chunk it was parsing, alive.
-# leak: the exceptions are kept; fixed: only a one-line summary string is kept.
+# Batch importer keeping failed chunks' exceptions, whose tracebacks keep each frame's ~96 KiB chunk alive. Variants: leak | fixed (keeps a one-line summary string instead).
 import sys
 import time
 import traceback

@@ -1,6 +1,4 @@
-# Request handler with a class-level history: every Handler instance appends its request body
-# to Handler.history, which all instances share and nobody trims. leak: history is a list;
-# bounded: history is a deque(maxlen=32).
+# Handler.history, a class-level list shared by all instances, keeps every ~96 KiB request body. Variants: leak | bounded (history is a deque(maxlen=16)).
 import collections
 import sys
 import time
@@ -18,6 +16,10 @@ class Handler:
         self.history.append(self.body)  # kept "for debugging"
         return self.body.count(b"sku")
 
+    @classmethod
+    def debug_dump(cls):
+        return f"{len(cls.history)} bodies, {sum(map(len, cls.history))} bytes"
+
 
 def read_body(request_id):
     head = b'{"request": %d, "items": [' % request_id
@@ -27,14 +29,14 @@ def read_body(request_id):
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "leak"
     if mode == "bounded":
-        Handler.history = collections.deque(maxlen=32)
+        Handler.history = collections.deque(maxlen=16)
     elif mode != "leak":
         sys.exit(f"usage: {sys.argv[0]} leak|bounded")
     items = 0
     for request_id in range(100):
         items += Handler(read_body(request_id)).handle()
         time.sleep(0.02)
-    print(f"{items} items, {len(Handler.history)} bodies in history")
+    print(f"{items} items; history: {Handler.debug_dump()}")
 
 
 if __name__ == "__main__":

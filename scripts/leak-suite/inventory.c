@@ -1,5 +1,4 @@
-/* Inventory table: records live in an array grown with realloc; a catalogue update overwrites a
- * record's description with a fresh copy. leak: the old description is never freed; fixed: it is. */
+/* Inventory table grown with realloc: an update overwrites a record's description with a fresh copy. Variants: leak (old copy never freed) | fixed (freed first). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

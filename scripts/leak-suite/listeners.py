@@ -1,6 +1,4 @@
-# Event bus: every request subscribes an on-complete callback in the module-level _listeners list;
-# the callback closes over the request's ~96 KiB response. leak: listeners are never
-# unsubscribed; fixed: the request unsubscribes its listener once it is done.
+# Event bus: each request subscribes a callback (closing over its ~96 KiB response) to a module-level list. Variants: leak (never unsubscribed) | fixed (unsubscribed when done).
 import sys
 import time
 

@@ -1,5 +1,4 @@
-/* Log collector: each shipped line is also strdup'd onto a global "recent lines" list for the
- * status page. leak: the list is never trimmed; bounded: only the last 256 lines are kept. */
+/* Log collector: every shipped line is strdup'd onto a global "recent lines" list. Variants: leak (list never trimmed) | bounded (keeps the last 256 lines). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

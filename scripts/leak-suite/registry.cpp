@@ -1,6 +1,4 @@
-// Buffer registry: 3 worker threads create Buffers and register them by handle in a global
-// unordered_map<uint64_t, std::unique_ptr<Buffer>>; release() only marks a buffer unused.
-// leak: released buffers are never pruned; fixed: release() erases the entry.
+// Buffer registry fed by 3 worker threads: release() only marks a std::unique_ptr<Buffer> unused, nothing prunes the map. Variants: leak | fixed (release() erases the entry).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

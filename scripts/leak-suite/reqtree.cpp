@@ -1,6 +1,4 @@
-// Request handling: a Request owns its Parts through shared_ptr and each Part points back at its
-// Request through a shared_ptr, so the cycle keeps every request and its parts alive.
-// leak: the cycle is left as is; fixed: finish() clears the parts, breaking the cycle.
+// Request/Part shared_ptr cycle (each Part holds its Request by shared_ptr) keeps every request's parts alive. Variants: leak | fixed (finish() clears the parts, breaking the cycle).
 #include <chrono>
 #include <cstdio>
 #include <cstring>

@@ -1,6 +1,4 @@
-/* Response cache: a chained hash table keyed by request id; ids are unique, so with no eviction
- * every cached response stays forever. leak: no eviction; bounded: at most 64 entries, oldest
- * evicted; spike: bounded, plus every 25 ticks a 40 MiB prefetch batch is cached then flushed. */
+/* Response cache: a hash table keyed by (unique) request id. Variants: leak (no eviction) | bounded (64 entries, oldest evicted) | spike (bounded + 40 MiB prefetch cached then flushed every 25 ticks). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,11 +44,7 @@ static void evict(uint64_t key)
 static void insert(uint64_t key, const char *body, size_t len)
 {
     struct entry *e = malloc(sizeof *e);
-    if (!e)
-        abort();
     e->body = malloc(len); /* LEAK-SITE */
-    if (!e->body)
-        abort();
     memcpy(e->body, body, len);
     e->key = key;
     e->len = len;
@@ -58,11 +52,8 @@ static void insert(uint64_t key, const char *body, size_t len)
     table[key % BUCKETS] = e;
     if (max_entries) {
         order[(order_head + order_len++) % 4096] = key;
-        while (order_len > max_entries) {
+        for (; order_len > max_entries; order_len--, order_head = (order_head + 1) % 4096)
             evict(order[order_head]);
-            order_head = (order_head + 1) % 4096;
-            order_len--;
-        }
     }
 }
 

@@ -1,6 +1,4 @@
-// Session store: std::map<std::string, std::vector<char>> keyed by session id; logout only
-// clears the state vector, so the key and the vector's capacity stay forever.
-// leak: logout clears but never erases; fixed: logout erases the session.
+// Session store std::map<std::string, std::vector<char>>: logout only clear()s the state, keeping key and capacity. Variants: leak | fixed (logout erases the session).
 #include <chrono>
 #include <cstdio>
 #include <cstring>

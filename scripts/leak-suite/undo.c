@@ -1,6 +1,4 @@
-/* Text editor session: every edit pushes a full snapshot of the document onto the undo history,
- * and editor_close() frees it all before main returns. leak: the history is unbounded while the
- * session runs (freed only at exit); bounded: only the last 16 snapshots are kept. */
+/* Editor session: every edit pushes a full document snapshot onto the undo history, all freed by editor_close() before exit. Variants: leak (unbounded history) | bounded (last 16). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

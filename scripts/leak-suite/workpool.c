@@ -1,6 +1,4 @@
-/* Thread pool: 3 workers validate queued jobs; a job that fails its checksum is rejected on an
- * early-return path that forgets its calloc'ed payload. leak: that path leaks the payload;
- * fixed: the error path frees it too. */
+/* Thread pool (3 workers): a job failing its checksum is rejected on an error path that forgets its calloc'ed payload. Variants: leak | fixed (that path frees it). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,7 +14,6 @@
 struct job {
     struct job *next;
     unsigned id;
-    size_t len;
     uint32_t sum;
     unsigned char *payload;
 };
@@ -40,16 +37,12 @@ static uint32_t checksum(const unsigned char *p, size_t n)
 static struct job *make_job(unsigned id)
 {
     struct job *j = malloc(sizeof *j);
-    if (!j)
-        abort();
     j->payload = calloc(1, PAYLOAD); /* LEAK-SITE */
-    if (!j->payload)
-        abort();
+    j->next = NULL;
     j->id = id;
-    j->len = PAYLOAD;
     for (size_t i = 0; i < PAYLOAD; i++)
         j->payload[i] = (unsigned char)(id * 31 + i);
-    j->sum = checksum(j->payload, j->len);
+    j->sum = checksum(j->payload, PAYLOAD);
     if (id % 3 == 2) /* corrupted in transit */
         j->payload[id % PAYLOAD] ^= 0x5a;
     return j;
@@ -57,7 +50,7 @@ static struct job *make_job(unsigned id)
 
 static int process(struct job *j)
 {
-    if (checksum(j->payload, j->len) != j->sum) {
+    if (checksum(j->payload, PAYLOAD) != j->sum) {
         if (free_on_error)
             free(j->payload);
         free(j);
@@ -76,20 +69,14 @@ static void *worker(void *arg)
         while (!queue_head && !shutting_down)
             pthread_cond_wait(&ready, &lock);
         struct job *j = queue_head;
-        if (!j) {
-            pthread_mutex_unlock(&lock);
-            return NULL;
-        }
-        queue_head = j->next;
-        if (!queue_head)
+        if (j && !(queue_head = j->next))
             queue_tail = NULL;
         pthread_mutex_unlock(&lock);
+        if (!j)
+            return NULL;
         int rc = process(j);
         pthread_mutex_lock(&lock);
-        if (rc)
-            rejected++;
-        else
-            done++;
+        *(rc ? &rejected : &done) += 1;
         pthread_mutex_unlock(&lock);
     }
 }
@@ -110,7 +97,6 @@ int main(int argc, char **argv)
     for (int tick = 0; tick < TICKS; tick++) {
         for (int i = 0; i < JOBS_PER_TICK; i++) {
             struct job *j = make_job(id++);
-            j->next = NULL;
             pthread_mutex_lock(&lock);
             if (queue_tail)
                 queue_tail->next = j;
