@@ -71,14 +71,18 @@ if ! [ -f .libtorch/torch/lib/libtorch_cpu.so ] || ! [ -f .libtorch/torch/lib/li
     'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85'
 fi
 
-# 4b. numpy for the Python tests (a leak through a list of arrays), for the machine's python3,
-#     into .pydeps (the tests put it on PYTHONPATH). Pinned: the newest release for CPython 3.11.
-if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ]; then
-  log "installing numpy 2.4.6 into .pydeps"
+# 4b. For the Python tests, for the machine's python3, into .pydeps (the tests put it on
+#     PYTHONPATH): numpy (a leak through a list of arrays) and PyTorch as users install it, the torch
+#     wheel with its dependencies (the CUDA libraries `import torch` loads even on a CPU; ~4.5 GB).
+#     Pinned: the newest numpy for CPython 3.11, and the PyTorch release the tch harness uses.
+if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
+  log "installing numpy 2.4.6 and torch 2.13.0 (with its dependencies) into .pydeps"
   rm -rf .pydeps
-  python3 -m pip install --quiet --no-input --no-deps --only-binary=:all: --target .pydeps \
-    'numpy==2.4.6' 2>&1 | grep -v "as the 'root' user" || true
-  [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || { echo "setup: numpy did not install" >&2; exit 1; }
+  python3 -m pip install --quiet --no-input --only-binary=:all: --target .pydeps \
+    'numpy==2.4.6' 'torch==2.13.0' 2>&1 | grep -v "as the 'root' user" || true
+  for d in numpy-2.4.6 torch-2.13.0; do
+    [ -f ".pydeps/$d.dist-info/METADATA" ] || { echo "setup: $d did not install into .pydeps" >&2; exit 1; }
+  done
 fi
 
 # 5. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
