@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Realistic leaks beside their controls (scripts/leak-suite/): runs each case under
+# Realistic leaks beside their controls (tests/fixtures/suite/): runs each case under
 # `leaktracer check --no-store` and tabulates whether check caught the leak (exit 1), passed the
 # control (exit 0), and printed the line marked LEAK-SITE in the program's source as the site.
 #   bash scripts/leak-suite.sh [FILTER]   FILTER: a substring of the case labels to run
@@ -8,7 +8,7 @@
 # and NAME-O2fp (the same with -fno-omit-frame-pointer). Always exits 0 once the table is printed.
 set -euo pipefail
 LT=${LT:-$(dirname "$0")/../target/release/leaktracer}
-S=$(cd "$(dirname "$0")/leak-suite" && pwd)
+S=$(cd "$(dirname "$0")/../tests/fixtures/suite" && pwd)
 B=$(cd "$(dirname "$0")/.." && pwd)/target/leak-suite
 filter=${1:-}
 read -r -a extra <<<"${EXTRA_FLAGS:-}"

@@ -14,6 +14,7 @@ mod history;
 mod oracle;
 mod pages;
 mod python;
+mod pytorch;
 mod run;
 mod scenarios;
 mod serve;

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tests::{fixture, report::Report};
 
 /// The machine's CPython itself (not a launcher script in front of it).
-fn python() -> String {
+pub(crate) fn python() -> String {
     let out = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -16,20 +16,20 @@ fn python() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/python")
         .join(format!("{name}.py"))
 }
 
 /// The 1-based line of `script` holding `marker`.
-fn line(name: &str, marker: &str) -> u64 {
+pub(crate) fn line(name: &str, marker: &str) -> u64 {
     let text = std::fs::read_to_string(script(name)).unwrap();
     text.lines().position(|l| l.contains(marker)).unwrap() as u64 + 1
 }
 
 /// The innermost Python frame of a stack: (function, file, line).
-fn python_top(stack: &Value) -> Option<(String, String, u64)> {
+pub(crate) fn python_top(stack: &Value) -> Option<(String, String, u64)> {
     let f = stack["frames"]
         .as_array()?
         .iter()

@@ -202,4 +202,3 @@ fn cache_leak_at_its_line(bin: &str) {
         ]
     );
 }
-

@@ -141,3 +141,44 @@ fn pages_the_heap_explains_belong_to_its_stack() {
         }
     }
 }
+
+/// An inventory loaded at start-up and then updated in place, built as its users build it: each
+/// update frees a record's description and allocates the new one from the update path, so that
+/// path's stack rises while the load path's falls and the process holds the same. That stack is
+/// `moved`, not a leak, and `check` passes; the same program keeping the old descriptions fails
+/// at the allocating line.
+#[test]
+fn records_replaced_from_another_call_site_are_moved_not_leaked() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build_as_user("inventory-O2", "suite/inventory.c", &["-O2", "-g"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let line = crate::line_of("suite/inventory.c", "LEAK-SITE");
+    let (o, r) = crate::check::check_report("inventory-fixed", &["--no-store"], &[bin, "fixed"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let moved = r
+        .stacks()
+        .iter()
+        .find(|s| s["kind"] == "heap" && s["verdict"]["verdict"] == "moved")
+        .unwrap_or_else(|| panic!("no moved stack: {:?}", r.stacks()));
+    assert_eq!(frame_fn(moved, 0), Some("set_description"));
+    assert!(
+        moved["verdict"]["growth_bytes"].as_i64().unwrap() > 1 << 20,
+        "{moved}"
+    );
+
+    let (o, _) = crate::check::check_report("inventory-leak", &["--no-store"], &[bin, "leak"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(&format!("set_description (inventory.c:{line})")),
+        "{out}"
+    );
+}

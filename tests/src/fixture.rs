@@ -84,11 +84,18 @@ pub fn build_variant(name: &str, source: &str, extra: &[&str]) -> PathBuf {
 /// Builds `tests/fixtures/SOURCE.cpp` with g++ and `flags` only (as a user builds C++: no
 /// frame pointers at `-O2`) into the binary `name`.
 pub fn build_cxx(name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    build_as_user(name, &format!("{source}.cpp"), flags)
+}
+
+/// Builds `tests/fixtures/FILE` (C with gcc, C++ with g++) with `flags` only, as its users
+/// build it, into the binary `name`.
+pub fn build_as_user(name: &str, file: &str, flags: &[&str]) -> PathBuf {
     let out = target_dir().join("fixtures").join(name);
-    let src = fixtures_src().join(format!("{source}.cpp"));
+    let src = fixtures_src().join(file);
+    let compiler = if file.ends_with(".c") { "gcc" } else { "g++" };
     let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
     args.extend(["-o".into(), path_str(&out), path_str(&src)]);
-    compile_once_with("g++", &out, &args);
+    compile_once_with(compiler, &out, &args);
     out
 }
 

@@ -8,7 +8,9 @@
 /// Points kept per series at most (a point is 32 bytes).
 pub const CAP: usize = 64;
 
-/// A span of samples: its first and last time, the least and most bytes seen, and the last value.
+/// A span of samples: its first and last time, the least and most bytes seen, the last value,
+/// and whether the program allocated or freed at the stack during it (known for heap-level
+/// stacks; false where it is not known).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Point {
     pub t0: f64,
@@ -16,6 +18,7 @@ pub struct Point {
     pub min: u64,
     pub max: u64,
     pub last: u64,
+    pub active: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -39,6 +42,11 @@ impl Default for Series {
 
 impl Series {
     pub fn push(&mut self, t: f64, bytes: u64) {
+        self.push_sample(t, bytes, false);
+    }
+
+    /// A sample, and whether the stack was used since the one before.
+    pub fn push_sample(&mut self, t: f64, bytes: u64, active: bool) {
         if self.filled < self.stride
             && let Some(p) = self.points.last_mut()
         {
@@ -46,6 +54,7 @@ impl Series {
             p.min = p.min.min(bytes);
             p.max = p.max.max(bytes);
             p.last = bytes;
+            p.active |= active;
             self.filled += 1;
             return;
         }
@@ -58,6 +67,7 @@ impl Series {
             min: bytes,
             max: bytes,
             last: bytes,
+            active,
         });
         self.filled = 1;
     }
@@ -106,6 +116,7 @@ impl Series {
                     min: a.min.min(b.min),
                     max: a.max.max(b.max),
                     last: b.last,
+                    active: a.active || b.active,
                 },
                 [a] => *a,
                 _ => unreachable!("chunks of two"),

@@ -237,12 +237,13 @@ async fn stacks(
         )));
     }
     check_kind(q.kind.as_deref())?;
-    const VERDICTS: [&str; 6] = [
+    const VERDICTS: [&str; 7] = [
         "leak",
         "spike",
         "bounded_cache",
         "steady",
         "retention",
+        "moved",
         "none",
     ];
     if let Some(v) = &q.verdict

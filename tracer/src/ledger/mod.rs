@@ -103,6 +103,10 @@ pub struct Ledger {
     pub events: u64,
     /// Step boundaries seen (entries of the `--step-symbol` function).
     pub steps: u64,
+    /// Per stack (indexed by its number): heap-level allocations and frees made at it so far,
+    /// which tells the analysis whether a stack's flat stretch is a cache at work or a stack the
+    /// program stopped using.
+    activity: Vec<u32>,
 }
 
 impl Ledger {
@@ -156,9 +160,28 @@ impl Ledger {
                     func: ev.func,
                     inherited: false,
                 };
-                self.process(ev.tgid, ev.ts_ns).apply(what, origin);
+                let allocates = matches!(what, What::Alloc { .. } | What::Realloc { .. });
+                let released = self.process(ev.tgid, ev.ts_ns).apply(what, origin);
+                let made = if allocates { ev.stack } else { None };
+                for stack in [made, released].into_iter().flatten() {
+                    self.touch(stack);
+                }
             }
         }
+    }
+
+    fn touch(&mut self, stack: StackId) {
+        let i = stack.get() as usize;
+        if i >= self.activity.len() {
+            self.activity.resize(i + 1, 0);
+        }
+        self.activity[i] = self.activity[i].wrapping_add(1);
+    }
+
+    /// Allocations and frees made at `stack` so far (wrapping): a stack whose count did not
+    /// change between two samples was not used in between.
+    pub fn activity(&self, stack: Option<StackId>) -> u32 {
+        stack.map_or(0, |s| self.activity.get(s.get() as usize).copied().unwrap_or(0))
     }
 
     /// The process `tgid`, registered at its first event when it was not seen being born.

@@ -10,7 +10,7 @@ use super::{
     device::Device,
     regions::Regions,
 };
-use crate::ingest::What;
+use crate::{ingest::What, model::StackId};
 
 const PAGE: u64 = 4096;
 
@@ -114,8 +114,9 @@ impl Process {
         }
     }
 
-    /// Applies one event of this process (forks and steps are the ledger's).
-    pub fn apply(&mut self, what: What, origin: Origin) {
+    /// Applies one event of this process (forks and steps are the ledger's). Returns the stack of
+    /// the heap block a free or realloc released, if any.
+    pub fn apply(&mut self, what: What, origin: Origin) -> Option<StackId> {
         let device_func = origin.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
         match what {
             What::Alloc { addr, size } if device_func.is_some() => {
@@ -129,8 +130,8 @@ impl Process {
             What::DeviceMap { addr, size, handle } => self.device.map(addr, size, handle),
             What::DeviceUnmap { addr } => self.device.unmap(addr),
             What::Alloc { addr, size } => self.alloc(addr, size, origin),
-            What::Free { addr } => self.free(addr),
-            What::Realloc { old, addr, size } => self.realloc(old, addr, size, origin),
+            What::Free { addr } => return self.free(addr),
+            What::Realloc { old, addr, size } => return self.realloc(old, addr, size, origin),
             What::Mmap {
                 addr,
                 len,
@@ -155,6 +156,7 @@ impl Process {
             What::Exit => self.exited_ns = Some(origin.ts_ns),
             What::Fork { .. } | What::Step => {}
         }
+        None
     }
 
     /// execve: a fresh image, nothing of the old address space survives.
@@ -188,40 +190,43 @@ impl Process {
     /// A free: of a replaced block whose free was still to come (see `displaced`), else of the
     /// outstanding block. Should the free in fact be the new block's (its own thread's free came
     /// first), the old block's, arriving next, releases the new one: the same end state.
-    pub fn free(&mut self, addr: u64) {
+    /// Returns the released block's stack.
+    pub fn free(&mut self, addr: u64) -> Option<StackId> {
         if let Some(n) = self.displaced.get_mut(&addr) {
             *n -= 1;
             if *n == 0 {
                 self.displaced.remove(&addr);
             }
             self.mismatches.reused_addresses -= 1;
-            return;
+            return None;
         }
-        self.release(addr);
+        self.release(addr)
     }
 
-    /// Removes the outstanding block at `addr` (counted when there is none).
-    fn release(&mut self, addr: u64) {
-        if self.heap.remove(&addr).is_none() {
+    /// Removes the outstanding block at `addr` (counted when there is none); its stack.
+    fn release(&mut self, addr: u64) -> Option<StackId> {
+        let Some(block) = self.heap.remove(&addr) else {
             tracing::debug!(
                 pid = self.pid,
                 addr,
                 "free of an address with no outstanding block"
             );
             self.mismatches.unmatched_frees += 1;
-        }
+            return None;
+        };
+        block.origin.stack
     }
 
     /// realloc(old, size) returned `new`: NULL old is malloc, NULL result (size 0) is free, anything
     /// else moves or resizes the block, which now belongs to the realloc call's stack.
-    pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) {
-        if old != 0 {
-            // The caller holds `old`: the outstanding block's, whatever frees are to come.
-            self.release(old);
-        }
+    /// Returns the released block's stack.
+    pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) -> Option<StackId> {
+        // The caller holds `old`: the outstanding block's, whatever frees are to come.
+        let released = if old != 0 { self.release(old) } else { None };
         if new != 0 {
             self.alloc(new, size, origin);
         }
+        released
     }
 
     /// A successful mmap: anonymous mappings are tracked (without access: reserved; reserved inside

@@ -1,5 +1,11 @@
 //! A stack's site: the one location `check`, the text report and the explorer name it by.
 
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
 use super::StackReport;
 use crate::symbolize::{PYTHON_MODULE, SymFrame};
 
@@ -61,12 +67,35 @@ fn in_library(f: &SymFrame) -> bool {
     })
 }
 
-/// A frame of code the user did not write (see [`THIRD_PARTY`]; headers).
+/// A frame of code the user did not write (see [`THIRD_PARTY`]; headers; Python packages
+/// installed anywhere, as `pip install --target DIR` does).
 fn third_party(f: &SymFrame) -> bool {
     f.file.as_deref().is_some_and(|file| {
         THIRD_PARTY.iter().any(|d| file.contains(d))
             || file.ends_with(".h")
             || file.ends_with(".hpp")
+            || (f.module.as_deref() == Some(PYTHON_MODULE) && installed(file))
+    })
+}
+
+/// Whether a Python source file lies in a directory packages were installed into: one of its
+/// ancestors holds a `*.dist-info` or `*.egg-info` entry (pip's record of an installed
+/// distribution), as `site-packages` does and as a `--target` directory on PYTHONPATH does.
+/// Answers are kept per directory: a report asks for the same few directories again and again.
+fn installed(file: &str) -> bool {
+    static DIRS: Mutex<Option<HashMap<PathBuf, bool>>> = Mutex::new(None);
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    let dirs = dirs.get_or_insert_with(HashMap::new);
+    Path::new(file).ancestors().skip(1).any(|dir| {
+        *dirs.entry(dir.to_path_buf()).or_insert_with(|| {
+            std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.ends_with(".dist-info") || name.ends_with(".egg-info")
+                })
+            })
+        })
     })
 }
 
@@ -121,6 +150,23 @@ mod tests {
             frame("/usr/bin/python3.12", "Py_RunMain", "Modules/main.c", 700),
         ];
         assert_eq!(site_of(frames), "forward_loss (train.py:22)");
+    }
+
+    #[test]
+    fn packages_installed_outside_site_packages_are_not_the_users_code() {
+        let root = std::env::temp_dir().join(format!("site-test-{}", std::process::id()));
+        let pkg = root.join("deps/torch/nn/modules");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::create_dir_all(root.join("deps/torch-2.13.0.dist-info")).unwrap();
+        std::fs::create_dir_all(root.join("app")).unwrap();
+        let linear = pkg.join("linear.py").display().to_string();
+        let train = root.join("app/train.py").display().to_string();
+        let frames = vec![
+            frame(PYTHON_MODULE, "forward", &linear, 134),
+            frame(PYTHON_MODULE, "<module>", &train, 43),
+        ];
+        assert_eq!(site_of(frames), "<module> (train.py:43)");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

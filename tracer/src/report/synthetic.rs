@@ -18,7 +18,7 @@ use crate::{
 pub fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "bench".into(), Vec::new(), 0);
-    let mut analysis = Analysis::default();
+    let mut analysis = Analysis::tracking_every_group();
     for id in 1..=n {
         let frames: Arc<[Frame]> = (0..3u64)
             .map(|k| Frame {

@@ -246,6 +246,7 @@ impl Owner {
                 }
                 () = inbox.ticks.sample.due() => {
                     let cost = self.sample();
+                    tracing::debug!(cost_ms = cost.as_secs_f64() * 1e3, "sample");
                     inbox.ticks.sample.taken(self.started.elapsed().as_secs_f64(), cost);
                 }
                 _ = inbox.ticks.report.tick() => self.print_report()?,
