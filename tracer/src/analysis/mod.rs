@@ -26,6 +26,9 @@ pub struct Analysis {
     groups: FxHashMap<GroupKey, Tracked>,
     /// Bytes a group must hold once to be tracked ([`TRACK_MIN`]).
     track_min: u64,
+    /// Processes in which PyTorch's CUDA caching allocator handed out blocks: their device
+    /// memory (cudaMalloc'd segments) is the allocator's cache under the blocks.
+    caching: rustc_hash::FxHashSet<u32>,
     /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
     /// heap (brk).
     procs: FxHashMap<u32, (Series, Series)>,
@@ -67,6 +70,7 @@ impl Default for Analysis {
         Self {
             groups: FxHashMap::default(),
             track_min: TRACK_MIN,
+            caching: Default::default(),
             procs: FxHashMap::default(),
             round: 0,
         }
@@ -98,7 +102,10 @@ impl Analysis {
                 self.groups.get_mut(&key)
             };
             if let Some(t) = tracked {
-                t.push(t_s, bytes, round, ledger.activity(key.stack));
+                t.push(t_s, bytes, round, activity(ledger, &key));
+            }
+            if key.kind == Kind::TorchBlock {
+                self.caching.insert(key.pid);
             }
             let e = per_proc.entry(key.pid).or_default();
             match key.kind {
@@ -111,7 +118,7 @@ impl Analysis {
         }
         for (key, t) in self.groups.iter_mut() {
             if t.round != round {
-                t.push(t_s, 0, round, ledger.activity(key.stack));
+                t.push(t_s, 0, round, activity(ledger, key));
             }
         }
         for pid in ledger.procs.keys() {
@@ -133,7 +140,8 @@ impl Analysis {
     }
 
     /// The verdict of a group, from `warmup_s` on. The brk heap of a process whose heap bytes
-    /// stay flat while its pages grow is retention by the allocator, not a leak. A heap-level
+    /// stay flat while its pages grow is retention by the allocator, not a leak; so is the device
+    /// memory of a process whose CUDA memory goes through PyTorch's caching allocator. A heap-level
     /// stack whose growth its process's heap-level bytes do not show has memory moved to it.
     pub fn judge(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
         let mut evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
@@ -146,6 +154,11 @@ impl Analysis {
         };
         match key.kind {
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
+            // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
+            // blocks is reported on the blocks, at their line) or stay cached when the blocks go.
+            Kind::Device if self.caching.contains(&key.pid) => {
+                evidence.verdict = Verdict::Retention
+            }
             Kind::Heap | Kind::Tensor if self.moved(key.pid, &evidence, warmup_s) => {
                 evidence.verdict = Verdict::Moved
             }
@@ -202,6 +215,16 @@ impl Analysis {
     }
 }
 
+/// The activity count of a group's stack, for the kinds whose every allocation and free the
+/// ledger counts (blocks: heap, tensors, device memory); 0 for pages, whose mappings and unmaps
+/// are not counted (their series are judged whole).
+fn activity(ledger: &Ledger, key: &GroupKey) -> u32 {
+    match key.kind {
+        Kind::Mmap | Kind::Brk => 0,
+        _ => ledger.activity(key.stack),
+    }
+}
+
 /// The verdict of a series that ends released: on what it held before its final fall when the
 /// fall came at the end (teardown), else on the whole series (memory released mid-run, long
 /// before the end, is not a leak at exit).
@@ -249,6 +272,36 @@ mod tests {
             analysis.sample(i as f64, &ledger, &[(ka, a(i)), (kb, b(i))]);
         }
         (analysis, ka, kb)
+    }
+
+    #[test]
+    fn segments_under_pytorchs_caching_allocator_are_its_cache_not_a_second_leak() {
+        let key = |s: u32, kind| GroupKey {
+            pid: 1,
+            stack: Some(crate::model::StackId::new(s)),
+            kind,
+            inherited: false,
+        };
+        let (blocks, segments) = (key(1, Kind::TorchBlock), key(2, Kind::Device));
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "train".into(), Vec::new(), 0);
+        let run = |with_blocks: bool| {
+            let mut analysis = Analysis::default();
+            for i in 0..20u64 {
+                let mut groups = vec![(segments, (i + 1) * 2 * K)];
+                if with_blocks {
+                    groups.push((blocks, (i + 1) * K));
+                }
+                analysis.sample(i as f64, &ledger, &groups);
+            }
+            analysis
+        };
+        let analysis = run(true);
+        assert_eq!(analysis.judge(&blocks, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(analysis.judge(&segments, 0.0).map(|e| e.verdict), Some(Verdict::Retention));
+        // cudaMalloc without the caching allocator: device memory is judged as itself.
+        let analysis = run(false);
+        assert_eq!(analysis.judge(&segments, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
     }
 
     #[test]

@@ -59,12 +59,15 @@ impl Device {
         table.insert(addr, Block { size, origin });
     }
 
-    /// A successful free of `addr` by `func` (a handle for cuMemRelease).
-    pub fn free(&mut self, func: AllocFn, addr: u64) {
+    /// A successful free of `addr` by `func` (a handle for cuMemRelease); the freed block's
+    /// stack.
+    pub fn free(&mut self, func: AllocFn, addr: u64) -> Option<StackId> {
         let table = self.table(func);
-        if table.remove(&addr).is_none() {
+        let Some(block) = table.remove(&addr) else {
             self.unmatched_frees += 1;
-        }
+            return None;
+        };
+        block.origin.stack
     }
 
     pub fn failed(&mut self, stack: Option<StackId>, func: AllocFn, code: u32, bytes: u64) {

@@ -103,7 +103,8 @@ pub struct Ledger {
     pub events: u64,
     /// Step boundaries seen (entries of the `--step-symbol` function).
     pub steps: u64,
-    /// Per stack (indexed by its number): heap-level allocations and frees made at it so far,
+    /// Per stack (indexed by its number): allocations and frees of blocks (heap, tensors, device
+    /// memory) made at it so far,
     /// which tells the analysis whether a stack's flat stretch is a cache at work or a stack the
     /// program stopped using.
     activity: Vec<u32>,

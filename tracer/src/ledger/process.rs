@@ -115,14 +115,14 @@ impl Process {
     }
 
     /// Applies one event of this process (forks and steps are the ledger's). Returns the stack of
-    /// the heap block a free or realloc released, if any.
+    /// the heap or device block a free or realloc released, if any.
     pub fn apply(&mut self, what: What, origin: Origin) -> Option<StackId> {
         let device_func = origin.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
         match what {
             What::Alloc { addr, size } if device_func.is_some() => {
                 self.device.alloc(addr, size, origin)
             }
-            What::Free { addr } if let Some(f) = device_func => self.device.free(f, addr),
+            What::Free { addr } if let Some(f) = device_func => return self.device.free(f, addr),
             What::AllocFailed { code, size } => {
                 let func = origin.func.unwrap_or(AllocFn::CudaMalloc);
                 self.device.failed(origin.stack, func, code, size)
