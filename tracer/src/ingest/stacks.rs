@@ -2,7 +2,7 @@
 //! frames of (module, file offset), and identical frame lists share one [`StackId`] across processes
 //! (forked workers running the same code aggregate naturally).
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use crate::model::{Frame, StackId};
 
@@ -30,7 +30,7 @@ pub struct Interner {
     raw_count: usize,
     /// The most raw stacks held at once.
     peak: usize,
-    normalized: HashMap<Vec<FrameKey>, StackId>,
+    normalized: FxHashMap<Vec<FrameKey>, StackId>,
     overflowed: u64,
 }
 

@@ -1,13 +1,15 @@
 //! The ledger's copy of every interned stack: frames by id, for the report to symbolize.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use crate::model::{Frame, StackId};
 
 /// The ledger's copy of every interned stack.
 #[derive(Default)]
 pub struct StackTable {
-    stacks: HashMap<StackId, (Arc<[Frame]>, bool)>,
+    stacks: FxHashMap<StackId, (Arc<[Frame]>, bool)>,
 }
 
 impl StackTable {

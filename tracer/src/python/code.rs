@@ -94,6 +94,12 @@ pub fn head(pid: u32, layout: &Layout, addr: u64) -> Result<Vec<u8>, PythonError
         .ok_or_else(|| PythonError::Unreadable(format!("code object {addr:#x}: unreadable")))
 }
 
+/// The fixed parts of the code objects at `addrs` in `pid`, read together (see
+/// [`mem::read_many`]); None for one that cannot be read.
+pub fn heads(pid: u32, layout: &Layout, addrs: &[u64]) -> Vec<Option<Vec<u8>>> {
+    mem::read_many(pid, addrs, layout.head_len)
+}
+
 /// What [`CodeInfo::fingerprint`] holds, from a code object's head.
 pub fn fingerprint(layout: &Layout, head: &[u8]) -> [u64; 4] {
     let at = |o| u64_at(head, o).unwrap_or(0);

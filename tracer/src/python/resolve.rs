@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use super::{
     code::{self, CodeInfo},
     interp::{self, Interpreter},
@@ -16,7 +18,15 @@ use crate::model::Frame;
 pub struct Resolver {
     interps: HashMap<u32, Option<(Interpreter, Version)>>,
     codes: HashMap<(u32, u64), Option<CodeInfo>>,
+    /// Lines found, per (process, code object, its fingerprint, instruction offset): the same
+    /// caller frames come back in stack after stack, and a line is found by walking the table.
+    lines: FxHashMap<LineKey, Option<u32>>,
 }
+
+type LineKey = (u32, u64, [u64; 4], u32);
+
+/// Lines remembered at most; beyond, they are all dropped and found again.
+const MAX_LINES: usize = 1 << 20;
 
 impl Resolver {
     /// `native` (innermost first) with the Python frames of `raw` (triples of code object,
@@ -38,12 +48,16 @@ impl Resolver {
             return native.to_vec();
         };
         let layout = version.layout;
+        let steps = version.steps(raw);
+        // Code objects are freed and their memory reused (an imported module's body, once run):
+        // a cached copy is used only while the object still matches it, which its head tells;
+        // the heads of all the stack's code objects are read at once.
+        let addrs: Vec<u64> = steps.iter().map(|s| s.code).collect();
+        let mut heads = code::heads(tgid, &layout, &addrs).into_iter();
         let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
-        for step in version.steps(raw) {
+        for step in steps {
             let code = step.code;
-            // Code objects are freed and their memory reused (an imported module's body, once
-            // run): a cached copy is used only while the object still matches it.
-            let head = code::head(tgid, &layout, code).ok();
+            let head = heads.next().flatten();
             let cached = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
             let current = matches!((&head, cached),
                 (Some(h), Some(c)) if c.fingerprint == code::fingerprint(&layout, h));
@@ -54,12 +68,18 @@ impl Resolver {
             }
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
             let frame = match info {
-                Some(info) => Frame::python(
-                    &info.file,
-                    &info.function,
-                    step.offset.and_then(|o| info.line(o)),
-                    code,
-                ),
+                Some(info) => {
+                    let line = step.offset.and_then(|o| {
+                        if self.lines.len() >= MAX_LINES {
+                            self.lines.clear();
+                        }
+                        *self
+                            .lines
+                            .entry((tgid, code, info.fingerprint, o))
+                            .or_insert_with(|| info.line(o))
+                    });
+                    Frame::python(&info.file, &info.function, line, code)
+                }
                 None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
             };
             groups.last_mut().expect("one group").push(frame);
@@ -90,5 +110,6 @@ impl Resolver {
     pub fn forget(&mut self, tgid: u32) {
         self.interps.remove(&tgid);
         self.codes.retain(|(pid, _), _| *pid != tgid);
+        self.lines.retain(|(pid, ..), _| *pid != tgid);
     }
 }
