@@ -108,4 +108,17 @@ mod tests {
             "page zero is never mapped"
         );
     }
+
+    #[test]
+    fn many_ranges_read_together_and_an_unreadable_one_is_none() {
+        let a = [1u8; 16];
+        let b = [2u8; 16];
+        let addrs = [a.as_ptr() as u64, 8, b.as_ptr() as u64, a.as_ptr() as u64];
+        let got = read_many(std::process::id(), &addrs, 16);
+        assert_eq!(
+            got,
+            [Some(a.to_vec()), None, Some(b.to_vec()), Some(a.to_vec())]
+        );
+        assert!(read_many(std::process::id(), &[], 16).is_empty());
+    }
 }
