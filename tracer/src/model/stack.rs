@@ -38,8 +38,19 @@ const PYTHON: &str = "\u{1}python:";
 impl Frame {
     /// A Python frame: `function` at `file`:`line` (0: no line), code object `code`.
     pub fn python(file: &str, function: &str, line: Option<u32>, code: u64) -> Self {
+        Self::python_in(Self::python_module(file, function), line, code)
+    }
+
+    /// The module string of a Python function's frames: made once per code object and shared by
+    /// all its frames (a torch job's start-up makes millions of them).
+    pub fn python_module(file: &str, function: &str) -> Arc<str> {
+        Arc::from(format!("{PYTHON}{file}\0{function}"))
+    }
+
+    /// A frame of the Python function whose [`Frame::python_module`] is `module`.
+    pub fn python_in(module: Arc<str>, line: Option<u32>, code: u64) -> Self {
         Self {
-            module: Some(Arc::from(format!("{PYTHON}{file}\0{function}"))),
+            module: Some(module),
             offset: u64::from(line.unwrap_or(0)),
             addr: code,
         }

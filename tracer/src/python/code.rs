@@ -1,12 +1,15 @@
 //! Reading a CPython code object out of a process: its file, qualified name, first line and
 //! location table, and so the line of any instruction in it.
 
+use std::sync::Arc;
+
 use super::{
     PythonError,
     interp::Interpreter,
     linetable,
     mem::{self, i32_at, u32_at, u64_at},
 };
+use crate::model::Frame;
 
 /// Where a code object keeps what a frame's place needs, and how strings and bytes are laid out,
 /// for one CPython version (x86_64; the values are in [`super::version`]).
@@ -57,6 +60,8 @@ impl Layout {
 pub struct CodeInfo {
     pub file: String,
     pub function: String,
+    /// The module string of its frames ([`Frame::python_module`]), shared by all of them.
+    pub module: Arc<str>,
     pub first_line: u32,
     linetable: Vec<u8>,
     format: linetable::Format,
@@ -132,6 +137,7 @@ pub fn from_head(
     let function = string(pid, layout, field(layout.co_qualname)?)?;
     let linetable = bytes(pid, layout, field(layout.co_linetable)?)?;
     Ok(CodeInfo {
+        module: Frame::python_module(&file, &function),
         file,
         function,
         first_line: u32::try_from(first_line).unwrap_or(0),

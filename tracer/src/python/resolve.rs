@@ -78,7 +78,7 @@ impl Resolver {
                             .entry((tgid, code, info.fingerprint, o))
                             .or_insert_with(|| info.line(o))
                     });
-                    Frame::python(&info.file, &info.function, line, code)
+                    Frame::python_in(info.module.clone(), line, code)
                 }
                 None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
             };
