@@ -194,9 +194,17 @@ mod tests {
         let live = reading(1 << 20, 1 << 19, 30.0);
         assert_eq!(s.reading_for(7, false), Some(live));
         let last = reading(1850 << 20, 572 << 20, 28.0);
-        assert_eq!(s.reading_for(9, true), Some(last), "exited: its last reading");
+        assert_eq!(
+            s.reading_for(9, true),
+            Some(last),
+            "exited: its last reading"
+        );
         let none = reading(0, 0, 30.0);
-        assert_eq!(s.reading_for(9, false), Some(none), "alive, not listed now: 0");
+        assert_eq!(
+            s.reading_for(9, false),
+            Some(none),
+            "alive, not listed now: 0"
+        );
         assert_eq!(s.reading_for(11, true), Some(none), "never listed");
         let off = Sample::default();
         assert_eq!(off.reading_for(9, true), None, "no NVML");

@@ -48,7 +48,8 @@ struct Tracked {
 impl Tracked {
     /// A sample of `bytes`, active when the stack's count moved since the last one.
     fn push(&mut self, t_s: f64, bytes: u64, round: u64, activity: u32) {
-        self.series.push_sample(t_s, bytes, activity != self.activity);
+        self.series
+            .push_sample(t_s, bytes, activity != self.activity);
         (self.round, self.activity) = (round, activity);
     }
 }
@@ -175,9 +176,13 @@ impl Analysis {
         let Some((heap, _)) = self.procs.get(&pid) else {
             return false;
         };
-        let from = stack.windows.first().map_or(warmup_s, |w| w.t0_s.max(warmup_s));
-        classify(heap, from)
-            .is_some_and(|p| p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs())
+        let from = stack
+            .windows
+            .first()
+            .map_or(warmup_s, |w| w.t0_s.max(warmup_s));
+        classify(heap, from).is_some_and(|p| {
+            p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
+        })
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
@@ -257,7 +262,11 @@ mod tests {
     const K: u64 = 64 << 10;
 
     /// The analysis after `n` samples of two heap stacks of one process, `a(i)` and `b(i)` bytes.
-    fn two_stacks(n: u64, a: impl Fn(u64) -> u64, b: impl Fn(u64) -> u64) -> (Analysis, GroupKey, GroupKey) {
+    fn two_stacks(
+        n: u64,
+        a: impl Fn(u64) -> u64,
+        b: impl Fn(u64) -> u64,
+    ) -> (Analysis, GroupKey, GroupKey) {
         let key = |s: u32| GroupKey {
             pid: 1,
             stack: Some(crate::model::StackId::new(s)),
@@ -297,11 +306,20 @@ mod tests {
             analysis
         };
         let analysis = run(true);
-        assert_eq!(analysis.judge(&blocks, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
-        assert_eq!(analysis.judge(&segments, 0.0).map(|e| e.verdict), Some(Verdict::Retention));
+        assert_eq!(
+            analysis.judge(&blocks, 0.0).map(|e| e.verdict),
+            Some(Verdict::Leak)
+        );
+        assert_eq!(
+            analysis.judge(&segments, 0.0).map(|e| e.verdict),
+            Some(Verdict::Retention)
+        );
         // cudaMalloc without the caching allocator: device memory is judged as itself.
         let analysis = run(false);
-        assert_eq!(analysis.judge(&segments, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(
+            analysis.judge(&segments, 0.0).map(|e| e.verdict),
+            Some(Verdict::Leak)
+        );
     }
 
     #[test]
@@ -311,15 +329,27 @@ mod tests {
         let total = 32 * K;
         let moved = |i: u64| (total * i / 20).min(total);
         let (analysis, load, update) = two_stacks(20, |i| total - moved(i), moved);
-        assert_eq!(analysis.judge(&update, 0.0).map(|e| e.verdict), Some(Verdict::Moved));
-        assert_ne!(analysis.judge(&load, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(
+            analysis.judge(&update, 0.0).map(|e| e.verdict),
+            Some(Verdict::Moved)
+        );
+        assert_ne!(
+            analysis.judge(&load, 0.0).map(|e| e.verdict),
+            Some(Verdict::Leak)
+        );
         // The same rise beside a steady stack: the process grows with it, a leak.
         let (analysis, _, leak) = two_stacks(20, |_| total, moved);
-        assert_eq!(analysis.judge(&leak, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(
+            analysis.judge(&leak, 0.0).map(|e| e.verdict),
+            Some(Verdict::Leak)
+        );
         // Beside a stack that falls by far more (start-up garbage collected under the leak): the
         // process falls, it does not hold, and the rise is a leak.
         let (analysis, _, leak) = two_stacks(20, |i| 8 * total - 4 * moved(i), moved);
-        assert_eq!(analysis.judge(&leak, 0.0).map(|e| e.verdict), Some(Verdict::Leak));
+        assert_eq!(
+            analysis.judge(&leak, 0.0).map(|e| e.verdict),
+            Some(Verdict::Leak)
+        );
     }
 
     #[test]

@@ -114,10 +114,15 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     // random sizes, replaced at random, wanders by a fraction of a percent, and three windows
     // out of four rise by chance one time in eight.
     let grows = growth >= (base / MIN_GROWTH_SHARE).max(tol) as i64;
-    let (verdict, support) = if rises == WINDOWS - 1 && grows {
+    // And it is still growing in the last window, by a tenth of its growth at least (a steady
+    // leak adds a third there): a working set that filled in the first window and then wanders
+    // up by a few blocks is a cache.
+    let recent = floors[WINDOWS - 1] as i64 - floors[WINDOWS - 2] as i64;
+    let still_growing = recent.saturating_mul(10) >= growth;
+    let (verdict, support) = if rises == WINDOWS - 1 && grows && still_growing {
         (Verdict::Leak, 1.0)
     } else if growth > tol as i64 && rises >= 1 && falls == 0 {
-        let tail_flat = floors[WINDOWS - 1].abs_diff(floors[WINDOWS - 2]) <= tol;
+        let tail_flat = floors[WINDOWS - 1].abs_diff(floors[WINDOWS - 2]) <= tol || !still_growing;
         if tail_flat {
             (Verdict::BoundedCache, (pairs - rises as f64 + 1.0) / pairs)
         } else if grows {
@@ -194,7 +199,11 @@ mod tests {
     fn loop_then_tail(tail: u64, used: bool) -> Series {
         let mut s = Series::default();
         for i in 0..30 + tail {
-            let (bytes, active) = if i < 30 { (i * MIB, true) } else { (30 * MIB, used) };
+            let (bytes, active) = if i < 30 {
+                (i * MIB, true)
+            } else {
+                (30 * MIB, used)
+            };
             s.push_sample(i as f64, bytes, active);
         }
         s
@@ -212,12 +221,31 @@ mod tests {
     }
 
     #[test]
+    fn a_working_set_that_filled_then_wanders_up_is_a_cache() {
+        // 24 MiB filled in the first window, then 20 KiB more per window.
+        let fill = series(
+            |i| {
+                if i < 5 {
+                    i * 5 * MIB
+                } else {
+                    24 * MIB + (i / 10) * (20 << 10)
+                }
+            },
+            40,
+        );
+        assert_eq!(verdict(&fill), Verdict::BoundedCache);
+    }
+
+    #[test]
     fn a_working_set_wandering_by_a_fraction_of_a_percent_is_not_a_leak() {
         // 24 MiB of blocks whose floor happens to rise by 64 KiB a window.
         let wander = series(|i| 24 * MIB + (i / 10) * (64 << 10), 40);
         assert_eq!(verdict(&wander), Verdict::Steady);
         // The same rises from a small base are a leak.
-        assert_eq!(verdict(&series(|i| MIB + (i / 10) * (64 << 10), 40)), Verdict::Leak);
+        assert_eq!(
+            verdict(&series(|i| MIB + (i / 10) * (64 << 10), 40)),
+            Verdict::Leak
+        );
     }
 
     #[test]

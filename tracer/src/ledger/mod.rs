@@ -182,7 +182,9 @@ impl Ledger {
     /// Allocations and frees made at `stack` so far (wrapping): a stack whose count did not
     /// change between two samples was not used in between.
     pub fn activity(&self, stack: Option<StackId>) -> u32 {
-        stack.map_or(0, |s| self.activity.get(s.get() as usize).copied().unwrap_or(0))
+        stack.map_or(0, |s| {
+            self.activity.get(s.get() as usize).copied().unwrap_or(0)
+        })
     }
 
     /// The process `tgid`, registered at its first event when it was not seen being born.

@@ -60,7 +60,11 @@ pub fn read_many(pid: u32, addrs: &[u64], len: usize) -> Vec<Option<Vec<u8>>> {
         };
         // The transfer stops at the first range it cannot read: the ranges before it are whole,
         // that one is not, and the next call starts after it.
-        let whole = if n <= 0 || len == 0 { 0 } else { n as usize / len };
+        let whole = if n <= 0 || len == 0 {
+            0
+        } else {
+            n as usize / len
+        };
         for b in bufs[at..at + whole].iter_mut() {
             out.push(Some(std::mem::take(b)));
         }

@@ -313,9 +313,11 @@ impl Owner {
             top,
             probes: &info.attached,
             libraries: &info.libraries,
-            nvml: &self.gpus.sample(self.started.elapsed().as_secs_f64(), |pid| {
-                device_bytes(&groups, pid)
-            }),
+            nvml: &self
+                .gpus
+                .sample(self.started.elapsed().as_secs_f64(), |pid| {
+                    device_bytes(&groups, pid)
+                }),
             analysis: &self.analysis,
             warmup_s: self.config.warmup,
             per_step: self.config.per_step(),
