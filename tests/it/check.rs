@@ -268,8 +268,8 @@ fn a_short_run_is_judged_with_default_options() {
 
 /// Three threads churning a steady working set (built with -O2, no frame pointers): their
 /// arenas' pages grow while the heap bytes stay flat. That is the allocator keeping memory, as
-/// its brk heap does: a `brk` stack judged retention, no leak verdict of any kind, and the check
-/// passes.
+/// its brk heap does: a `brk` stack, not an mmap leak (retention, or a bounded cache once the
+/// arenas hold), no leak verdict of any kind, and the check passes.
 #[test]
 fn steady_churn_on_threads_is_not_a_leak() {
     if !fixture::bpf_available() {
@@ -293,6 +293,9 @@ fn steady_churn_on_threads_is_not_a_leak() {
         .iter()
         .find(|s| s["kind"] == "brk" && tests::report::frame_fn(s, 0) == Some("worker"))
         .unwrap_or_else(|| panic!("no arena stack: {:?}", r.stacks()));
-    assert_eq!(arenas["verdict"]["verdict"], "retention", "{arenas}");
+    // The arenas' pages: the allocator's heap (kind brk, never an mmap leak), grown to the
+    // working set's size: retention while they creep up, a bounded cache once they hold.
+    let verdict = arenas["verdict"]["verdict"].as_str().unwrap_or("none");
+    assert!(["retention", "bounded_cache"].contains(&verdict), "{arenas}");
     assert!(arenas["bytes"].as_u64().unwrap() > 1 << 20, "{arenas}");
 }

@@ -145,8 +145,8 @@ fn pages_the_heap_explains_belong_to_its_stack() {
 /// An inventory loaded at start-up and then updated in place, built as its users build it: each
 /// update frees a record's description and allocates the new one from the update path, so that
 /// path's stack rises while the load path's falls and the process holds the same. That stack is
-/// `moved`, not a leak, and `check` passes; the same program keeping the old descriptions fails
-/// at the allocating line.
+/// not a leak (`moved`, or a bounded cache once nearly every record was replaced), and `check`
+/// passes; the same program keeping the old descriptions fails at the allocating line.
 #[test]
 fn records_replaced_from_another_call_site_are_moved_not_leaked() {
     if !fixture::bpf_available() {
@@ -163,16 +163,20 @@ fn records_replaced_from_another_call_site_are_moved_not_leaked() {
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
-    let moved = r
+    // The update path: it grew by most of the table (2 MiB); the process did not.
+    let update = r
         .stacks()
         .iter()
-        .find(|s| s["kind"] == "heap" && s["verdict"]["verdict"] == "moved")
-        .unwrap_or_else(|| panic!("no moved stack: {:?}", r.stacks()));
-    assert_eq!(frame_fn(moved, 0), Some("set_description"));
-    assert!(
-        moved["verdict"]["growth_bytes"].as_i64().unwrap() > 1 << 20,
-        "{moved}"
-    );
+        .find(|s| {
+            s["kind"] == "heap"
+                && frame_fn(s, 0) == Some("set_description")
+                && s["verdict"]["growth_bytes"].as_i64().unwrap_or(0) > 1 << 20
+        })
+        .unwrap_or_else(|| panic!("no update path that grew: {:?}", r.stacks()));
+    // Moved while the replacement goes on; a bounded cache once it has replaced nearly every
+    // record (a random update of 512 records, 2400 times, replaces 99% of them).
+    let verdict = update["verdict"]["verdict"].as_str().unwrap();
+    assert!(["moved", "bounded_cache"].contains(&verdict), "{update}");
 
     let (o, _) = crate::check::check_report("inventory-leak", &["--no-store"], &[bin, "leak"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
