@@ -296,6 +296,9 @@ fn steady_churn_on_threads_is_not_a_leak() {
     // The arenas' pages: the allocator's heap (kind brk, never an mmap leak), grown to the
     // working set's size: retention while they creep up, a bounded cache once they hold.
     let verdict = arenas["verdict"]["verdict"].as_str().unwrap_or("none");
-    assert!(["retention", "bounded_cache"].contains(&verdict), "{arenas}");
+    assert!(
+        ["retention", "bounded_cache"].contains(&verdict),
+        "{arenas}"
+    );
     assert!(arenas["bytes"].as_u64().unwrap() > 1 << 20, "{arenas}");
 }

@@ -74,7 +74,11 @@ pub fn settings(p: &mut Pending, tgid: u32) -> u64 {
         let flags = unsafe { TRACED.get(&tgid) }.copied().unwrap_or(0);
         p.settings = if python { WALKS_PYTHON } else { 0 }
             | if flags & TRACED_CFI != 0 { HEAP_CFI } else { 0 }
-            | if flags & TRACED_LEAF != 0 { HEAP_LEAF } else { 0 };
+            | if flags & TRACED_LEAF != 0 {
+                HEAP_LEAF
+            } else {
+                0
+            };
     }
     p.settings
 }
@@ -210,7 +214,10 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending, leaf: Option<&User
         m
     };
     let (kind, head) = match leaf {
-        Some(_) => (EventKind::HeapAllocLeaf, size_of::<HeapRecord>() + size_of::<LeafWords>()),
+        Some(_) => (
+            EventKind::HeapAllocLeaf,
+            size_of::<HeapRecord>() + size_of::<LeafWords>(),
+        ),
         None => (EventKind::HeapAlloc, size_of::<HeapRecord>()),
     };
     // SAFETY: `stack.record` is this CPU's record (in a `RecordBuf`: LEAF_ROOM bytes before it,
