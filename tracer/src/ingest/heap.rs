@@ -12,23 +12,6 @@ use tracer_common::{
 
 use super::{Decoder, Input, leaf, u64_words, unwind};
 
-/// The [`LeafWords`] at the front of a leaf heap record's words, taken out of them; None when the
-/// record is too short to hold them.
-fn leaf_words(words: &mut Vec<u64>) -> Option<LeafWords> {
-    const N: usize = size_of::<LeafWords>() / 8;
-    if words.len() < N {
-        return None;
-    }
-    let mut leaf = LeafWords {
-        sp: words[0],
-        bp: words[1],
-        ..LeafWords::default()
-    };
-    leaf.words.copy_from_slice(&words[2..N]);
-    words.drain(..N);
-    Some(leaf)
-}
-
 /// Per thread: its process, the time and the stack (innermost frame first) of its last heap
 /// record. A thread's stack goes when the thread's process exits, or [`KEPT_NS`] after its last
 /// record (the kernel side shares frames only with a record at most [`SHARE_NS`] old): threads
@@ -45,8 +28,6 @@ struct Last {
     tgid: u32,
     ts_ns: u64,
     frames: Vec<u64>,
-    /// The record's stack with the frames its leaf words put back (see `leaf`), when it had some.
-    spliced: Vec<u64>,
 }
 
 /// How long a thread's last stack is kept after its record.
@@ -71,10 +52,8 @@ impl ThreadStacks {
             tgid,
             ts_ns,
             frames: Vec::new(),
-            spliced: Vec::new(),
         });
         (last.tgid, last.ts_ns) = (tgid, ts_ns);
-        last.spliced.clear();
         let kept = &mut last.frames;
         if shared > kept.len() {
             kept.clear();
@@ -83,23 +62,6 @@ impl ThreadStacks {
         kept.drain(..kept.len() - shared);
         kept.splice(0..0, frames.iter().copied());
         Some(kept)
-    }
-
-    /// Thread `tid`'s last record's stack was `spliced` from its walk and its leaf words.
-    fn set_spliced(&mut self, tid: u32, spliced: &[u64]) {
-        if let Some(last) = self.last.get_mut(&tid) {
-            last.spliced.clear();
-            last.spliced.extend_from_slice(spliced);
-        }
-    }
-
-    /// The stack to give a walked record of thread `tid` (its frames `walked`): its last heap
-    /// record's spliced stack when that record had the same walk. The pages an allocator call
-    /// maps go after its heap record with the same walk and no leaf words of their own: they
-    /// belong to the same stack.
-    pub fn spliced_for(&self, tid: u32, walked: &[u64]) -> Option<&[u64]> {
-        let last = self.last.get(&tid)?;
-        (!last.spliced.is_empty() && last.frames == walked).then_some(&last.spliced[..])
     }
 
     /// Drops the stacks of threads without a record for [`KEPT_NS`], once per [`SHARE_NS`] of
@@ -144,8 +106,18 @@ impl Decoder {
         };
         // SAFETY: HEADER bytes; HeapRecord is plain data, read unaligned.
         let h: HeapRecord = unsafe { std::ptr::read_unaligned(header.as_ptr().cast()) };
-        let mut words = u64_words(&bytes[HEADER..]);
-        let leaf = leaf.then(|| leaf_words(&mut words));
+        // With leaf words, they come first (plain data, read unaligned).
+        let (leaf, at) = match leaf {
+            false => (None, HEADER),
+            true => (
+                Some(bytes.get(HEADER..HEADER + size_of::<LeafWords>()).map(|b| {
+                    // SAFETY: size_of::<LeafWords>() bytes; LeafWords is plain data.
+                    unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<LeafWords>()) }
+                })),
+                HEADER + size_of::<LeafWords>(),
+            ),
+        };
+        let words = u64_words(bytes.get(at..).unwrap_or_default());
         let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
         let kind = match AllocFn::from_u32(u32::from(h.func)) {
             Some(AllocFn::Realloc | AllocFn::Reallocarray) => Some(EventKind::Realloc),
@@ -189,20 +161,25 @@ impl Decoder {
             frames: [0; MAX_FRAMES],
         };
         se.frames[..walked.len()].copy_from_slice(walked);
-        if let Some(Some(leaf)) = leaf {
-            self.splice_leaf(&mut se, &leaf);
-        }
+        let spliced = match leaf {
+            Some(Some(leaf)) => self.splice_leaf(&mut se, &leaf),
+            _ => false,
+        };
         let stack = self.intern(&se, out);
+        if let (true, Some(id)) = (spliced, stack) {
+            self.call_stacks.insert(h.tid, (h.tgid, se.frames[0], id));
+        }
         self.push_event(kind, &ev, stack, out);
     }
 
     /// Puts back into `se` (a heap record's walked stack) the frames its leaf words unwind to,
-    /// and remembers the result for the pages its call mapped.
-    fn splice_leaf(&mut self, se: &mut StackEvent, leaf: &LeafWords) {
+    /// in place. Whether the unwind joined the walk (the stack is then the call's own, which
+    /// the pages it mapped share).
+    fn splice_leaf(&mut self, se: &mut StackEvent, leaf: &LeafWords) -> bool {
         let ev = se.event;
         let n = (se.stack_bytes / 8) as usize;
         let Some(maps) = self.maps.get(ev.tgid) else {
-            return;
+            return false;
         };
         let bytes = leaf::bytes(leaf);
         let raw = unwind::RawStack {
@@ -216,13 +193,16 @@ impl Decoder {
         unwound.clear();
         self.unwinders
             .unwind(ev.tgid, maps, &raw, leaf::LEAF_FRAMES, &mut unwound);
-        let mut spliced = Vec::with_capacity(n + unwound.len());
-        leaf::splice(&se.frames[..n], &unwound, &mut spliced);
+        let joined = leaf::joined(&se.frames[..n], &unwound);
+        if let Some(k) = joined {
+            // unwound[..k], then the walk's chain (frames[1..n]), within MAX_FRAMES.
+            let chain = (n - 1).min(MAX_FRAMES - k);
+            se.frames.copy_within(1..1 + chain, k);
+            se.frames[..k].copy_from_slice(&unwound[..k]);
+            se.stack_bytes = 8 * (k + chain) as i64;
+        }
         self.scratch = unwound;
-        spliced.truncate(MAX_FRAMES);
-        se.frames[..spliced.len()].copy_from_slice(&spliced);
-        se.stack_bytes = 8 * spliced.len() as i64;
-        self.thread_stacks.set_spliced(ev.tid, &spliced);
+        joined.is_some()
     }
 
     /// A heap record that could not be read: counted, and no thread's stack is trusted after it.

@@ -19,38 +19,32 @@ pub fn bytes(leaf: &LeafWords) -> [u8; 8 * LEAF_WORDS] {
     out
 }
 
-/// The stack of a walk (`walked`: the ip, then the frame-pointer chain's return addresses) and
-/// an unwind of its leaf words from the same ip (`unwound`), into `out`. Where the unwind meets
-/// the walk's first return address, the walk goes on from there; when the unwind stops before
-/// (a frame-pointer function whose frame lies above the leaf words), the walk's frames follow
-/// the unwind's: the chain starts at the frame of the last function the unwind reached.
-pub fn splice(walked: &[u64], unwound: &[u64], out: &mut Vec<u64>) {
-    out.clear();
-    let (Some(&ip), Some(&first)) = (walked.first(), unwound.first()) else {
-        out.extend_from_slice(walked);
-        return;
-    };
+/// How a walk (`walked`: the ip, then the frame-pointer chain's return addresses) and an unwind
+/// of its leaf words from the same ip (`unwound`) join: the stack is `unwound[..k]`, then
+/// `walked[1..]`. Where the unwind meets the walk's first return address, the walk goes on from
+/// there; when the unwind stops before (a frame-pointer function whose frame lies above the leaf
+/// words), the walk's frames follow the unwind's: the chain starts at the frame of the last
+/// function the unwind reached. None when the unwind is not of this ip (the walk stands).
+pub fn joined(walked: &[u64], unwound: &[u64]) -> Option<usize> {
+    let (&ip, &first) = (walked.first()?, unwound.first()?);
     if ip != first {
-        out.extend_from_slice(walked);
-        return;
+        return None;
     }
-    let chain = &walked[1..];
-    let meet = match chain.first() {
-        Some(ret) => unwound[1..].iter().position(|f| f == ret).map(|i| i + 1),
-        None => None,
-    };
-    out.extend_from_slice(&unwound[..meet.unwrap_or(unwound.len())]);
-    out.extend_from_slice(chain);
+    let meet = walked
+        .get(1)
+        .and_then(|ret| unwound[1..].iter().position(|f| f == ret));
+    Some(meet.map_or(unwound.len(), |i| i + 1))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::splice;
+    use super::joined;
 
     fn spliced(walked: &[u64], unwound: &[u64]) -> Vec<u64> {
-        let mut out = Vec::new();
-        splice(walked, unwound, &mut out);
-        out
+        match joined(walked, unwound) {
+            Some(k) => [&unwound[..k], &walked[1..]].concat(),
+            None => walked.to_vec(),
+        }
     }
 
     #[test]

@@ -166,10 +166,11 @@ struct Decoder {
     sampled: sampled::SampledBlocks,
     /// Each thread's last heap stack, which its next heap record's frames complete.
     thread_stacks: heap::ThreadStacks,
-    /// Per thread: its last tensor's (process, allocator return address, stack). The pages the
-    /// tensor's allocator call mapped come right after it, walked from the same return: they
-    /// get the tensor's stack (unwound from its copy), so that the tensor explains them.
-    tensor_sites: HashMap<u32, (u32, u64, StackId)>,
+    /// Per thread: the (process, allocator return address, stack) of its last record whose stack
+    /// is not its walk: a tensor (unwound from its copy), a heap record with leaf words
+    /// (spliced). The pages that allocator call mapped come right after it, walked from the same
+    /// return: they get its stack, so that its blocks explain them.
+    call_stacks: HashMap<u32, (u32, u64, StackId)>,
 }
 
 impl Decoder {
@@ -335,7 +336,7 @@ impl Decoder {
         let truncated = cut || self.scratch.len() == MAX_FRAMES;
         let id = self.intern_scratch(ev.tgid, ev.tid, truncated, out);
         if let (Some(id), Some(AllocFn::C10AllocCpu)) = (id, AllocFn::from_u32(ev.func)) {
-            self.tensor_sites.insert(ev.tid, (ev.tgid, ip, id));
+            self.call_stacks.insert(ev.tid, (ev.tgid, ip, id));
         }
         self.push_event(kind, &ev, id, out);
     }
@@ -413,7 +414,7 @@ impl Decoder {
                 self.stacks.forget(ev.tgid); // same addresses, different code now
                 self.unwinders.forget(ev.tgid);
                 self.hints.forget(ev.tgid);
-                self.tensor_sites.retain(|_, (t, _, _)| *t != ev.tgid);
+                self.call_stacks.retain(|_, (t, _, _)| *t != ev.tgid);
                 self.maps.refresh(ev.tgid);
             }
             EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
@@ -436,7 +437,7 @@ impl Decoder {
                 self.maps.forget(ev.tgid);
                 self.unwinders.forget(ev.tgid);
                 self.hints.forget(ev.tgid);
-                self.tensor_sites.retain(|_, (t, _, _)| *t != ev.tgid);
+                self.call_stacks.retain(|_, (t, _, _)| *t != ev.tgid);
                 return self.stacks.forget(ev.tgid);
             }
             _ => return,
@@ -462,26 +463,20 @@ impl Decoder {
         }
     }
 
-    /// A walked record's stack; the stack of its thread's last tensor when it was walked from
-    /// the same allocator return, or the spliced stack of its thread's last heap record when it
-    /// is the same walk (the pages of those allocator calls).
-    fn intern_walked(&mut self, mut se: StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
+    /// A walked record's stack, or its thread's last call stack (see `call_stacks`) when it was
+    /// walked from the same allocator return (the pages of that call).
+    fn intern_walked(&mut self, se: StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
         let n = usize::try_from(se.stack_bytes / 8)
             .unwrap_or(0)
             .min(MAX_FRAMES);
         let tid = se.event.tid;
-        if let Some(&(tgid, ip, id)) = self.tensor_sites.get(&tid)
+        if let Some(&(tgid, ip, id)) = self.call_stacks.get(&tid)
             && tgid == se.event.tgid
             && n > 0
             && se.frames[0] == ip
         {
-            self.py_pending.remove(&tid); // the page event's own Python frames: the tensor's
+            self.py_pending.remove(&tid); // the page event's own Python frames: the call's
             return Some(id);
-        }
-        if let Some(spliced) = self.thread_stacks.spliced_for(tid, &se.frames[..n]) {
-            let m = spliced.len();
-            se.frames[..m].copy_from_slice(spliced);
-            se.stack_bytes = 8 * m as i64;
         }
         self.intern(&se, out)
     }

@@ -104,9 +104,8 @@ pub struct Ledger {
     /// Step boundaries seen (entries of the `--step-symbol` function).
     pub steps: u64,
     /// Per stack (indexed by its number): allocations and frees of blocks (heap, tensors, device
-    /// memory) made at it so far,
-    /// which tells the analysis whether a stack's flat stretch is a cache at work or a stack the
-    /// program stopped using.
+    /// memory) made at it so far, which tells the analysis whether a stack's flat stretch is a
+    /// cache at work or a stack the program stopped using.
     activity: Vec<u32>,
 }
 
