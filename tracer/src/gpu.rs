@@ -54,9 +54,6 @@ pub struct Sample {
     /// exited is in none after its exit: its figure is the last taken while it lived).
     #[serde(skip)]
     pub lived: BTreeMap<u32, Reading>,
-    /// Per pid listed now: its traced device bytes when this reading was taken.
-    #[serde(skip)]
-    pub traced: BTreeMap<u32, u64>,
     /// When this reading was taken (seconds into the session).
     #[serde(skip)]
     pub at_s: f64,
@@ -69,14 +66,15 @@ impl Sample {
         if !self.available {
             return None;
         }
-        let now = Reading {
-            bytes: self.per_pid.get(&pid).copied().unwrap_or(0),
-            traced_bytes: self.traced.get(&pid).copied().unwrap_or(0),
-            at_s: self.at_s,
-        };
+        let listed = self.per_pid.contains_key(&pid);
         Some(match self.lived.get(&pid) {
-            Some(last) if exited && !self.per_pid.contains_key(&pid) => *last,
-            _ => now,
+            // Listed now, this reading's; gone, its last.
+            Some(last) if listed || exited => *last,
+            _ => Reading {
+                bytes: 0,
+                traced_bytes: 0,
+                at_s: self.at_s,
+            },
         })
     }
 }
@@ -112,7 +110,6 @@ impl GpuView {
             self.read_at_s = Some(at_s);
             for (&pid, &bytes) in &s.per_pid {
                 let traced_bytes = traced(pid);
-                s.traced.insert(pid, traced_bytes);
                 let reading = Reading {
                     bytes,
                     traced_bytes,
@@ -188,7 +185,6 @@ mod tests {
             at_s,
         };
         s.per_pid.insert(7, 1 << 20);
-        s.traced.insert(7, 1 << 19);
         s.lived.insert(7, reading(1 << 20, 1 << 19, 30.0));
         s.lived.insert(9, reading(1850 << 20, 572 << 20, 28.0));
         let live = reading(1 << 20, 1 << 19, 30.0);
