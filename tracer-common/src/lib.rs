@@ -86,6 +86,13 @@ pub const TRACED_CFI: u32 = 4;
 /// and the walk skips the caller of such a frameless function. User space unwinds those few words
 /// with the call-frame information to put the skipped frames back.
 pub const TRACED_LEAF: u32 = 8;
+/// The malloc family of the process is not traced (`--heap auto`, a Python process before its
+/// page-level growth calls for it): its probes, where attached, record nothing for it, and the
+/// frees of its CPU tensors come from `c10::free_cpu` instead of `free`.
+pub const TRACED_NO_HEAP: u32 = 16;
+/// The malloc family is traced for this process alone (`--heap auto`): its probes were attached
+/// for its address space, which a forked child does not share, so the child starts without.
+pub const TRACED_HEAP_LOCAL: u32 = 32;
 
 impl EventKind {
     /// Decodes the wire value.

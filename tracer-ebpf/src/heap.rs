@@ -14,10 +14,10 @@ use tracer_common::{
 
 use crate::{
     entries,
-    pages::flush,
+    pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap,
         event, flush_frees, next_hint, outermost_return, probe_regs, read_len, send_frees,
         settings, tick_ns, traced_current, untimed_event,
     },
@@ -32,7 +32,10 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some((p, _)) = entries::of_probe(ctx.regs) {
+    if let Some((p, id)) = entries::of_probe(ctx.regs) {
+        if heap_off(func, p, id) {
+            return 0;
+        }
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
@@ -46,7 +49,10 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
         return 0;
     }
     match entries::of_probe_or_create(ctx.regs) {
-        Some((p, _)) => {
+        Some((p, id)) => {
+            if heap_off(func, p, id) {
+                return 0;
+            }
             // A new thread's first sample point.
             let mean = sampling::interval();
             if mean != 0 {
@@ -57,6 +63,14 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
         None => count(Counter::PendingFull),
     }
     0
+}
+
+/// Whether `func` is of the malloc family and the process of entry `p` (`id`) has it untraced
+/// ([`HEAP_OFF`]): then neither its entry nor its return records anything. CPU tensors are
+/// recorded in every process.
+#[inline(always)]
+fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
+    func != AllocFn::C10AllocCpu && settings(p, (id >> 32) as u32) & HEAP_OFF != 0
 }
 
 /// Opens a call in the thread's entry; only the header is written (the parked events are not).
@@ -154,7 +168,13 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Shared return program of every allocator above (one multi-attach link per library).
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    let Some((p, id)) = outermost_return(entries::of_probe(ctx.regs)) else {
+    let mut entry = entries::of_probe(ctx.regs);
+    if let Some((p, id)) = entry.as_mut()
+        && settings(p, (*id >> 32) as u32) & HEAP_OFF != 0
+    {
+        return 0;
+    }
+    let Some((p, id)) = outermost_return(entry) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -210,8 +230,14 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
 /// program. Should the tail call fail, they go without a stack (counted as a stack error).
 #[inline(always)]
 fn flush_elsewhere(ctx: &RetProbeContext) {
+    flush_by(ctx, &HEAP_FLUSH);
+}
+
+/// As [`flush_elsewhere`], by a tail call to the program in slot 0 of `slots`.
+#[inline(always)]
+fn flush_by(ctx: &RetProbeContext, slots: &ProgramArray) {
     // SAFETY: same program type; on success this does not return.
-    unsafe { HEAP_FLUSH.tail_call(ctx, 0) };
+    unsafe { slots.tail_call(ctx, 0) };
     count(Counter::StackErrors);
     if let Some((p, _)) = entries::of_probe(ctx.regs) {
         flush(None, p);
@@ -272,6 +298,39 @@ fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
     sampling::take(p, mean, tgid, ev.addr, ev.size).then_some(ev)
 }
 
+/// Slot 0: [`c10_flush`], set by user space before `c10::alloc_cpu`'s return is attached.
+#[map]
+static C10_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The page-level events a `c10::alloc_cpu` call made, sent with the frame-pointer walk from its
+/// return (the tensor itself goes as a raw stack copy): the first here, the others by tail calls
+/// to this program. One send to verify, where [`heap_flush`]'s walk path has one per parked
+/// event: loading it costs the prober (and a process held for libc10.so) a fraction of the time.
+/// Never attached; reached by tail call.
+#[uretprobe(multi)]
+pub fn c10_flush(ctx: RetProbeContext) -> u32 {
+    let Some((p, _)) = entries::of_probe(ctx.regs) else {
+        return 0;
+    };
+    if p.n_deferred == 0 {
+        return 0;
+    }
+    let stack = capture(&probe_regs(ctx.regs), STEP);
+    let first = p.deferred[0];
+    send(stack.as_ref(), &first, 0);
+    for i in 1..MAX_DEFERRED {
+        p.deferred[i - 1] = p.deferred[i];
+    }
+    p.n_deferred -= 1;
+    if p.n_deferred > 0 {
+        // SAFETY: this same program; on success this does not return.
+        unsafe { C10_FLUSH.tail_call(&ctx, 0) };
+        count(Counter::StackErrors);
+        flush(None, p);
+    }
+    0
+}
+
 /// Return of `c10::alloc_cpu`: a tensor. Its callers are libtorch's, built without frame pointers:
 /// the raw stack goes to user space, which unwinds it (see `DeepStackEvent`). Page-level events
 /// of the call (a large tensor is its own mmap) go with the frame-pointer walk.
@@ -292,7 +351,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         emit_deep(&regs, &ev);
     }
     if p.n_deferred > 0 {
-        flush_elsewhere(&ctx);
+        flush_by(&ctx, &C10_FLUSH);
     }
     0
 }
@@ -340,14 +399,30 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
 /// tracer/src/probes/placement.rs); `rdi` still holds the pointer there.
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
-    let ptr = arg(&ctx, 0);
+    record_free(&ctx, false)
+}
+
+/// PyTorch's `c10::free_cpu(void*)`: a CPU tensor's memory going back. It counts only in a
+/// process whose malloc family is untraced ([`HEAP_OFF`]); elsewhere the `free` it calls does.
+#[uprobe]
+pub fn c10_free_cpu_enter(ctx: ProbeContext) -> u32 {
+    record_free(&ctx, true)
+}
+
+/// A free through `free` or, for a tensor (`tensor`), through `c10::free_cpu`: whichever of the
+/// two the process's settings count.
+#[inline(always)]
+fn record_free(ctx: &ProbeContext, tensor: bool) -> u32 {
+    let ptr = arg(ctx, 0);
     if ptr == 0 {
         return 0;
     }
     // SAFETY: the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
     if sampling::interval() != 0 {
-        free_sampled(&ctx, sp, ptr);
+        if !tensor {
+            free_sampled(ctx, sp, ptr);
+        }
         return 0;
     }
     // `--heap full`: the free waits in the thread's entry for its next record.
@@ -369,6 +444,9 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
             (p, tgid)
         }
     };
+    if (settings(p, tgid) & HEAP_OFF != 0) != tensor {
+        return 0;
+    }
     let i = p.n_frees as usize;
     if i < FREES_PER_RECORD {
         p.frees[i] = ptr;

@@ -16,7 +16,7 @@ use aya_ebpf::{
 use tracer_common::{
     Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord,
     LEAF_WORDS, LeafWords, MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES,
-    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF,
+    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF, TRACED_NO_HEAP,
 };
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -57,6 +57,8 @@ pub const WALKS_PYTHON: u64 = 1;
 pub const HEAP_CFI: u64 = 2;
 /// [`settings`]: the process's walked heap records carry leaf words ([`TRACED_LEAF`]).
 pub const HEAP_LEAF: u64 = 4;
+/// [`settings`]: the process's malloc family is not traced ([`TRACED_NO_HEAP`]).
+pub const HEAP_OFF: u64 = 8;
 
 /// The settings of the process (`tgid`) of the thread of entry `p`, as bits ([`WALKS_PYTHON`],
 /// [`HEAP_CFI`], [`HEAP_LEAF`]): looked up once per thread and per change user space makes, not per allocation
@@ -76,6 +78,11 @@ pub fn settings(p: &mut Pending, tgid: u32) -> u64 {
             | if flags & TRACED_CFI != 0 { HEAP_CFI } else { 0 }
             | if flags & TRACED_LEAF != 0 {
                 HEAP_LEAF
+            } else {
+                0
+            }
+            | if flags & TRACED_NO_HEAP != 0 {
+                HEAP_OFF
             } else {
                 0
             };

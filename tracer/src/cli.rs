@@ -233,12 +233,16 @@ pub struct ReportArgs {
     /// entries instead of every --sample seconds, so verdicts and slopes are per step.
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
-    /// What is traced of the heap (the malloc family and PyTorch's CPU tensors): `full` records
-    /// every allocation; `sampled` records allocations with probability proportional to their
+    /// What is traced of the heap (the malloc family and PyTorch's CPU tensors): `auto` records
+    /// every allocation of native programs, and in Python processes CPU tensors from the start
+    /// and the malloc family only once the process's pages grow steadily (interpreters and
+    /// libtorch make millions of mallocs that a training job's leaks are rarely among: tensors,
+    /// Python objects' arenas and device memory are traced all along); `full` records every
+    /// allocation of every process; `sampled` records allocations with probability proportional to their
     /// size (one sample point every --sample-bytes bytes on average, decided in the kernel;
     /// tensors are all recorded) and reports heap bytes scaled up without bias; `off` probes no
     /// heap function: device memory (CUDA) and pages (mmap, brk) only, the cheapest.
-    #[arg(long, value_enum, value_name = "MODE", default_value = "full")]
+    #[arg(long, value_enum, value_name = "MODE", default_value = "auto")]
     pub heap: crate::model::HeapMode,
     /// Probe the heap functions only after S seconds of tracing (with --step-symbol: from step
     /// S on), so that start-up's allocations cost nothing (libtorch's static initialisation

@@ -246,7 +246,12 @@ impl Config {
 
 /// `--heap`, `--no-heap`, `--sample-bytes` and `--heap-after` as the report states them.
 fn heap_tracing(a: &ReportArgs) -> Result<HeapTracing, Error> {
-    let mode = if a.no_heap { HeapMode::Off } else { a.heap };
+    let mode = match (a.no_heap, a.heap) {
+        (true, _) => HeapMode::Off,
+        // The malloc family is probed from that point on for every process.
+        (false, HeapMode::Auto) if a.heap_after.is_some() => HeapMode::Full,
+        (false, mode) => mode,
+    };
     if mode == HeapMode::Sampled && !(4096..=1 << 40).contains(&a.sample_bytes) {
         return usage(format!(
             "--sample-bytes must be between 4096 and 2^40, got {}",

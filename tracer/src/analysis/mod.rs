@@ -130,6 +130,40 @@ impl Analysis {
         }
     }
 
+    /// Processes with a page-level stack (mmap, brk) that no tensor explains, judged a leak from
+    /// `warmup_s` on over `span_s` seconds at least and grown by `min_bytes` at least: where
+    /// `--heap auto` traces the malloc family next, to tell what fills those pages. (A start-up
+    /// grows like a leak for a few seconds; the pages a tensor's allocation maps have the tensor's
+    /// stack.)
+    pub fn growing_pages(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<u32> {
+        let tensor = |k: &GroupKey| GroupKey {
+            kind: Kind::Tensor,
+            ..*k
+        };
+        let mut pids: Vec<u32> = self
+            .groups
+            .iter()
+            .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
+            .filter(|(k, _)| !self.groups.contains_key(&tensor(k)))
+            .filter_map(|(k, t)| {
+                let e = classify(&t.series, warmup_s)?;
+                let span = match (e.windows.first(), e.windows.last()) {
+                    (Some(a), Some(b)) => b.t1_s - a.t0_s,
+                    _ => 0.0,
+                };
+                let grows =
+                    e.verdict == Verdict::Leak && e.growth_bytes >= min_bytes && span >= span_s;
+                if grows {
+                    tracing::debug!(key = ?k, growth = e.growth_bytes, span, "pages grow");
+                }
+                grows.then_some(k.pid)
+            })
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// A group's sampled series, oldest first.
     pub fn series(&self, key: &GroupKey) -> Option<&[series::Point]> {
         self.groups.get(key).map(|t| t.series.points())

@@ -431,6 +431,9 @@ impl Decoder {
                 self.maps.refresh(ev.tgid)
             }
             EventKind::Exit => {
+                if let Some(probe) = &self.probe {
+                    let _ = probe.send(ProbeRequest::Exit { tgid: ev.tgid });
+                }
                 self.sampled.forget(ev.tgid);
                 self.thread_stacks.forget(ev.tgid);
                 self.python.forget(ev.tgid);

@@ -12,6 +12,10 @@ pub enum HeapMode {
     Off,
     Sampled,
     Full,
+    /// Layers: every allocation of a native program; in a Python process, tensors, device memory
+    /// and pages from the start, and the malloc family from the moment its page-level growth
+    /// calls for it (see probes::Probes::engage_heap).
+    Auto,
 }
 
 /// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are

@@ -5,6 +5,7 @@ mod channels;
 pub mod cost;
 pub mod elf;
 pub mod frames;
+mod layers;
 pub mod placement;
 pub mod prober;
 mod ring;
@@ -18,7 +19,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, ProgramArray},
     programs::{
         BtfTracePoint, TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use serde::Serialize;
@@ -30,6 +31,9 @@ pub use ring::Ring;
 
 use crate::{error::Error, model::HeapUnwind};
 use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
+
+/// A program's link: what detaches it.
+type AttachedLink = (&'static str, UProbeLinkId);
 
 /// Map update flag: only an entry that exists is updated.
 const BPF_EXIST: u64 = 2;
@@ -66,6 +70,9 @@ pub enum Timing {
     /// Heap functions probed `after_s` seconds into tracing (`--heap-after`): calls before are
     /// not seen.
     HeapAfter { after_s: f64 },
+    /// Heap functions probed for one process (the library's `pid`) `after_s` seconds into
+    /// tracing, when its page-level growth called for them (`--heap auto`).
+    Engaged { after_s: f64 },
 }
 
 /// A library leaktracer probes, with what it is and when its probes went in.
@@ -113,6 +120,8 @@ pub struct Probes {
     /// `--heap-after`, until the heap probes go in: the heap sets found, with the library and
     /// the process seen mapping it (0: leaktracer's own).
     heap_deferred: Option<Vec<(PathBuf, &'static ProbeSet, u32)>>,
+    /// `--heap auto`: the malloc family as a second layer for Python processes.
+    layers: layers::HeapLayers,
 }
 
 impl Probes {
@@ -268,6 +277,7 @@ impl Probes {
             heap_sampling: 0,
             switch_out: false,
             heap_deferred: None,
+            layers: Default::default(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints()?;
@@ -347,17 +357,23 @@ impl Probes {
                     deferred.push((path.to_path_buf(), set, lib_pid));
                     continue;
                 }
+                if set.role == HEAP.role && self.layers.holds_back() {
+                    let waiting = (path.to_path_buf(), set, lib_pid, timing);
+                    self.layers.waiting.push(waiting);
+                    continue;
+                }
                 if heap {
                     self.attach_switch_out()?;
                 }
-                self.attach_set(path, &elf, set)?;
+                self.attach_set(path, &elf, set, UProbeScope::AllProcesses)?;
                 roles.push(set.role.into());
             }
         }
         if let Some(step) = self.step_symbol.clone()
             && let Some(f) = elf.function(&step)
         {
-            self.attach_points(path, "step_enter", std::iter::once((&*f.symbol, 0, None)))?;
+            let at = std::iter::once((&*f.symbol, 0, None));
+            self.attach_points(path, "step_enter", at, UProbeScope::AllProcesses)?;
             self.attached.push(AttachedFn {
                 function: step,
                 library: path.to_path_buf(),
@@ -383,10 +399,11 @@ impl Probes {
         library: &Path,
         elf: &elf::ElfFile,
         set: &ProbeSet,
-    ) -> Result<(), Error> {
+        scope: UProbeScope,
+    ) -> Result<Vec<AttachedLink>, Error> {
         let mut seen_addrs = Vec::new();
         // (program, symbol, offset, cookie)
-        let mut points: Vec<(&str, String, u64, Option<u64>)> = Vec::new();
+        let mut points: Vec<(&'static str, String, u64, Option<u64>)> = Vec::new();
         for f in set.fns {
             let Some(func) = elf.function(f.name) else {
                 tracing::warn!(function = f.name, library = %library.display(), "symbol not found: not probed");
@@ -433,14 +450,16 @@ impl Probes {
         // One attach call per program: a multi-attach program (the shared return programs, the
         // CUDA entry) gets one link for all its points, and a link is what costs a grace period
         // to detach; the others get one uprobe per point as before.
-        let mut progs: Vec<&str> = points.iter().map(|p| p.0).collect();
+        let mut progs: Vec<&'static str> = points.iter().map(|p| p.0).collect();
         progs.sort_unstable();
         progs.dedup();
+        let mut links = Vec::with_capacity(progs.len());
         for prog in progs {
             let mine = points.iter().filter(|p| p.0 == prog);
-            self.attach_points(library, prog, mine.map(|p| (&*p.1, p.2, p.3)))?;
+            let id = self.attach_points(library, prog, mine.map(|p| (&*p.1, p.2, p.3)), scope)?;
+            links.push((prog, id));
         }
-        Ok(())
+        Ok(links)
     }
 
     /// Probes every file with code that `pid` maps now.
@@ -539,7 +558,7 @@ impl Probes {
                 .map_err(|e| Error::Other(e.into()))
                 .and_then(|elf| {
                     self.attach_switch_out()?; // every set held back is a heap set
-                    self.attach_set(&path, &elf, set)
+                    self.attach_set(&path, &elf, set, UProbeScope::AllProcesses)
                 });
             if let Err(e) = attached {
                 tracing::warn!(library = %path.display(), error = %e, "heap functions not probed");
@@ -577,6 +596,7 @@ impl Probes {
             || deferred
                 .into_iter()
                 .any(|(_, set, _)| set.role == HEAP.role)
+            || !self.layers.waiting.is_empty()
     }
 
     /// Attaches `prog` at (symbol, offset, cookie) points of `library`, in one attach call.
@@ -585,33 +605,42 @@ impl Probes {
         library: &Path,
         prog: &str,
         points: impl Iterator<Item = (&'p str, u64, Option<u64>)>,
-    ) -> Result<(), Error> {
+        scope: UProbeScope,
+    ) -> Result<UProbeLinkId, Error> {
         let points: Vec<UProbeAttachPoint<'p>> = points
             .map(|(sym, offset, cookie)| UProbeAttachPoint {
                 location: UProbeAttachLocation::SymbolOffset(sym, offset),
                 cookie,
             })
             .collect();
-        if matches!(prog, "alloc_return" | "c10_alloc_return") {
-            // Their page-level events go out in heap_flush, by tail call: in its slot first.
-            let flush: &mut UProbe = program(&mut self.bpf, "heap_flush")?;
+        // Their page-level events go out by tail call: that program in its slot first.
+        let flusher = match prog {
+            "alloc_return" => Some(("heap_flush", "HEAP_FLUSH")),
+            "c10_alloc_return" => Some(("c10_flush", "C10_FLUSH")),
+            _ => None,
+        };
+        if let Some((callee, slots)) = flusher {
+            let flush: &mut UProbe = program(&mut self.bpf, callee)?;
             if flush.fd().is_err() {
+                let t = std::time::Instant::now();
                 flush.load().map_err(|e| load_error(e.into()))?;
-                self.fill_slot("HEAP_FLUSH", "heap_flush")?;
+                tracing::debug!(callee, ms = t.elapsed().as_secs_f64() * 1e3, "program loaded");
+                self.fill_slot(slots, callee)?;
             }
         }
         let up: &mut UProbe = program(&mut self.bpf, prog)?;
         if up.fd().is_err() {
+            let t = std::time::Instant::now();
             up.load().map_err(|e| load_error(e.into()))?;
+            tracing::debug!(prog, ms = t.elapsed().as_secs_f64() * 1e3, "program loaded");
         }
         let what = format!(
             "{} point(s) of {prog} in {}",
             points.len(),
             library.display()
         );
-        up.attach(points, library, UProbeScope::AllProcesses)
-            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))?;
-        Ok(())
+        up.attach(points, library, scope)
+            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
     }
 
     /// Puts the loaded program `callee` (reached only by tail call) in slot 0 of the program array
@@ -662,7 +691,8 @@ impl Probes {
     }
 
     /// Sets how `pid`'s heap stacks are taken, from the executable it runs now (at its exec, at
-    /// adoption): `TRACED_CFI` or `TRACED_LEAF` in its traced flags, or neither.
+    /// adoption): `TRACED_CFI` or `TRACED_LEAF` in its traced flags, or neither; and under
+    /// `--heap auto` whether its malloc family is traced from the start (layers.rs).
     pub fn choose_unwind(&mut self, pid: u32) {
         let Some(exe) = crate::procfs::executable(pid) else {
             return; // gone
@@ -675,7 +705,14 @@ impl Probes {
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return; // not traced (any more)
         };
-        let new = stacks.flags(flags);
+        let python = traits.is_some_and(|t| t.python);
+        // A command launched is held before its exec, as a copy of leaktracer: its exec decides.
+        let before_exec = std::env::current_exe().is_ok_and(|own| own == exe);
+        let new = if before_exec {
+            stacks.flags(flags)
+        } else {
+            self.layer_flags(pid, stacks.flags(flags), python)
+        };
         if new == flags {
             return;
         }

@@ -31,6 +31,8 @@ pub enum ProbeRequest {
     },
     /// `tgid` has exec'd: its heap stacks are taken as its new executable needs (`--unwind`).
     Exec { tgid: u32 },
+    /// `tgid` has exited.
+    Exit { tgid: u32 },
     /// Heap records of `tgid` whose allocator returns to `ip` are to copy `bytes` of stack.
     CopyHint { tgid: u32, ip: u64, bytes: u32 },
     /// Everything asked before is done: the held thread may go on. `ours` says whether its
@@ -43,6 +45,9 @@ pub enum ProbeRequest {
     EndHolds(mpsc::Sender<()>),
     /// `--heap-after`: probe the heap functions now (once; later asks do nothing).
     StartHeap,
+    /// `--heap auto`: trace the malloc family of `tgid` from now on, `after_s` seconds into
+    /// tracing, if it is a layered process whose malloc family is not traced yet.
+    EngageHeap { tgid: u32, after_s: f64 },
     /// `serve`: probe the code a running process has mapped, then trace it; answers with the pid
     /// and whether it worked.
     Adopt {
@@ -110,7 +115,18 @@ fn serve(
     info: &watch::Sender<Arc<ProbesInfo>>,
 ) -> Probes {
     let started = std::time::Instant::now();
-    for req in rx {
+    loop {
+        probes.detach_if_due();
+        // Waits for a request, or until the heap probes are due to be detached (layers.rs).
+        let req = match probes.detach_due() {
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
+        };
+        let req = match req {
+            Ok(req) => req,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         match req {
             ProbeRequest::Code {
                 tgid,
@@ -135,9 +151,17 @@ fn serve(
                 }
             }
             ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
+            ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
             ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
+            }
+            ProbeRequest::EngageHeap { tgid, after_s } => {
+                let before = probes.libraries().len();
+                probes.engage_heap(tgid, after_s);
+                if probes.libraries().len() != before {
+                    info.send_replace(Arc::new(info_of(&probes)));
+                }
             }
             ProbeRequest::StartHeap => {
                 probes.start_heap(started.elapsed().as_secs_f64());

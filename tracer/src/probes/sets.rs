@@ -123,13 +123,24 @@ pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
     marker: "c10::alloc_cpu",
     file_prefix: None, // libc10.so
     placed: false,
-    fns: &[ProbeFn {
-        name: "c10::alloc_cpu",
-        entry: "c10_alloc_cpu_enter",
-        ret: Some("c10_alloc_return"),
-        args: RDI,
-        cookie: None,
-    }],
+    fns: &[
+        ProbeFn {
+            name: "c10::alloc_cpu",
+            entry: "c10_alloc_cpu_enter",
+            ret: Some("c10_alloc_return"),
+            args: RDI,
+            cookie: None,
+        },
+        // Counts only where the malloc family is untraced (`--heap auto` before it is needed);
+        // elsewhere the `free` it calls does.
+        ProbeFn {
+            name: "c10::free_cpu",
+            entry: "c10_free_cpu_enter",
+            ret: None,
+            args: RDI,
+            cookie: None,
+        },
+    ],
 };
 
 /// PyTorch's CUDA caching allocator (libc10_cuda.so, local symbols found by demangled name).

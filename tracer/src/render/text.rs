@@ -193,6 +193,10 @@ pub fn heap_notes(h: &crate::model::HeapTracing) -> Vec<String> {
             "heap: sampled, one point every {b} bytes on average: heap bytes are estimates"
         )),
         (crate::model::HeapMode::Off, _) => notes.push("heap: not traced (--heap off)".into()),
+        (crate::model::HeapMode::Auto, _) => notes.push(
+            "heap: Python processes' malloc calls traced only from when their pages grew (--heap auto; --heap full for all)"
+                .into(),
+        ),
         _ => {}
     }
     let from = match h.after {
@@ -242,6 +246,10 @@ fn libraries(s: &mut String, r: &Report) {
             Timing::HeapAfter { after_s } => {
                 format!("probed {after_s:.1} s into tracing (--heap-after): calls before not seen")
             }
+            Timing::Engaged { after_s } => format!(
+                "probed for pid {} {after_s:.1} s into tracing, its pages growing: calls before not seen",
+                lib.pid
+            ),
         };
         let _ = writeln!(
             s,

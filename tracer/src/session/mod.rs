@@ -78,6 +78,7 @@ fn load_probes(config: &Config) -> Result<Probes, Error> {
         HeapMode::Off => probes.skip_heap(),
         HeapMode::Sampled => probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?,
         HeapMode::Full => {}
+        HeapMode::Auto => probes.layer_heap(),
     }
     if !config.python_stacks {
         probes.skip_python();

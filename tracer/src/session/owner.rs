@@ -21,7 +21,7 @@ use crate::{
     gpu::GpuView,
     ingest::{self, Batch, Input, What},
     ledger::Ledger,
-    model::{HeapAfter, monotonic_ns, now_unix_ns},
+    model::{HeapAfter, HeapMode, monotonic_ns, now_unix_ns},
     probes::{
         Probes,
         prober::{ProbeRequest, Prober},
@@ -33,6 +33,12 @@ use crate::{
 
 /// `--ui`: where the latest report is published for the API, and the totals over time.
 type LiveReport = (watch::Sender<Option<Arc<Published>>>, Timeline);
+
+/// `--heap auto`: how often the verdicts are looked at for processes whose malloc family is to be
+/// traced, and the growth of a page-level stack that calls for it, over how long at least.
+const ENGAGE_EVERY_S: f64 = 1.0;
+const ENGAGE_MIN_BYTES: i64 = 4 << 20;
+const ENGAGE_SPAN_S: f64 = 10.0;
 
 /// A `serve` adoption's answer: the pid and whether it is traced now.
 type Adopted = (u32, Result<(), Error>);
@@ -52,6 +58,9 @@ struct Owner {
     live: Option<LiveReport>,
     /// `--heap-after` while the heap probes are not in yet.
     heap_after: Option<HeapAfter>,
+    /// `--heap auto`: the processes whose malloc family the prober was asked to trace, and when
+    /// the verdicts were last looked at for it.
+    engaged: Option<(HashSet<u32>, f64)>,
     /// `serve`: what to adopt, the pids asked about, and where ingest and the prober are told.
     adopt: Option<Adopt>,
 }
@@ -121,6 +130,7 @@ pub(super) async fn trace(
     let mut owner = Owner {
         out: Output::open(config.output.as_deref())?,
         heap_after: config.heap.after,
+        engaged: (config.heap.mode == HeapMode::Auto).then(|| (HashSet::new(), 0.0)),
         started,
         ledger,
         analysis: Analysis::default(),
@@ -300,7 +310,34 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
+        self.engage_heap(at_s);
         t.elapsed()
+    }
+
+    /// `--heap auto`: asks, once per process, for the malloc family of each process with a
+    /// page-level stack judged a leak (the prober leaves out all but the layered processes whose
+    /// malloc family is not traced yet). Looked at once a second at most.
+    fn engage_heap(&mut self, at_s: f64) {
+        let Some((asked, last)) = &mut self.engaged else {
+            return;
+        };
+        if at_s - *last < ENGAGE_EVERY_S {
+            return;
+        }
+        *last = at_s;
+        let warmup = self.config.warmup;
+        let pids = self
+            .analysis
+            .growing_pages(warmup, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
+        for tgid in pids {
+            if asked.insert(tgid) {
+                let ask = ProbeRequest::EngageHeap {
+                    tgid,
+                    after_s: at_s,
+                };
+                let _ = self.prober.requests.send(ask);
+            }
+        }
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {

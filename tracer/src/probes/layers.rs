@@ -1,0 +1,256 @@
+//! `--heap auto`: the malloc family as a second layer. A native program is traced whole, as under
+//! `--heap full`. A Python process is traced by its first layer from the start (CPU tensors,
+//! device memory, pages, with their Python lines) and by the malloc family only once its pages grow
+//! in a way the session judges a leak ([`Probes::engage_heap`]): importing torch makes millions of
+//! malloc calls, each a probe trap, and a training job's leaks are mostly tensors.
+//!
+//! Where the malloc family's probes are attached decides who pays their traps:
+//! - In a tree without Python processes (a C program, or the shell that execs the interpreter), for
+//!   every process, filtered in the kernel, from before the native process runs, as under
+//!   `--heap full`. Forked children are covered from their first instruction.
+//! - Once a Python process is traced, every process is layered like it, native ones too (the
+//!   `ldconfig` that importing torch runs, a shell script around the training job, a worker
+//!   binary): the malloc family for a process's own address space once its pages grow. The links
+//!   for every process are then detached, as they are once no native process has been traced
+//!   for [`NATIVE_GONE_S`]. A process whose malloc family is untraced has
+//! [`TRACED_NO_HEAP`]: the probes, where they fire, record nothing for it, and its tensors' frees
+//! come from `c10::free_cpu`.
+
+use std::{
+    collections::HashSet,
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use aya::programs::{UProbe, uprobe::UProbeScope};
+use tracer_common::{TRACED_HEAP_LOCAL, TRACED_NO_HEAP};
+
+use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program, sets::ProbeSet};
+
+/// How long the malloc family stays attached for every process after the last native one is gone.
+const NATIVE_GONE_S: f64 = 2.0;
+
+/// A malloc family found: library, set, the process seen mapping it (0: leaktracer's own) and
+/// when it was found.
+type Found = (PathBuf, &'static ProbeSet, u32, Timing);
+
+/// The layering's state, owned by [`Probes`].
+#[derive(Default)]
+pub(super) struct HeapLayers {
+    /// `--heap auto`.
+    pub(super) on: bool,
+    /// The malloc family is attached for every process (a native process is traced).
+    pub(super) everywhere: bool,
+    /// Malloc families found and not attached for every process now.
+    pub(super) waiting: Vec<Found>,
+    /// Malloc families attached for every process, and their links.
+    attached: Vec<Found>,
+    links: Vec<AttachedLink>,
+    /// Layered processes whose malloc family is traced now.
+    pub(super) engaged: HashSet<u32>,
+    /// Native and Python processes traced now, and since when there are no native ones.
+    natives: HashSet<u32>,
+    pythons: HashSet<u32>,
+    none_since: Option<Instant>,
+}
+
+impl HeapLayers {
+    /// Whether a malloc family found now waits instead of being attached.
+    pub(super) fn holds_back(&self) -> bool {
+        self.on && !self.everywhere
+    }
+
+    /// When the malloc family attached for every process is to be detached, if it is.
+    pub(super) fn detach_due(&self) -> Option<Instant> {
+        let since = self.none_since.filter(|_| self.everywhere)?;
+        Some(since + Duration::from_secs_f64(NATIVE_GONE_S))
+    }
+}
+
+impl Probes {
+    /// `--heap auto`.
+    pub fn layer_heap(&mut self) {
+        self.layers.on = true;
+    }
+
+    /// Sets the malloc family's layer of `pid`, which has just exec'd or started to be traced,
+    /// while it is still held: untraced for a Python interpreter, and for anything else once a
+    /// Python process is traced; otherwise traced by probes for every process (see the module's
+    /// text). Returns the traced flags to set.
+    pub(super) fn layer_flags(&mut self, pid: u32, flags: u32, python: bool) -> u32 {
+        if !self.layers.on {
+            return flags;
+        }
+        // An exec leaves the address space the process's own probes were attached to.
+        self.layers.engaged.remove(&pid);
+        self.process_gone(pid);
+        let untraced = (flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL;
+        if python {
+            self.layers.pythons.insert(pid);
+            self.localize_natives();
+            return untraced;
+        }
+        self.layers.natives.insert(pid);
+        self.layers.none_since = None;
+        if !self.layers.pythons.is_empty() {
+            return untraced;
+        }
+        self.heap_everywhere();
+        flags & !(TRACED_NO_HEAP | TRACED_HEAP_LOCAL)
+    }
+
+    /// `pid` has exited (or exec'd): when it was the last native process, the malloc family
+    /// attached for every process is detached [`NATIVE_GONE_S`] later.
+    pub fn process_gone(&mut self, pid: u32) {
+        self.layers.pythons.remove(&pid);
+        if self.layers.natives.remove(&pid) && self.layers.natives.is_empty() {
+            self.layers.none_since = Some(Instant::now());
+        }
+    }
+
+    /// A Python process is traced: the native ones are layered like it, and the probes for every
+    /// process go now.
+    fn localize_natives(&mut self) {
+        if !self.layers.everywhere {
+            return;
+        }
+        for pid in self.layers.natives.clone() {
+            if let Ok(flags) = self.traced.get(&pid, 0) {
+                let _ = self.traced.insert(&pid, &(flags | TRACED_NO_HEAP), BPF_EXIST);
+            }
+        }
+        let due = Duration::from_secs_f64(NATIVE_GONE_S);
+        self.layers.none_since = Instant::now().checked_sub(due);
+        self.detach_if_due();
+    }
+
+    /// When [`Probes::detach_if_due`] has work, if ever.
+    pub fn detach_due(&self) -> Option<Instant> {
+        self.layers.detach_due()
+    }
+
+    /// Detaches the malloc family attached for every process once no native process has been
+    /// traced for [`NATIVE_GONE_S`]. Python processes engaged meanwhile keep it, for their own
+    /// address spaces.
+    pub fn detach_if_due(&mut self) {
+        if self.detach_due().is_none_or(|due| Instant::now() < due) {
+            return;
+        }
+        let mut links = Vec::new();
+        for (prog, id) in std::mem::take(&mut self.layers.links) {
+            let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
+            if let Ok(link) = up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into())) {
+                links.push(link);
+            }
+        }
+        // Each unregistration waits for a grace period: not on the prober's path.
+        std::thread::spawn(move || drop(links));
+        self.layers.everywhere = false;
+        self.layers.none_since = None;
+        self.layers.waiting = std::mem::take(&mut self.layers.attached);
+        tracing::info!("heap probes out: no native process traced");
+        for pid in self.layers.engaged.clone() {
+            let flags = self.traced.get(&pid, 0).unwrap_or(0);
+            if self.attach_local(pid, None) {
+                let _ = self.traced.insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
+            }
+        }
+        let _ = self.settings_changed();
+    }
+
+    /// Attaches the waiting malloc families for every process, once.
+    fn heap_everywhere(&mut self) {
+        if self.layers.everywhere {
+            return;
+        }
+        self.layers.everywhere = true;
+        for (path, set, pid, timing) in std::mem::take(&mut self.layers.waiting) {
+            match self.attach_heap_set(&path, set, UProbeScope::AllProcesses) {
+                Ok(links) => self.layers.links.extend(links),
+                Err(e) => {
+                    tracing::warn!(library = %path.display(), error = %e, "heap functions not probed");
+                    continue;
+                }
+            }
+            tracing::info!(library = %path.display(), "heap probes in for every process");
+            if !self.libraries.iter().any(|l| l.path == path && l.pid == pid) {
+                self.libraries.push(Library {
+                    path: path.clone(),
+                    roles: vec![set.role.into()],
+                    timing,
+                    pid,
+                });
+            }
+            self.layers.attached.push((path, set, pid, timing));
+        }
+    }
+
+    /// Traces the malloc family of the layered process `pid` from now on (`after_s` seconds into
+    /// tracing), its pages having grown: a process already engaged, not traced, or whose malloc
+    /// family is traced already is left as it is.
+    pub fn engage_heap(&mut self, pid: u32, after_s: f64) {
+        if !self.layers.on || self.layers.engaged.contains(&pid) {
+            return;
+        }
+        let Ok(flags) = self.traced.get(&pid, 0) else {
+            return;
+        };
+        if flags & TRACED_NO_HEAP == 0 {
+            return;
+        }
+        let mut new = flags & !TRACED_NO_HEAP;
+        if !self.layers.everywhere {
+            if !self.attach_local(pid, Some(after_s)) {
+                return;
+            }
+            new |= TRACED_HEAP_LOCAL;
+        }
+        if self.traced.insert(&pid, &new, BPF_EXIST).is_err() {
+            return; // exited meanwhile
+        }
+        self.layers.engaged.insert(pid);
+        tracing::info!(pid, after_s, "heap traced for a process whose pages grow");
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!(pid, "heap of threads already seen not traced: {e}");
+        }
+    }
+
+    /// Attaches the waiting malloc families for `pid`'s address space alone; the libraries are
+    /// listed as probed `after_s` into tracing, when given. False if one could not be.
+    fn attach_local(&mut self, pid: u32, after_s: Option<f64>) -> bool {
+        let Some(one) = NonZeroU32::new(pid) else {
+            return false;
+        };
+        let layers = &self.layers;
+        let found = layers.waiting.iter().chain(&layers.attached);
+        let waiting: Vec<(PathBuf, &'static ProbeSet)> = found.map(|w| (w.0.clone(), w.1)).collect();
+        for (path, set) in waiting {
+            // The links stay to the end of the session (a process's own: they go with it).
+            if let Err(e) = self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
+                tracing::warn!(pid, library = %path.display(), error = %e, "heap functions not probed");
+                return false;
+            }
+            if let Some(after_s) = after_s {
+                self.libraries.push(Library {
+                    path,
+                    roles: vec![set.role.into()],
+                    timing: Timing::Engaged { after_s },
+                    pid,
+                });
+            }
+        }
+        true
+    }
+
+    fn attach_heap_set(
+        &mut self,
+        path: &Path,
+        set: &'static ProbeSet,
+        scope: UProbeScope,
+    ) -> Result<Vec<AttachedLink>, crate::error::Error> {
+        let elf = elf::ElfFile::open(path).map_err(|e| crate::error::Error::Other(e.into()))?;
+        self.attach_switch_out()?;
+        self.attach_set(path, &elf, set, scope)
+    }
+}
