@@ -50,7 +50,14 @@ fn at(r: &Report, function: &str, name: &str, line: u64) -> (u64, u64) {
     })
 }
 
+/// Under `--heap full`: these tests are of Python frames on malloc-level records, which the
+/// default (`--heap auto`) takes in a Python process only once its pages grow.
 fn run(argv: &[&str]) -> Option<Report> {
+    run_with(&["--no-store", "--heap", "full"], argv)
+}
+
+/// Under the default options.
+fn run_default(argv: &[&str]) -> Option<Report> {
     run_with(&["--no-store"], argv)
 }
 
@@ -309,7 +316,7 @@ fn a_list_of_numpy_arrays_leaks_at_its_python_line() {
 fn pymalloc_arena_growth_is_attributed_to_the_line_that_made_it() {
     let py = python();
     let path = script("arena_growth");
-    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+    let Some(r) = run_default(&[&py, path.to_str().unwrap()]) else {
         return;
     };
     // Arena maps (kind mmap) whose innermost Python frame is `function` of the script.
@@ -340,7 +347,7 @@ fn device_memory_from_python_is_attributed_to_its_python_line() {
     let cudart = fixture::fake_cuda().join("libcudart.so.13");
     let py = python();
     let path = script("cuda_leak");
-    let Some(r) = run(&[&py, path.to_str().unwrap(), cudart.to_str().unwrap()]) else {
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), cudart.to_str().unwrap()]) else {
         return;
     };
     // Device records carry a raw stack, unwound in user space: the Python frames ride with it.
@@ -399,7 +406,7 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
     let py = python();
     let path = script("arena_growth");
     let Some(r) = run_with(
-        &["--no-store", "--ring-mb", "1"],
+        &["--no-store", "--ring-mb", "1", "--heap", "full"],
         &[
             "timeout",
             "-s",
@@ -417,12 +424,55 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
     assert!(lost > 0, "the 1 MiB ring overflowed: {lost} records lost");
 }
 
-/// `leaktracer check --sample 0.1 -- python3 request_log.py ARGS…`.
-fn check_script(args: &[&str]) -> std::process::Output {
+/// The default layers on a Python service whose heap leaks: the malloc family is not traced at
+/// first (importing and starting cost no malloc probe), the heap's pages grow at the line for over
+/// ten seconds, and from then on the process's malloc family is traced: each body logged after is
+/// a heap block of exactly its size at that line, judged a leak, beside the pages judged so.
+#[test]
+fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_grow() {
+    let py = python();
+    let path = script("request_log");
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "320", "abrupt"]) else {
+        return;
+    };
+    let pid = r.root_pid();
+    assert_eq!(r.process(pid)["malloc_traced"], true);
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    assert_eq!(libc["pid"], pid);
+    let after_s = libc["timing"]["after_s"].as_f64().unwrap();
+    assert!(
+        after_s >= 10.0,
+        "pages judged over ten seconds first: {after_s}"
+    );
+    let body = line("request_log", "# BODY");
+    let at_body = |kind: &str| {
+        r.stacks()
+            .iter()
+            .find(|s| {
+                s["kind"] == kind
+                    && python_top(s).is_some_and(|(f, _, l)| f == "handle" && l == body)
+            })
+            .unwrap_or_else(|| panic!("no {kind} stack at line {body}"))
+    };
+    let heap = at_body("heap");
+    let blocks = heap["blocks"].as_u64().unwrap();
+    // bytearray(64 KiB): a buffer of 64 KiB + 1 each. 320 bodies in all, those logged before
+    // the malloc family was traced not seen.
+    assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * ((64 << 10) + 1));
+    assert!((10..320).contains(&blocks), "{blocks} bodies seen");
+    assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
+    assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
+}
+
+/// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.
+fn check_script(options: &[&str], args: &[&str]) -> std::process::Output {
     let py = python();
     let path = script("request_log");
     fixture::leaktracer_cmd()
-        .args(["check", "--sample", "0.1", "--no-store", "--", &py])
+        .args(["check", "--sample", "0.1", "--no-store"])
+        .args(options)
+        .args(["--", &py])
         .arg(&path)
         .args(args)
         .output()
@@ -438,19 +488,26 @@ fn a_list_the_interpreter_frees_at_exit_still_fails_the_check() {
         return;
     }
     let _x = fixture::exclusive();
-    let o = check_script(&["40"]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(1), "{out}");
     let site = format!("handle (request_log.py:{})", line("request_log", "# BODY"));
-    assert!(
-        out.contains("LEAK heap") && out.contains("released at the end") && out.contains(&site),
-        "{out}"
-    );
-    let o = check_script(&["40", "bounded"]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
-    );
+    // Every malloc traced: the bodies' blocks. By default, in a run this short, the malloc family
+    // is not traced: the heap's pages, grown at that line.
+    for (options, kind) in [(&["--heap", "full"][..], "heap"), (&[][..], "brk")] {
+        let o = check_script(options, &["40"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(1), "{options:?}: {out}");
+        let leak = format!("LEAK {kind}");
+        assert!(
+            out.contains(&leak) && out.contains(&site),
+            "{options:?}: {out}"
+        );
+        // The blocks are all freed; the heap's first pages stay.
+        assert_eq!(
+            out.contains("released at the end"),
+            kind == "heap",
+            "{options:?}: {out}"
+        );
+        let o = check_script(options, &["40", "bounded"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{options:?}: {out}");
+    }
 }

@@ -17,9 +17,9 @@ use crate::{
     pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, capture, count, emit, emit_alloc, emit_deep, emit_deep_heap,
-        event, flush_frees, next_hint, outermost_return, probe_regs, read_len, send_frees,
-        settings, tick_ns, traced_current, untimed_event,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, capture, count, emit, emit_alloc, emit_deep,
+        emit_deep_heap, event, flush_frees, next_hint, outermost_return, probe_regs, read_len,
+        send_frees, settings, tick_ns, traced_current, untimed_event,
     },
 };
 

@@ -119,12 +119,29 @@ pub struct Finding<'a> {
     pub over: bool,
 }
 
-/// Every leaking stack of the checked kinds, the ones over budget first.
-pub fn findings<'a>(report: &'a Report, budget: Budget, kinds: &[Kind]) -> Vec<Finding<'a>> {
+/// Every leaking stack of the checked kinds, the ones over budget first. `pages_of_untraced`:
+/// also the page-level stacks (mmap, brk) of processes whose malloc family was not traced, whose
+/// heap leaks are seen there only.
+pub fn findings<'a>(
+    report: &'a Report,
+    budget: Budget,
+    kinds: &[Kind],
+    pages_of_untraced: bool,
+) -> Vec<Finding<'a>> {
+    let untraced: std::collections::HashSet<u32> = report
+        .processes
+        .iter()
+        .filter(|p| pages_of_untraced && !p.malloc_traced)
+        .map(|p| p.pid)
+        .collect();
+    let checked = |s: &StackReport| {
+        kinds.contains(&s.kind)
+            || (matches!(s.kind, Kind::Mmap | Kind::Brk) && untraced.contains(&s.pid))
+    };
     let mut out: Vec<Finding<'a>> = report
         .stacks
         .iter()
-        .filter(|s| kinds.contains(&s.kind))
+        .filter(|s| checked(s))
         .filter_map(|s| {
             let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
             Some(Finding {

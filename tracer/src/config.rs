@@ -59,6 +59,9 @@ pub enum Stored {
 pub struct Gate {
     pub budget: Budget,
     pub kinds: Vec<Kind>,
+    /// No kinds named: the page-level stacks of processes whose malloc family was not traced are
+    /// checked too (their heap is seen as pages only).
+    pub pages_of_untraced: bool,
     pub junit: Option<PathBuf>,
 }
 
@@ -438,6 +441,7 @@ fn check(
 ) -> Result<Job, Error> {
     let bad = |e: check::GateError| Error::Usage(e.to_string());
     let budget = check::parse_budget(budget).map_err(bad)?;
+    let kinds_named = kinds;
     let kinds = check::parse_kinds(kinds).map_err(bad)?;
     let mut config = Config::new(report, RunMode::Check)?;
     if budget.per_step != config.per_step() {
@@ -456,6 +460,7 @@ fn check(
         config,
         gate: Gate {
             budget,
+            pages_of_untraced: kinds_named.is_empty(),
             kinds,
             junit,
         },

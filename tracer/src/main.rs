@@ -157,7 +157,12 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     };
     let outcome = session::run(tracer::config::Target::Launch(command), config)
         .unwrap_or_else(|e| fail(&e.to_string()));
-    let findings = check::findings(&outcome.last, gate.budget, &gate.kinds);
+    let findings = check::findings(
+        &outcome.last,
+        gate.budget,
+        &gate.kinds,
+        gate.pages_of_untraced,
+    );
     print!(
         "{}",
         check::summary(&findings, gate.budget, outcome.exit_code)

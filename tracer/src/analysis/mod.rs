@@ -32,6 +32,10 @@ pub struct Analysis {
     /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
     /// heap (brk).
     procs: FxHashMap<u32, (Series, Series)>,
+    /// Per process: the first sample with malloc-family blocks in it. Before, its heap-level bytes
+    /// are tensors alone (`--heap auto` before the malloc family is traced, `--heap off`), and its
+    /// brk growth cannot be told from a leak: it is not judged retention.
+    heap_seen: FxHashMap<u32, f64>,
     /// Samples taken so far.
     round: u64,
 }
@@ -73,6 +77,7 @@ impl Default for Analysis {
             track_min: TRACK_MIN,
             caching: Default::default(),
             procs: FxHashMap::default(),
+            heap_seen: FxHashMap::default(),
             round: 0,
         }
     }
@@ -107,6 +112,9 @@ impl Analysis {
             }
             if key.kind == Kind::TorchBlock {
                 self.caching.insert(key.pid);
+            }
+            if key.kind == Kind::Heap && bytes > 0 {
+                self.heap_seen.entry(key.pid).or_insert(t_s);
             }
             let e = per_proc.entry(key.pid).or_default();
             match key.kind {
@@ -179,7 +187,21 @@ impl Analysis {
     /// memory of a process whose CUDA memory goes through PyTorch's caching allocator. A heap-level
     /// stack whose growth its process's heap-level bytes do not show has memory moved to it.
     pub fn judge(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
-        let mut evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
+        let evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
+        self.explain(key, evidence, warmup_s)
+    }
+
+    /// As [`Analysis::judge`], at the end of a run: a group whose bytes fell at the end (the
+    /// program's teardown freed most of what it held, and the allocator gave the pages back) is
+    /// judged on what it held before, as [`Analysis::released_leaks`] does for those that hold
+    /// nothing now.
+    pub fn judge_final(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
+        let evidence = judge_released(&self.groups.get(key)?.series, warmup_s)?;
+        self.explain(key, evidence, warmup_s)
+    }
+
+    /// A leak verdict turned into what explains it, if anything does (see [`Analysis::judge`]).
+    fn explain(&self, key: &GroupKey, mut evidence: Evidence, warmup_s: f64) -> Option<Evidence> {
         if evidence.verdict != Verdict::Leak {
             return Some(evidence);
         }
@@ -241,10 +263,12 @@ impl Analysis {
         out
     }
 
-    /// Allocator retention of a process, from `warmup_s` on.
+    /// Allocator retention of a process, from `warmup_s` on, or from when its malloc family was
+    /// first seen; None while it has not been.
     pub fn retention(&self, pid: u32, warmup_s: f64) -> Option<Retention> {
         let (h, p) = self.procs.get(&pid)?;
-        let (heap, pages) = (classify(h, warmup_s)?, classify(p, warmup_s)?);
+        let from = self.heap_seen.get(&pid)?.max(warmup_s);
+        let (heap, pages) = (classify(h, from)?, classify(p, from)?);
         Some(Retention {
             retention: pages.verdict == Verdict::Leak && heap.verdict != Verdict::Leak,
             heap: heap.verdict,
@@ -315,6 +339,69 @@ mod tests {
             analysis.sample(i as f64, &ledger, &[(ka, a(i)), (kb, b(i))]);
         }
         (analysis, ka, kb)
+    }
+
+    /// 20 samples a second apart of a process whose brk stack grows by 512 KiB a sample, beside a
+    /// flat heap stack of `heap` bytes and a flat tensor stack (0 bytes: none).
+    fn brk_beside(heap: u64) -> (Analysis, GroupKey) {
+        let key = |s: u32, kind| GroupKey {
+            pid: 1,
+            stack: Some(crate::model::StackId::new(s)),
+            kind,
+            inherited: false,
+        };
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        let pages = key(1, Kind::Brk);
+        for i in 0..20u64 {
+            let groups = [
+                (pages, (i + 1) * 8 * K),
+                (key(2, Kind::Heap), heap),
+                (key(3, Kind::Tensor), 8 << 20),
+            ];
+            analysis.sample(i as f64, &ledger, &groups);
+        }
+        (analysis, pages)
+    }
+
+    #[test]
+    fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
+        // Heap blocks seen and flat: the allocator keeps pages nothing holds.
+        let (seen, pages) = brk_beside(1 << 20);
+        assert_eq!(seen.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
+        assert!(seen.retention(1, 0.0).unwrap().retention);
+        // Tensors alone (the malloc family not traced): the growth is unexplained, a leak; and
+        // pages grown for over 10 s by 4 MiB call for the malloc family.
+        let (unseen, pages) = brk_beside(0);
+        assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+        assert!(unseen.retention(1, 0.0).is_none());
+        assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![1]);
+        assert!(
+            unseen.growing_pages(0.0, 20.0, 4 << 20).is_empty(),
+            "a 19 s span"
+        );
+        // Growth is floor to floor of the first and last windows: 7.5 MiB.
+        assert!(unseen.growing_pages(0.0, 10.0, 8 << 20).is_empty());
+    }
+
+    #[test]
+    fn pages_under_tensors_do_not_call_for_the_malloc_family() {
+        let key = |kind| GroupKey {
+            pid: 1,
+            stack: Some(crate::model::StackId::new(7)),
+            kind,
+            inherited: false,
+        };
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            let bytes = (i + 1) * 4 * K;
+            let groups = [(key(Kind::Brk), bytes), (key(Kind::Tensor), bytes)];
+            analysis.sample(i as f64, &ledger, &groups);
+        }
+        assert!(analysis.growing_pages(0.0, 10.0, 1 << 20).is_empty());
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct Process {
     /// allocator may hand a block freed by one thread to another before that free arrives: the new
     /// block replaces the old one, and the free, when it arrives, is the old block's.
     pub displaced: std::collections::HashMap<u64, u32>,
+    /// A block of the malloc family has been seen (its probes record for this process): until
+    /// then, under `--heap auto` or `--heap off`, its pages are the only view of its heap.
+    pub malloc_seen: bool,
 }
 
 impl Process {
@@ -176,6 +179,7 @@ impl Process {
     }
 
     pub fn alloc(&mut self, addr: u64, size: u64, origin: Origin) {
+        self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         let size = if origin.func == Some(AllocFn::Pvalloc) {
             page_up(size)
         } else {
@@ -223,6 +227,7 @@ impl Process {
     pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) -> Option<StackId> {
         // The caller holds `old`: the outstanding block's, whatever frees are to come.
         let released = if old != 0 { self.release(old) } else { None };
+        self.malloc_seen = true;
         if new != 0 {
             self.alloc(new, size, origin);
         }

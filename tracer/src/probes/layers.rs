@@ -117,7 +117,9 @@ impl Probes {
         }
         for pid in self.layers.natives.clone() {
             if let Ok(flags) = self.traced.get(&pid, 0) {
-                let _ = self.traced.insert(&pid, &(flags | TRACED_NO_HEAP), BPF_EXIST);
+                let _ = self
+                    .traced
+                    .insert(&pid, &(flags | TRACED_NO_HEAP), BPF_EXIST);
             }
         }
         let due = Duration::from_secs_f64(NATIVE_GONE_S);
@@ -140,7 +142,9 @@ impl Probes {
         let mut links = Vec::new();
         for (prog, id) in std::mem::take(&mut self.layers.links) {
             let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
-            if let Ok(link) = up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into())) {
+            if let Ok(link) =
+                up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into()))
+            {
                 links.push(link);
             }
         }
@@ -153,7 +157,9 @@ impl Probes {
         for pid in self.layers.engaged.clone() {
             let flags = self.traced.get(&pid, 0).unwrap_or(0);
             if self.attach_local(pid, None) {
-                let _ = self.traced.insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
+                let _ = self
+                    .traced
+                    .insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
             }
         }
         let _ = self.settings_changed();
@@ -174,7 +180,11 @@ impl Probes {
                 }
             }
             tracing::info!(library = %path.display(), "heap probes in for every process");
-            if !self.libraries.iter().any(|l| l.path == path && l.pid == pid) {
+            if !self
+                .libraries
+                .iter()
+                .any(|l| l.path == path && l.pid == pid)
+            {
                 self.libraries.push(Library {
                     path: path.clone(),
                     roles: vec![set.role.into()],
@@ -224,7 +234,8 @@ impl Probes {
         };
         let layers = &self.layers;
         let found = layers.waiting.iter().chain(&layers.attached);
-        let waiting: Vec<(PathBuf, &'static ProbeSet)> = found.map(|w| (w.0.clone(), w.1)).collect();
+        let waiting: Vec<(PathBuf, &'static ProbeSet)> =
+            found.map(|w| (w.0.clone(), w.1)).collect();
         for (path, set) in waiting {
             // The links stay to the end of the session (a process's own: they go with it).
             if let Err(e) = self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {

@@ -624,7 +624,11 @@ impl Probes {
             if flush.fd().is_err() {
                 let t = std::time::Instant::now();
                 flush.load().map_err(|e| load_error(e.into()))?;
-                tracing::debug!(callee, ms = t.elapsed().as_secs_f64() * 1e3, "program loaded");
+                tracing::debug!(
+                    callee,
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "program loaded"
+                );
                 self.fill_slot(slots, callee)?;
             }
         }

@@ -88,6 +88,15 @@ pub struct ProcReport {
     pub retention: Option<Retention>,
     /// Allocator settings in its environment (PYTORCH_CUDA_ALLOC_CONF…), as [name, value].
     pub allocator_env: Vec<(String, String)>,
+    /// Its malloc family was traced (blocks seen). False under `--heap auto` for a Python process
+    /// whose pages never called for it, and under `--heap off`: its heap is seen as pages only.
+    #[serde(default = "malloc_traced_before")]
+    pub malloc_traced: bool,
+}
+
+/// Reports stored before `malloc_traced` traced every process's malloc family, or none.
+fn malloc_traced_before() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -323,7 +332,11 @@ fn outstanding_stacks(
     shown
         .into_iter()
         .map(|g| StackReport {
-            verdict: cx.analysis.judge(&g.key(), cx.warmup_s),
+            verdict: if cx.final_report {
+                cx.analysis.judge_final(&g.key(), cx.warmup_s)
+            } else {
+                cx.analysis.judge(&g.key(), cx.warmup_s)
+            },
             group: Some(g.key()),
             pages: folded.take(&g.key()),
             ..stack_report(ledger, sym, g, cx.now_ns)
@@ -344,6 +357,7 @@ fn proc_report(p: &Process) -> ProcReport {
         device: DeviceSummary::of(p),
         retention: None,
         allocator_env: p.allocator_env.clone(),
+        malloc_traced: p.malloc_seen,
     }
 }
 
