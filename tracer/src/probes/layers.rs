@@ -74,6 +74,17 @@ impl Probes {
         self.layers.on = true;
     }
 
+    /// The command about to be launched runs `program`: unless it is a Python interpreter, the
+    /// malloc family goes into every process now, before it starts, as under `--heap full` (its
+    /// programs take the kernel's verifier a second or so to load).
+    pub fn launching(&mut self, program: &Path) {
+        let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+        let python = crate::python::interp::version_of(&program.to_string_lossy()).is_some();
+        if self.layers.on && !python {
+            self.heap_everywhere();
+        }
+    }
+
     /// Sets the malloc family's layer of `pid`, which has just exec'd or started to be traced,
     /// while it is still held: untraced for a Python interpreter, and for anything else once a
     /// Python process is traced; otherwise traced by probes for every process (see the module's

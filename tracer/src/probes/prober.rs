@@ -115,7 +115,14 @@ fn serve(
     info: &watch::Sender<Arc<ProbesInfo>>,
 ) -> Probes {
     let started = std::time::Instant::now();
+    let mut told = (probes.libraries().len(), probes.attached().len());
     loop {
+        // What the reports say of the probes follows every change.
+        let now = (probes.libraries().len(), probes.attached().len());
+        if now != told {
+            told = now;
+            info.send_replace(Arc::new(info_of(&probes)));
+        }
         probes.detach_if_due();
         // Waits for a request, or until the heap probes are due to be detached (layers.rs).
         let req = match probes.detach_due() {
@@ -142,12 +149,8 @@ fn serve(
                         late_ms: late_ns as f64 / 1e6,
                     }
                 };
-                let before = probes.libraries().len();
                 if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
                     tracing::warn!(library = %path, error = %e, "not probed");
-                }
-                if probes.libraries().len() != before {
-                    info.send_replace(Arc::new(info_of(&probes)));
                 }
             }
             ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
@@ -156,13 +159,7 @@ fn serve(
             ProbeRequest::Release { ours, done } => {
                 let _ = done.send(ours);
             }
-            ProbeRequest::EngageHeap { tgid, after_s } => {
-                let before = probes.libraries().len();
-                probes.engage_heap(tgid, after_s);
-                if probes.libraries().len() != before {
-                    info.send_replace(Arc::new(info_of(&probes)));
-                }
-            }
+            ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
             ProbeRequest::StartHeap => {
                 probes.start_heap(started.elapsed().as_secs_f64());
                 info.send_replace(Arc::new(info_of(&probes)));

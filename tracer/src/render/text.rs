@@ -27,6 +27,10 @@ pub fn text(r: &Report) -> String {
     for note in heap_notes(&r.heap) {
         let _ = writeln!(s, "{note}");
     }
+    if r.tracer_peak_rss_bytes > 0 {
+        let rss = human(r.tracer_peak_rss_bytes);
+        let _ = writeln!(s, "leaktracer: peak resident memory {rss}");
+    }
     let l = &r.losses;
     let _ = writeln!(
         s,

@@ -229,6 +229,9 @@ pub struct Report {
     /// `--probe-cost`: leaktracer's programs' runs and kernel time, the costliest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
+    /// leaktracer's own peak resident memory so far (its VmHWM), in bytes.
+    #[serde(default)]
+    pub tracer_peak_rss_bytes: u64,
 }
 
 /// What the report needs besides the ledger.
@@ -312,6 +315,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         steps: ledger.steps,
         heap: cx.heap,
         probe_cost: cx.probe_cost.clone(),
+        tracer_peak_rss_bytes: crate::procfs::own_status_bytes("VmHWM"),
     }
 }
 

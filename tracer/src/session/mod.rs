@@ -50,7 +50,10 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         // The command will most likely map the same libc as leaktracer: probed before it starts.
         // Everything else it maps is probed as it maps it (ingest announces new code).
         Target::Launch(_) | Target::Serve { .. } => {
-            probes.attach_code_of(std::process::id(), Timing::BeforeStart)?
+            probes.attach_code_of(std::process::id(), Timing::BeforeStart)?;
+            if let Root::Held(child) = &root {
+                probes.launching(child.program());
+            }
         }
         Target::Attach { pid, .. } => {
             probes.attach_code_of(*pid as u32, Timing::AlreadyLoaded)?;

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Real workloads, each untraced, under leaktracer (default options, --heap sampled, --heap full)
+and under the peers (memray for Python, heaptrack for all), in one run: wall time and its ratio
+to untraced, leaktracer's own peak memory, records lost, and whether the leak was found at the
+line marked LEAK-SITE in the program's source. Run through scripts/bench-workloads.sh, which
+installs what it needs. Environment: LT (the leaktracer binary), PEERS (memray's directory),
+QUICK=1 (smaller workloads)."""
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "tests/fixtures/bench"
+LT = os.environ.get("LT", str(ROOT / "target/release/leaktracer"))
+PEERS = os.environ.get("PEERS", str(ROOT / ".peers"))
+QUICK = os.environ.get("QUICK") == "1"
+PY = sys.executable
+PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / ".pydeps")}
+# The counters of records the tracer lost (the rest of `losses` are unmatched frees and such).
+LOST = (
+    "ringbuf_full",
+    "pending_full",
+    "traced_full",
+    "stack_errors",
+    "return_without_entry",
+    "stack_table_full",
+    "undecodable",
+    "stop_failed",
+    "sampled_full",
+)
+
+
+def leak_site(source):
+    """"name:line" of the LEAK-SITE mark in `source`."""
+    for n, text in enumerate(source.read_text().splitlines(), 1):
+        if "LEAK-SITE" in text:
+            return f"{source.name}:{n}"
+    raise SystemExit(f"no LEAK-SITE in {source}")
+
+
+def workloads(build):
+    cpp = build / "alloc_heavy"
+    src = BENCH / "alloc_heavy.cpp"
+    if not cpp.exists() or cpp.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["g++", "-O2", "-g", "-o", str(cpp), str(src)], check=True)
+    epochs, requests, lines = ("8", "60000", "150000") if QUICK else ("30", "200000", "500000")
+    return [
+        ("CPU PyTorch training", "python", [PY, str(BENCH / "torch_train.py"), epochs],
+         BENCH / "torch_train.py"),
+        ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
+         BENCH / "py_service.py"),
+        ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
+    ]
+
+
+def settle():
+    """A finished leaktracer detaches its uprobes in the background; until then every malloc on
+    the machine still traps. Each measurement waits for that."""
+    while subprocess.run(["pgrep", "-x", "leaktracer"], capture_output=True).returncode == 0:
+        time.sleep(0.2)
+
+
+def timed(argv, env):
+    settle()
+    t = time.monotonic()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return time.monotonic() - t, p
+
+
+def leaktracer(argv, env, flags, site, tmp):
+    out = Path(tmp) / "report.json"
+    cmd = [LT, "check", "--no-store", "--json", "-o", str(out), *flags, "--", *argv]
+    wall, p = timed(cmd, env)
+    if p.returncode not in (0, 1):
+        return wall, {"note": f"exit {p.returncode}: {p.stderr.strip()[-200:]}"}
+    r = json.loads(out.read_text())
+    leak = next((l for l in p.stdout.splitlines() if l.strip().startswith("LEAK ")), "")
+    found = leak.rsplit(": ", 1)[-1] if leak else "-"
+    return wall, {
+        "rss": r.get("tracer_peak_rss_bytes", 0),
+        "lost": sum(r["losses"].get(k, 0) for k in LOST),
+        "unmatched": r["losses"].get("unmatched_frees", 0),
+        "found": found,
+        "right": found.endswith(f"({site})"),
+    }
+
+
+def memray(argv, env, site, tmp):
+    out = Path(tmp) / "memray.bin"
+    env = {**env, "PYTHONPATH": f"{PEERS}:{env.get('PYTHONPATH', '')}"}
+    wall, p = timed([PY, "-m", "memray", "run", "--native", "-q", "-f", "-o", str(out), *argv[1:]],
+                    env)
+    if p.returncode != 0:
+        return wall, {"note": f"exit {p.returncode}"}
+    stats = subprocess.run([PY, "-m", "memray", "stats", str(out)], env=env,
+                           capture_output=True, text=True).stdout
+    # Its first location by size among the allocations it recorded.
+    m = re.search(r"largest allocating locations \(by size\):\s*\n\s*- (\S+)", stats)
+    found = m.group(1) if m else "-"
+    return wall, {"found": found, "right": found.endswith(site)}
+
+
+def heaptrack(argv, env, site, tmp):
+    out = Path(tmp) / "heaptrack"
+    wall, p = timed(["heaptrack", "-o", str(out), *argv], env)
+    data = next(Path(tmp).glob("heaptrack*.zst"), None)
+    if p.returncode != 0 or data is None:
+        return wall, {"note": f"exit {p.returncode}"}
+    text = subprocess.run(["heaptrack_print", "-f", str(data), "-l", "1"], capture_output=True,
+                          text=True).stdout
+    leaks = text.split("MEMORY LEAKS", 1)[-1]
+    m = re.search(r"at (\S+:\d+)", leaks)
+    found = m.group(1) if m else "-"
+    return wall, {"found": found, "right": found.endswith(site)}
+
+
+def row(name, how, wall, base, info):
+    ratio = f"{wall / base:.2f}×" if base else ""
+    rss = f"{info['rss'] / 2**20:.0f} MiB" if info.get("rss") else ""
+    lost = "" if "lost" not in info else f"{info['lost']:,} ({info['unmatched']:,})"
+    found = info.get("note") or (
+        "" if "found" not in info else f"{'yes' if info['right'] else 'no'}: {info['found']}")
+    print(f"| {name} | {how} | {wall:.1f} s | {ratio} | {rss} | {lost} | {found} |", flush=True)
+
+
+def main():
+    build = ROOT / "target/bench-workloads"
+    build.mkdir(parents=True, exist_ok=True)
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.machine())
+    print(f"{time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores ({cpu}), "
+          f"Linux {platform.release()}, CPython {platform.python_version()}\n")
+    print("| workload | how | wall | ratio | leaktracer peak RSS | records lost (unmatched frees) "
+          "| leak at its line |")
+    print("|---|---|---|---|---|---|---|")
+    for name, lang, argv, source in workloads(build):
+        site = leak_site(source)
+        env = PY_ENV if lang == "python" else dict(os.environ)
+        base, p = timed(argv, env)
+        row(name, "untraced", base, 0, {"note": "" if p.returncode == 0 else f"exit {p.returncode}"})
+        for how, flags in (("leaktracer", []), ("--heap sampled", ["--heap", "sampled"]),
+                           ("--heap full", ["--heap", "full"])):
+            with tempfile.TemporaryDirectory() as tmp:
+                wall, info = leaktracer(argv, env, flags, site, tmp)
+            row(name, how, wall, base, info)
+        if lang == "python":
+            with tempfile.TemporaryDirectory() as tmp:
+                wall, info = memray(argv, env, site, tmp)
+            row(name, "memray --native", wall, base, info)
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, info = heaptrack(argv, env, site, tmp)
+        row(name, "heaptrack", wall, base, info)
+
+
+if __name__ == "__main__":
+    main()
