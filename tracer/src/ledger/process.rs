@@ -169,6 +169,7 @@ impl Process {
         self.mmaps = Regions::default();
         self.brk = Brk::default();
         self.device = Device::default();
+        self.malloc_seen = false;
         self.execs += 1;
         if let Some(c) = command {
             self.command = c;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tracer_common::Counter;
 
 use crate::{
-    analysis::{Analysis, Evidence, Retention},
+    analysis::{Analysis, Evidence, Retention, Verdict},
     ledger::{Group, Ledger, Mismatches, Process},
     model::{GroupKey, HeapTracing, Kind},
     probes::{AttachedFn, Library},
@@ -234,6 +234,21 @@ pub struct Report {
     pub tracer_peak_rss_bytes: u64,
 }
 
+impl Report {
+    /// Keeps the first `top` stacks, and every later one judged a leak (a leak that teardown
+    /// left small is still the answer the run was for).
+    pub fn keep_top(&mut self, top: usize) {
+        let mut i = 0;
+        self.stacks.retain(|s| {
+            i += 1;
+            i <= top
+                || s.verdict
+                    .as_ref()
+                    .is_some_and(|v| v.verdict == Verdict::Leak)
+        });
+    }
+}
+
 /// What the report needs besides the ledger.
 pub struct Context<'a> {
     pub final_report: bool,
@@ -328,19 +343,30 @@ fn outstanding_stacks(
     groups: &[Group],
     folded: &mut pages::Folded,
 ) -> Vec<StackReport> {
-    let shown: Vec<&Group> = groups
-        .iter()
-        .filter(|g| !folded.explains(&g.key()))
-        .take(cx.top)
-        .collect();
+    // The top stacks by bytes; in the final report also every other one judged a leak: what a
+    // teardown left of it may be small (the pages the allocator kept, the block it did not free).
+    let judge = |g: &Group| {
+        if cx.final_report {
+            cx.analysis.judge_final(&g.key(), cx.warmup_s)
+        } else {
+            cx.analysis.judge(&g.key(), cx.warmup_s)
+        }
+    };
+    let mut shown: Vec<(&Group, Option<Evidence>)> = Vec::new();
+    let candidates = groups.iter().filter(|g| !folded.explains(&g.key()));
+    for (i, g) in candidates.enumerate() {
+        if i < cx.top {
+            shown.push((g, judge(g)));
+        } else if cx.final_report
+            && let Some(v) = judge(g).filter(|v| v.verdict == Verdict::Leak)
+        {
+            shown.push((g, Some(v)));
+        }
+    }
     shown
         .into_iter()
-        .map(|g| StackReport {
-            verdict: if cx.final_report {
-                cx.analysis.judge_final(&g.key(), cx.warmup_s)
-            } else {
-                cx.analysis.judge(&g.key(), cx.warmup_s)
-            },
+        .map(|(g, verdict)| StackReport {
+            verdict,
             group: Some(g.key()),
             pages: folded.take(&g.key()),
             ..stack_report(ledger, sym, g, cx.now_ns)

@@ -448,7 +448,7 @@ impl Owner {
         }
         render::export::write(&last, &self.config.exports, now_unix_ns())
             .map_err(|e| anyhow::anyhow!(e))?;
-        last.stacks.truncate(self.config.top);
+        last.keep_top(self.config.top);
         self.out.write(&last, self.config.json)?;
         self.prober.finish().detach_in_background();
         if self.live.is_some() && self.config.ui.as_ref().is_some_and(|u| u.keep_serving) {
