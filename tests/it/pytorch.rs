@@ -50,6 +50,49 @@ fn site(marker: &str) -> String {
     format!("<module> (train_loop.py:{})", line("train_loop", marker))
 }
 
+/// A validation metric summed as a tensor (`total = total + val`, the `.item()` forgotten):
+/// every step's graph stays alive through the running total, with the tensors it saved. A tensor
+/// leak at the validation lines, with exactly the bytes and storages PyTorch's own walk of the
+/// total's graph finds (among them the training target the loss saved); summing `.item()`
+/// passes.
+#[test]
+fn a_metric_summed_as_a_tensor_keeps_every_steps_graph_at_its_lines() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (o, r, kept) = check_train("train-metrics-abrupt", &["metrics", "200", "abrupt"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let kept = kept.expect("the script's accounting");
+    // Per step: the validation input (64 × 256 floats), the ReLU's output (64 × 512), the model's
+    // output and the target (64 × 256 each); and the total, one float, and the last step's loss,
+    // a scalar whose storage is the 64 × 256 floats its mean was reduced in.
+    assert_eq!(
+        kept,
+        (
+            200 * 4 * 64 * (256 + 512 + 256 + 256) + 4 + 4 * 64 * 256,
+            802
+        ),
+        "PyTorch's own figure"
+    );
+    let lines = [
+        line("train_loop", "# METRIC INPUT"),
+        line("train_loop", "# METRIC LOSS"),
+        line("train_loop", "# METRIC SUM"),
+        line("train_loop", "y = torch.randn"),
+    ];
+    assert_eq!(tensors_at(&r, &lines), kept);
+    assert!(
+        out.contains("LEAK tensor") && out.contains(&site("# METRIC LOSS")),
+        "{out}"
+    );
+
+    let (o, _, _) = check_train("train-metrics-fixed", &["metrics-fixed", "200"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+}
+
 /// A forward hook that keeps every step's activations: a tensor leak at the line that runs the
 /// model, with exactly the bytes and storages PyTorch says the kept activations hold (the script
 /// leaves without its teardown, so they are outstanding at the end). Keeping only the last four

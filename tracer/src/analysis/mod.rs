@@ -219,9 +219,28 @@ impl Analysis {
             Kind::Heap | Kind::Tensor if self.moved(key.pid, &evidence, warmup_s) => {
                 evidence.verdict = Verdict::Moved
             }
+            Kind::Brk | Kind::Mmap
+                if !self.heap_seen.contains_key(&key.pid)
+                    && self.under_tensors(key.pid, &evidence, warmup_s) =>
+            {
+                evidence.verdict = Verdict::UnderTensors
+            }
             _ => {}
         }
         Some(evidence)
+    }
+
+    /// Whether its process's heap-level bytes (tensors, the malloc family not being traced) grew
+    /// over a page-level stack's span by at least half the stack's growth.
+    fn under_tensors(&self, pid: u32, pages: &Evidence, warmup_s: f64) -> bool {
+        let Some((heap, _)) = self.procs.get(&pid) else {
+            return false;
+        };
+        let from = pages
+            .windows
+            .first()
+            .map_or(warmup_s, |w| w.t0_s.max(warmup_s));
+        classify(heap, from).is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over
@@ -342,8 +361,9 @@ mod tests {
     }
 
     /// 20 samples a second apart of a process whose brk stack grows by 512 KiB a sample, beside a
-    /// flat heap stack of `heap` bytes and a flat tensor stack (0 bytes: none).
-    fn brk_beside(heap: u64) -> (Analysis, GroupKey) {
+    /// flat heap stack of `heap` bytes (0: none) and a tensor stack of 8 MiB that grows by
+    /// `tensor_step` bytes a sample.
+    fn brk_beside(heap: u64, tensor_step: u64) -> (Analysis, GroupKey) {
         let key = |s: u32, kind| GroupKey {
             pid: 1,
             stack: Some(crate::model::StackId::new(s)),
@@ -358,7 +378,7 @@ mod tests {
             let groups = [
                 (pages, (i + 1) * 8 * K),
                 (key(2, Kind::Heap), heap),
-                (key(3, Kind::Tensor), 8 << 20),
+                (key(3, Kind::Tensor), (8 << 20) + i * tensor_step),
             ];
             analysis.sample(i as f64, &ledger, &groups);
         }
@@ -368,12 +388,12 @@ mod tests {
     #[test]
     fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
         // Heap blocks seen and flat: the allocator keeps pages nothing holds.
-        let (seen, pages) = brk_beside(1 << 20);
+        let (seen, pages) = brk_beside(1 << 20, 0);
         assert_eq!(seen.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
         assert!(seen.retention(1, 0.0).unwrap().retention);
         // Tensors alone (the malloc family not traced): the growth is unexplained, a leak; and
         // pages grown for over 10 s by 4 MiB call for the malloc family.
-        let (unseen, pages) = brk_beside(0);
+        let (unseen, pages) = brk_beside(0, 0);
         assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
         assert!(unseen.retention(1, 0.0).is_none());
         assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![1]);
@@ -383,6 +403,14 @@ mod tests {
         );
         // Growth is floor to floor of the first and last windows: 7.5 MiB.
         assert!(unseen.growing_pages(0.0, 10.0, 8 << 20).is_empty());
+        // Tensors growing as fast: the pages hold them; the leak, if any, is on the tensors.
+        let (under, pages) = brk_beside(0, 8 * K);
+        assert_eq!(
+            under.judge(&pages, 0.0).unwrap().verdict,
+            Verdict::UnderTensors
+        );
+        let (slower, pages) = brk_beside(0, 2 * K);
+        assert_eq!(slower.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
     }
 
     #[test]

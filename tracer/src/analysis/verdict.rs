@@ -30,6 +30,10 @@ pub enum Verdict {
     /// working set replaced from another call site: records loaded at start-up, then updated
     /// from the update path), not memory the program keeps adding.
     Moved,
+    /// Not from the series alone: a page-level stack of a process whose malloc family is not
+    /// traced (`--heap auto`), rising no faster than its tensors: the pages hold the tensors,
+    /// whose leak, if it is one, is reported on the tensor stacks at their lines.
+    UnderTensors,
 }
 
 impl Verdict {
@@ -42,6 +46,7 @@ impl Verdict {
             Self::Steady => "steady",
             Self::Retention => "retention",
             Self::Moved => "moved",
+            Self::UnderTensors => "under_tensors",
         }
     }
 }

@@ -152,6 +152,7 @@ fn verdict(e: &Evidence, per: &str) -> String {
         Verdict::Steady => "steady",
         Verdict::Retention => "allocator retention (not a leak)",
         Verdict::Moved => "moved here from other stacks (not a leak)",
+        Verdict::UnderTensors => "pages under tensors (a leak is on the tensors)",
     };
     let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let unit = if per == "step" { "step" } else { "s" };
