@@ -4,7 +4,7 @@ and under the peers (memray for Python, heaptrack for all), in one run: wall tim
 to untraced, leaktracer's own peak memory, records lost, and whether the leak was found at the
 line marked LEAK-SITE in the program's source. Run through scripts/bench-workloads.sh, which
 installs what it needs. Environment: LT (the leaktracer binary), PEERS (memray's directory),
-QUICK=1 (smaller workloads)."""
+QUICK=1 (smaller workloads), ONLY (a substring of the workloads' names to run)."""
 
 import json
 import os
@@ -21,6 +21,7 @@ BENCH = ROOT / "tests/fixtures/bench"
 LT = os.environ.get("LT", str(ROOT / "target/release/leaktracer"))
 PEERS = os.environ.get("PEERS", str(ROOT / ".peers"))
 QUICK = os.environ.get("QUICK") == "1"
+ONLY = os.environ.get("ONLY", "")
 PY = sys.executable
 PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / ".pydeps")}
 # The counters of records the tracer lost (the rest of `losses` are unmatched frees and such).
@@ -50,7 +51,7 @@ def workloads(build):
     src = BENCH / "alloc_heavy.cpp"
     if not cpp.exists() or cpp.stat().st_mtime < src.stat().st_mtime:
         subprocess.run(["g++", "-O2", "-g", "-o", str(cpp), str(src)], check=True)
-    epochs, requests, lines = ("8", "60000", "150000") if QUICK else ("30", "200000", "500000")
+    epochs, requests, lines = ("10", "100000", "300000") if QUICK else ("60", "600000", "1500000")
     return [
         ("CPU PyTorch training", "python", [PY, str(BENCH / "torch_train.py"), epochs],
          BENCH / "torch_train.py"),
@@ -141,6 +142,8 @@ def main():
           "| leak at its line |")
     print("|---|---|---|---|---|---|---|")
     for name, lang, argv, source in workloads(build):
+        if ONLY not in name:
+            continue
         site = leak_site(source)
         env = PY_ENV if lang == "python" else dict(os.environ)
         base, p = timed(argv, env)

@@ -17,9 +17,9 @@ use crate::{
     pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, capture, count, emit, emit_alloc, emit_deep,
-        emit_deep_heap, event, flush_frees, next_hint, outermost_return, probe_regs, read_len,
-        send_frees, settings, tick_ns, traced_current, untimed_event,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, WALKS_PYTHON, capture, count, emit, emit_alloc,
+        emit_deep, emit_deep_heap, event, flush_frees, next_hint, outermost_return, probe_regs,
+        read_len, send_frees, settings, tick_ns, traced_current, untimed_event,
     },
 };
 
@@ -348,7 +348,8 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         if sampling::interval() != 0 {
             sampling::remember((id >> 32) as u32, rv); // tensors are all recorded
         }
-        emit_deep(&regs, &ev);
+        let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
+        emit_deep(&regs, &ev, python);
     }
     if p.n_deferred > 0 {
         flush_by(&ctx, &C10_FLUSH);

@@ -328,12 +328,19 @@ fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
 }
 
 /// Sends a deep record (raw stack, for user-space unwinding) when the stack can be read, else a
-/// record with the frame-pointer walk's frames.
+/// record with the frame-pointer walk's frames. `python_only`: a record with the return address
+/// alone as its native stack, beside the Python frames (a Python process's tensors: their line is
+/// the interpreter's, and the copy of libtorch's stack costs most of the record).
 #[inline(always)]
-pub fn emit_deep(regs: &UserRegs, ev: &Event) {
+pub fn emit_deep(regs: &UserRegs, ev: &Event, python_only: bool) {
     // The Python frames first, from one verifier state (after the raw-stack copy, each of its
     // loop's exits would have the verifier walk them again: over its instruction limit).
     crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    if python_only {
+        // No frame record to follow: the walk ends at the first frame.
+        let leaf = UserRegs { bp: 0, ..*regs };
+        return send_walked(&leaf, ev);
+    }
     match deep(regs, ev, DEEP_STACK_BYTES as u64) {
         Some(bytes) => send_deep(bytes),
         None => send_walked(regs, ev),

@@ -32,7 +32,8 @@ pub struct Analysis {
     /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
     /// heap (brk).
     procs: FxHashMap<u32, (Series, Series)>,
-    /// Per process: the first sample with malloc-family blocks in it. Before, its heap-level bytes
+    /// Per process: the first sample since its malloc family was seen (the ledger's
+    /// `malloc_seen`, since its last exec). Before, its heap-level bytes
     /// are tensors alone (`--heap auto` before the malloc family is traced, `--heap off`), and its
     /// brk growth cannot be told from a leak: it is not judged retention.
     heap_seen: FxHashMap<u32, f64>,
@@ -113,9 +114,6 @@ impl Analysis {
             if key.kind == Kind::TorchBlock {
                 self.caching.insert(key.pid);
             }
-            if key.kind == Kind::Heap && bytes > 0 {
-                self.heap_seen.entry(key.pid).or_insert(t_s);
-            }
             let e = per_proc.entry(key.pid).or_default();
             match key.kind {
                 Kind::Heap | Kind::Tensor => e.0 += bytes,
@@ -130,7 +128,13 @@ impl Analysis {
                 t.push(t_s, 0, round, activity(ledger, key));
             }
         }
-        for pid in ledger.procs.keys() {
+        for (pid, p) in &ledger.procs {
+            // Seen since its last exec: an exec'd interpreter is not its shell.
+            if p.malloc_seen {
+                self.heap_seen.entry(*pid).or_insert(t_s);
+            } else {
+                self.heap_seen.remove(pid);
+            }
             let (heap, pages) = per_proc.get(pid).copied().unwrap_or_default();
             let (h, p) = self.procs.entry(*pid).or_default();
             h.push(t_s, heap);
@@ -372,6 +376,7 @@ mod tests {
         };
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        ledger.procs.get_mut(&1).unwrap().malloc_seen = heap > 0;
         let mut analysis = Analysis::default();
         let pages = key(1, Kind::Brk);
         for i in 0..20u64 {

@@ -264,7 +264,14 @@ impl Decoder {
             "event"
         );
         self.observe_process(kind, &ev);
+        let ip = stack.as_ref().map(|se| se.frames[0]);
         let stack = stack.and_then(|se| self.intern_walked(se, out));
+        // A tensor walked in a Python process: the pages of its call take its stack.
+        if let (Some(id), Some(ip), Some(AllocFn::C10AllocCpu)) =
+            (stack, ip, AllocFn::from_u32(ev.func))
+        {
+            self.call_stacks.insert(ev.tid, (ev.tgid, ip, id));
+        }
         self.push_event(kind, &ev, stack, out);
     }
 
@@ -466,14 +473,19 @@ impl Decoder {
         }
     }
 
-    /// A walked record's stack, or its thread's last call stack (see `call_stacks`) when it was
-    /// walked from the same allocator return (the pages of that call).
+    /// A walked record's stack, or, for a page event, its thread's last call stack (see
+    /// `call_stacks`) when it was walked from the same allocator return (the pages of that call).
     fn intern_walked(&mut self, se: StackEvent, out: &mut Vec<Input>) -> Option<StackId> {
         let n = usize::try_from(se.stack_bytes / 8)
             .unwrap_or(0)
             .min(MAX_FRAMES);
         let tid = se.event.tid;
+        let pages = matches!(
+            EventKind::from_u32(se.event.kind),
+            Some(EventKind::Mmap | EventKind::Mremap | EventKind::Brk | EventKind::Mprotect)
+        );
         if let Some(&(tgid, ip, id)) = self.call_stacks.get(&tid)
+            && pages
             && tgid == se.event.tgid
             && n > 0
             && se.frames[0] == ip
