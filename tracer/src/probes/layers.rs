@@ -12,9 +12,10 @@
 //!   `ldconfig` that importing torch runs, a shell script around the training job, a worker
 //!   binary): the malloc family for a process's own address space once its pages grow. The links
 //!   for every process are then detached, as they are once no native process has been traced
-//!   for [`NATIVE_GONE_S`]. A process whose malloc family is untraced has
-//! [`TRACED_NO_HEAP`]: the probes, where they fire, record nothing for it, and its tensors' frees
-//! come from `c10::free_cpu`.
+//!   for [`NATIVE_GONE_S`].
+//!
+//! A process whose malloc family is untraced has [`TRACED_NO_HEAP`]: the probes, where they fire,
+//! record nothing for it, and its tensors' frees come from `c10::free_cpu`.
 
 use std::{
     collections::HashSet,
