@@ -81,6 +81,7 @@ def leaktracer(argv, env, flags, site, tmp):
     wall, p = timed(cmd, env)
     if p.returncode not in (0, 1):
         return wall, {"note": f"exit {p.returncode}: {p.stderr.strip()[-200:]}"}
+    loop = loop_s(p.stdout)
     r = json.loads(out.read_text())
     leak = next((l for l in p.stdout.splitlines() if l.strip().startswith("LEAK ")), "")
     found = leak.rsplit(": ", 1)[-1] if leak else "-"
@@ -90,6 +91,7 @@ def leaktracer(argv, env, flags, site, tmp):
         "unmatched": r["losses"].get("unmatched_frees", 0),
         "found": found,
         "right": found.endswith(f"({site})"),
+        "loop": loop,
     }
 
 
@@ -122,8 +124,16 @@ def heaptrack(argv, env, site, tmp):
     return wall, {"found": found, "right": found.endswith(site)}
 
 
+def loop_s(stdout):
+    """The training loop's own seconds, where the program prints them ("loop 5.21 s")."""
+    m = re.search(r"loop (\d+\.\d+) s", stdout or "")
+    return float(m.group(1)) if m else None
+
+
 def row(name, how, wall, base, info):
     ratio = f"{wall / base:.2f}×" if base else ""
+    if info.get("loop") and info.get("base_loop"):
+        ratio += f" (loop {info['loop'] / info['base_loop']:.2f}×)"
     rss = f"{info['rss'] / 2**20:.0f} MiB" if info.get("rss") else ""
     lost = "" if "lost" not in info else f"{info['lost']:,} ({info['unmatched']:,})"
     found = info.get("note") or (
@@ -147,12 +157,13 @@ def main():
         site = leak_site(source)
         env = PY_ENV if lang == "python" else dict(os.environ)
         base, p = timed(argv, env)
+        base_loop = loop_s(p.stdout)
         row(name, "untraced", base, 0, {"note": "" if p.returncode == 0 else f"exit {p.returncode}"})
         for how, flags in (("leaktracer", []), ("--heap sampled", ["--heap", "sampled"]),
                            ("--heap full", ["--heap", "full"])):
             with tempfile.TemporaryDirectory() as tmp:
                 wall, info = leaktracer(argv, env, flags, site, tmp)
-            row(name, how, wall, base, info)
+            row(name, how, wall, base, {**info, "base_loop": base_loop})
         if lang == "python":
             with tempfile.TemporaryDirectory() as tmp:
                 wall, info = memray(argv, env, site, tmp)

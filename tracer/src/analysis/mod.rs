@@ -198,9 +198,18 @@ impl Analysis {
     /// As [`Analysis::judge`], at the end of a run: a group whose bytes fell at the end (the
     /// program's teardown freed most of what it held, and the allocator gave the pages back) is
     /// judged on what it held before, as [`Analysis::released_leaks`] does for those that hold
-    /// nothing now.
+    /// nothing now. A fall counts as teardown only when it ends below the floor of the last window before it
+    /// (what the program held all along went); a cache flushed on its usual beat just before the
+    /// end does not.
     pub fn judge_final(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
-        let evidence = judge_released(&self.groups.get(key)?.series, warmup_s)?;
+        let series = &self.groups.get(key)?.series;
+        let held = judge_released(series, warmup_s)?;
+        let floor = held.windows.last().map_or(0, |w| w.floor);
+        let evidence = if series.last().unwrap_or(0) < floor {
+            held
+        } else {
+            classify(series, warmup_s)?
+        };
         self.explain(key, evidence, warmup_s)
     }
 
@@ -240,11 +249,8 @@ impl Analysis {
         let Some((heap, _)) = self.procs.get(&pid) else {
             return false;
         };
-        let from = pages
-            .windows
-            .first()
-            .map_or(warmup_s, |w| w.t0_s.max(warmup_s));
-        classify(heap, from).is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
+        classify(&same_span(heap, pages), span_start(pages, warmup_s))
+            .is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over
@@ -255,11 +261,7 @@ impl Analysis {
         let Some((heap, _)) = self.procs.get(&pid) else {
             return false;
         };
-        let from = stack
-            .windows
-            .first()
-            .map_or(warmup_s, |w| w.t0_s.max(warmup_s));
-        classify(heap, from).is_some_and(|p| {
+        classify(&same_span(heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
             p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
         })
     }
@@ -309,6 +311,20 @@ fn activity(ledger: &Ledger, key: &GroupKey) -> u32 {
         Kind::Mmap | Kind::Brk => 0,
         _ => ledger.activity(key.stack),
     }
+}
+
+/// Where a stack's evidence begins, from `warmup_s` on.
+fn span_start(stack: &Evidence, warmup_s: f64) -> f64 {
+    stack
+        .windows
+        .first()
+        .map_or(warmup_s, |w| w.t0_s.max(warmup_s))
+}
+
+/// A process's series over a stack's evidence: up to the end of its last window (a stack judged
+/// on what it held before a teardown is compared with its process before that teardown too).
+fn same_span(process: &Series, stack: &Evidence) -> Series {
+    process.until(stack.windows.last().map_or(f64::INFINITY, |w| w.t1_s))
 }
 
 /// The verdict of a series that ends released: on what it held before its final fall when the
@@ -416,6 +432,25 @@ mod tests {
         );
         let (slower, pages) = brk_beside(0, 2 * K);
         assert_eq!(slower.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn a_fall_at_the_end_is_teardown_only_below_the_last_floor() {
+        // Rising for 19 samples, then freed at teardown but for a block: judged before the fall.
+        let (a, key, _) = two_stacks(20, |i| if i < 19 { (i + 1) * 8 * K } else { K }, |_| 0);
+        assert_eq!(a.judge_final(&key, 0.0).unwrap().verdict, Verdict::Leak);
+        assert_ne!(a.judge(&key, 0.0).unwrap().verdict, Verdict::Leak);
+        // A cache of 64 blocks flushed to 48 on its beat, the last time just before the end:
+        // judged whole, as during the run.
+        let cache = |i: u64| if i % 5 == 4 { 48 * K } else { 64 * K };
+        let (a, key, _) = two_stacks(
+            20,
+            |i| if i < 3 { (i + 1) * 16 * K } else { cache(i) },
+            |_| 0,
+        );
+        let whole = a.judge(&key, 0.0).unwrap().verdict;
+        assert_eq!(a.judge_final(&key, 0.0).unwrap().verdict, whole);
+        assert_ne!(whole, Verdict::Leak);
     }
 
     #[test]
