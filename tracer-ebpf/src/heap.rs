@@ -181,9 +181,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     if let Some(ev) = outcome(p, id, rv) {
         sample_and_send(&ctx, p, ev, id);
     }
-    if p.n_deferred > 0 {
-        flush_elsewhere(&ctx);
-    }
+    flush_by(&ctx, &HEAP_FLUSH, p);
     0
 }
 
@@ -225,23 +223,19 @@ fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
     }
 }
 
-/// Sends the page-level events parked in this call (malloc growing its heap) in [`heap_flush`],
-/// by tail call: the walk and the sends for them are verified once there, not in every return
-/// program. Should the tail call fail, they go without a stack (counted as a stack error).
+/// Sends the page-level events still parked in `p` (malloc growing its heap) by a tail call to the
+/// program in slot 0 of `slots` ([`heap_flush`], [`c10_flush`]): their walks and sends are
+/// verified once there, not in every return program. Should the call fail, they go without a
+/// stack (counted as a stack error).
 #[inline(always)]
-fn flush_elsewhere(ctx: &RetProbeContext) {
-    flush_by(ctx, &HEAP_FLUSH);
-}
-
-/// As [`flush_elsewhere`], by a tail call to the program in slot 0 of `slots`.
-#[inline(always)]
-fn flush_by(ctx: &RetProbeContext, slots: &ProgramArray) {
+fn flush_by(ctx: &RetProbeContext, slots: &ProgramArray, p: &mut Pending) {
+    if p.n_deferred == 0 {
+        return;
+    }
     // SAFETY: same program type; on success this does not return.
     unsafe { slots.tail_call(ctx, 0) };
     count(Counter::StackErrors);
-    if let Some((p, _)) = entries::of_probe(ctx.regs) {
-        flush(None, p);
-    }
+    flush(None, p);
 }
 
 /// The page-level events an allocator call made, sent with its caller's stack (walked again from
@@ -261,22 +255,26 @@ pub fn heap_flush(ctx: RetProbeContext) -> u32 {
     // One raw stack copy per event, so that the pages have the stack of the blocks they hold:
     // the first event here, the others by tail calls to this program (a copy per event in one
     // program is more than the verifier takes).
-    if p.n_deferred == 0 {
+    let Some(first) = take_parked(p) else {
         return 0;
+    };
+    emit_deep_heap(&regs, &first, p);
+    flush_by(&ctx, &HEAP_FLUSH, p);
+    0
+}
+
+/// The first page-level event parked in the call, taken out (the others move up).
+#[inline(always)]
+fn take_parked(p: &mut Pending) -> Option<Event> {
+    if p.n_deferred == 0 {
+        return None;
     }
     let first = p.deferred[0];
-    emit_deep_heap(&regs, &first, p);
     for i in 1..MAX_DEFERRED {
         p.deferred[i - 1] = p.deferred[i];
     }
     p.n_deferred -= 1;
-    if p.n_deferred > 0 {
-        // SAFETY: this same program; on success this does not return.
-        unsafe { HEAP_FLUSH.tail_call(&ctx, 0) };
-        count(Counter::StackErrors);
-        flush(None, p);
-    }
-    0
+    Some(first)
 }
 
 /// `--heap sampled`: what is sent of an allocation event, if anything. A realloc's old block is
@@ -315,19 +313,13 @@ pub fn c10_flush(ctx: RetProbeContext) -> u32 {
     if p.n_deferred == 0 {
         return 0;
     }
+    // Walked before the event is taken out: verified in 117 ms here, 196 ms the other way round.
     let stack = capture(&probe_regs(ctx.regs), STEP);
-    let first = p.deferred[0];
+    let Some(first) = take_parked(p) else {
+        return 0;
+    };
     send(stack.as_ref(), &first, 0);
-    for i in 1..MAX_DEFERRED {
-        p.deferred[i - 1] = p.deferred[i];
-    }
-    p.n_deferred -= 1;
-    if p.n_deferred > 0 {
-        // SAFETY: this same program; on success this does not return.
-        unsafe { C10_FLUSH.tail_call(&ctx, 0) };
-        count(Counter::StackErrors);
-        flush(None, p);
-    }
+    flush_by(&ctx, &C10_FLUSH, p);
     0
 }
 
@@ -351,9 +343,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
         emit_deep(&regs, &ev, python);
     }
-    if p.n_deferred > 0 {
-        flush_by(&ctx, &C10_FLUSH);
-    }
+    flush_by(&ctx, &C10_FLUSH, p);
     0
 }
 
