@@ -1,57 +1,70 @@
 #!/usr/bin/env bash
 # The check for a machine with an NVIDIA GPU, its driver, and a python3 with a CUDA build of
 # torch (none of it is installed here: such a machine comes with them). Runs the training loop of
-# tests/fixtures/python/train_loop.py on the GPU (DEVICE=cuda: PyTorch's caching allocator)
-# untraced and under `leaktracer check` with default options, and prints one table: check's exit
-# code and the site it names, the tensor blocks (torch_block) at the script's lines beside what
-# PyTorch says the kept tensors hold and torch.cuda.memory_allocated(), the device verdicts,
-# NVML, losses, and wall times.
+# tests/fixtures/python/train_loop.py on the GPU (PyTorch's caching allocator) in eight cases:
+# leaks (predictions kept with their graphs, left with os._exit so that the bytes held at the end
+# can be compared, and the same with a normal exit that frees them; a hook keeping activations;
+# the first leak with expandable segments and with a DataLoader of two workers) and controls
+# (fixed, bounded cache, spike). Each case runs three times:
+#   - with PyTorch's own allocation history (ORACLE=1; all cases at once, first): the oracle, the
+#     bytes and blocks still allocated at the end, per line of the script;
+#   - untraced, for the wall time and the loop's time;
+#   - under `leaktracer check` with default options.
+# It prints one table: check's exit code and the line it names, the tensor blocks (torch_block)
+# at the script's lines beside the oracle and torch.cuda.memory_allocated(), the device segments
+# and their verdicts, NVML, losses, and the times untraced and traced.
 #   LT=path/to/leaktracer PY=path/to/python3 bash scripts/gpu-check.sh [STEPS]
+# DEVICE=cpu runs the same cases on the CPU (no oracle, no blocks): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LT=${LT:-target/release/leaktracer}
 PY=${PY:-python3}
 STEPS=${1:-200}
-OUT=${OUT:-$(mktemp -d)}
+DEVICE=${DEVICE:-cuda}
+DIR=${DIR:-$(mktemp -d)}
+mkdir -p "$DIR"
 [ -x "$LT" ] || { echo "gpu-check: no leaktracer at $LT" >&2; exit 2; }
-"$PY" -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, torch.cuda.get_device_name(0))' \
-  || { echo "gpu-check: $PY has no CUDA torch" >&2; exit 2; }
+if [ "$DEVICE" = cuda ]; then
+  "$PY" -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, torch.cuda.get_device_name(0))' \
+    || { echo "gpu-check: $PY has no CUDA torch" >&2; exit 2; }
+fi
 SCRIPT=tests/fixtures/python/train_loop.py
-for args in "hook $STEPS abrupt" "validation $STEPS abrupt" "validation $STEPS" "bounded $STEPS" "spike $STEPS"; do
-  name=${args// /-}
-  start=$(date +%s.%N)
-  DEVICE=cuda "$PY" "$SCRIPT" $args > "$OUT/$name.untraced" 2>&1
-  echo "$(date +%s.%N) - $start" | bc > "$OUT/$name.untraced-s"
-  start=$(date +%s.%N)
-  "$LT" check --no-store --json -o "$OUT/$name.json" -- /usr/bin/env DEVICE=cuda "$PY" "$SCRIPT" $args \
-    > "$OUT/$name.out" 2> "$OUT/$name.err"
-  echo $? > "$OUT/$name.rc"
-  echo "$(date +%s.%N) - $start" | bc > "$OUT/$name.traced-s"
+# name|expected|environment|arguments
+CASES=(
+  "leak|leak||validation $STEPS abrupt"
+  "released|leak||validation $STEPS"
+  "hook|leak||hook $STEPS abrupt"
+  "expandable|leak|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|validation $STEPS abrupt"
+  "loader|leak|LOADER=2|validation $STEPS abrupt"
+  "fixed|none||metrics-fixed $STEPS"
+  "bounded|none||bounded $STEPS"
+  "spike|none||spike $STEPS"
+)
+field() { cut -d'|' -f"$2" <<<"$1"; }
+stamp() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(stamp)" 'BEGIN { printf "%.2f\n", b - a }'; }
+
+for case in "${CASES[@]}"; do
+  name=$(field "$case" 1)
+  # shellcheck disable=SC2046
+  env DEVICE="$DEVICE" ORACLE=1 $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
+    > "$DIR/$name.oracle" 2>&1 &
 done
-"$PY" - "$OUT" "$SCRIPT" <<'PYEOF'
-import json, os, sys
-out, script = sys.argv[1], os.path.abspath(sys.argv[2])
-print("| case | exit | site check names | torch_block at the script's lines (blocks) | PyTorch: kept (storages) | memory_allocated | torch_block total | device: bytes, verdicts | NVML (at s) | lost | untraced s | traced s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for name in sorted(f[:-3] for f in os.listdir(out) if f.endswith(".rc")):
-    rd = lambda ext: open(os.path.join(out, name + ext)).read()
-    rc = rd(".rc").strip()
-    text = rd(".out")
-    figures = next((json.loads(l) for l in text.splitlines() if l.startswith("{")), {})
-    site = next((l.rsplit(": ", 1)[-1] for l in text.splitlines() if l.strip().startswith("LEAK")), "-")
-    try:
-        r = json.loads(rd(".json").strip().splitlines()[-1])
-    except Exception as e:
-        print(f"| {name} | {rc} | no report: {e} |"); continue
-    def own(s):
-        return any(f.get("module") == "python" and f.get("file") == script for f in s["frames"])
-    blocks = [s for s in r["stacks"] if s["kind"] == "torch_block" and own(s)]
-    dev = [s for s in r["stacks"] if s["kind"] == "device"]
-    verdicts = sorted({(s.get("verdict") or {}).get("verdict", "none") for s in dev})
-    gpu = [p for p in r["gpu"]["processes"] if p.get("nvml_bytes")]
-    nvml = ", ".join(f"{p['nvml_bytes']} ({p.get('nvml_at_s') or 0:.1f})" for p in gpu) or "-"
-    print(f"| {name} | {rc} | {site} | {sum(s['bytes'] for s in blocks)} ({sum(s['blocks'] for s in blocks)}) "
-          f"| {figures.get('kept_bytes')} ({figures.get('kept_blocks')}) | {figures.get('memory_allocated')} "
-          f"| {r['totals']['torch_block']['bytes']} | {r['totals']['device']['bytes']}, {'/'.join(verdicts)} "
-          f"| {nvml} | {r['losses']['ringbuf_full']} | {float(rd('.untraced-s')):.1f} | {float(rd('.traced-s')):.1f} |")
-PYEOF
+wait
+for case in "${CASES[@]}"; do
+  name=$(field "$case" 1)
+  echo "$(field "$case" 2)" > "$DIR/$name.expected"
+  start=$(stamp)
+  # shellcheck disable=SC2046
+  env DEVICE="$DEVICE" $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
+    > "$DIR/$name.untraced" 2>&1
+  since "$start" > "$DIR/$name.untraced-s"
+  start=$(stamp)
+  # shellcheck disable=SC2046
+  timeout 300 "$LT" check --no-store --json -o "$DIR/$name.json" -- \
+    /usr/bin/env DEVICE="$DEVICE" $(field "$case" 3) "$PY" "$SCRIPT" $(field "$case" 4) \
+    > "$DIR/$name.out" 2> "$DIR/$name.err"
+  echo $? > "$DIR/$name.rc"
+  since "$start" > "$DIR/$name.traced-s"
+done
+"$PY" scripts/gpu_check_table.py "$DIR" "$SCRIPT" "${CASES[@]%%|*}"

@@ -29,9 +29,8 @@ pub struct Analysis {
     /// Processes in which PyTorch's CUDA caching allocator handed out blocks: their device
     /// memory (cudaMalloc'd segments) is the allocator's cache under the blocks.
     caching: rustc_hash::FxHashSet<u32>,
-    /// Per process: heap-level bytes (heap and tensors) and page-level bytes of the allocator's
-    /// heap (brk).
-    procs: FxHashMap<u32, (Series, Series)>,
+    /// Per process: its heap-level, brk and tensor bytes.
+    procs: FxHashMap<u32, ProcSeries>,
     /// Per process: the first sample since its malloc family was seen (the ledger's
     /// `malloc_seen`, since its last exec). Before, its heap-level bytes
     /// are tensors alone (`--heap auto` before the malloc family is traced, `--heap off`), and its
@@ -39,6 +38,25 @@ pub struct Analysis {
     heap_seen: FxHashMap<u32, f64>,
     /// Samples taken so far.
     round: u64,
+}
+
+/// A process's series.
+#[derive(Default)]
+struct ProcSeries {
+    /// Heap-level bytes: heap blocks and CPU tensors.
+    heap: Series,
+    /// Page-level bytes of the allocator's heap (brk).
+    pages: Series,
+    /// Tensors: CPU tensors and the blocks of PyTorch's CUDA caching allocator.
+    tensors: Series,
+}
+
+/// A process's bytes in one sample, summed for its [`ProcSeries`].
+#[derive(Clone, Copy, Default)]
+struct ProcBytes {
+    heap: u64,
+    pages: u64,
+    tensors: u64,
 }
 
 /// A group's series, the sample it was last given a value in, and its stack's activity count
@@ -101,7 +119,7 @@ impl Analysis {
     pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[(GroupKey, u64)]) {
         self.round += 1;
         let round = self.round;
-        let mut per_proc: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        let mut per_proc: FxHashMap<u32, ProcBytes> = FxHashMap::default();
         for &(key, bytes) in groups {
             let tracked = if bytes >= self.track_min {
                 Some(self.groups.entry(key).or_default())
@@ -116,10 +134,12 @@ impl Analysis {
             }
             let e = per_proc.entry(key.pid).or_default();
             match key.kind {
-                Kind::Heap | Kind::Tensor => e.0 += bytes,
+                Kind::Heap => e.heap += bytes,
+                Kind::Tensor => (e.heap, e.tensors) = (e.heap + bytes, e.tensors + bytes),
+                Kind::TorchBlock => e.tensors += bytes,
                 // The allocator's own heap: mmap regions are mostly the program's (or freed
                 // with the block they hold), so they do not tell retention.
-                Kind::Brk => e.1 += bytes,
+                Kind::Brk => e.pages += bytes,
                 _ => {}
             }
         }
@@ -135,10 +155,11 @@ impl Analysis {
             } else {
                 self.heap_seen.remove(pid);
             }
-            let (heap, pages) = per_proc.get(pid).copied().unwrap_or_default();
-            let (h, p) = self.procs.entry(*pid).or_default();
-            h.push(t_s, heap);
-            p.push(t_s, pages);
+            let b = per_proc.get(pid).copied().unwrap_or_default();
+            let s = self.procs.entry(*pid).or_default();
+            s.heap.push(t_s, b.heap);
+            s.pages.push(t_s, b.pages);
+            s.tensors.push(t_s, b.tensors);
         }
     }
 
@@ -183,7 +204,9 @@ impl Analysis {
 
     /// A process's heap-level and brk series, oldest first.
     pub fn process_series(&self, pid: u32) -> Option<(&[series::Point], &[series::Point])> {
-        self.procs.get(&pid).map(|(h, p)| (h.points(), p.points()))
+        self.procs
+            .get(&pid)
+            .map(|s| (s.heap.points(), s.pages.points()))
     }
 
     /// The verdict of a group, from `warmup_s` on. The brk heap of a process whose heap bytes
@@ -243,13 +266,14 @@ impl Analysis {
         Some(evidence)
     }
 
-    /// Whether its process's heap-level bytes (tensors, the malloc family not being traced) grew
-    /// over a page-level stack's span by at least half the stack's growth.
+    /// Whether its process's tensors (CPU tensors and caching-allocator blocks: the host memory
+    /// of a tensor leak is its Python objects and autograd nodes) grew over a page-level stack's
+    /// span by at least half the stack's growth.
     fn under_tensors(&self, pid: u32, pages: &Evidence, warmup_s: f64) -> bool {
-        let Some((heap, _)) = self.procs.get(&pid) else {
+        let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        classify(&same_span(heap, pages), span_start(pages, warmup_s))
+        classify(&same_span(&s.tensors, pages), span_start(pages, warmup_s))
             .is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
     }
 
@@ -258,10 +282,10 @@ impl Analysis {
     /// stacks gave back what this one gained. (A process whose heap falls meanwhile, as when the
     /// garbage of an interpreter's start-up is collected under a growing leak, does not hold.)
     fn moved(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
-        let Some((heap, _)) = self.procs.get(&pid) else {
+        let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        classify(&same_span(heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
+        classify(&same_span(&s.heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
             p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
         })
     }
@@ -291,9 +315,9 @@ impl Analysis {
     /// Allocator retention of a process, from `warmup_s` on, or from when its malloc family was
     /// first seen; None while it has not been.
     pub fn retention(&self, pid: u32, warmup_s: f64) -> Option<Retention> {
-        let (h, p) = self.procs.get(&pid)?;
+        let s = self.procs.get(&pid)?;
         let from = self.heap_seen.get(&pid)?.max(warmup_s);
-        let (heap, pages) = (classify(h, from)?, classify(p, from)?);
+        let (heap, pages) = (classify(&s.heap, from)?, classify(&s.pages, from)?);
         Some(Retention {
             retention: pages.verdict == Verdict::Leak && heap.verdict != Verdict::Leak,
             heap: heap.verdict,
@@ -381,9 +405,9 @@ mod tests {
     }
 
     /// 20 samples a second apart of a process whose brk stack grows by 512 KiB a sample, beside a
-    /// flat heap stack of `heap` bytes (0: none) and a tensor stack of 8 MiB that grows by
-    /// `tensor_step` bytes a sample.
-    fn brk_beside(heap: u64, tensor_step: u64) -> (Analysis, GroupKey) {
+    /// flat heap stack of `heap` bytes (0: none) and a stack of tensors (`tensors`: CPU tensors or
+    /// caching-allocator blocks) of 8 MiB that grows by `tensor_step` bytes a sample.
+    fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey) {
         let key = |s: u32, kind| GroupKey {
             pid: 1,
             stack: Some(crate::model::StackId::new(s)),
@@ -399,7 +423,7 @@ mod tests {
             let groups = [
                 (pages, (i + 1) * 8 * K),
                 (key(2, Kind::Heap), heap),
-                (key(3, Kind::Tensor), (8 << 20) + i * tensor_step),
+                (key(3, tensors), (8 << 20) + i * tensor_step),
             ];
             analysis.sample(i as f64, &ledger, &groups);
         }
@@ -409,12 +433,12 @@ mod tests {
     #[test]
     fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
         // Heap blocks seen and flat: the allocator keeps pages nothing holds.
-        let (seen, pages) = brk_beside(1 << 20, 0);
+        let (seen, pages) = brk_beside(1 << 20, Kind::Tensor, 0);
         assert_eq!(seen.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
         assert!(seen.retention(1, 0.0).unwrap().retention);
         // Tensors alone (the malloc family not traced): the growth is unexplained, a leak; and
         // pages grown for over 10 s by 4 MiB call for the malloc family.
-        let (unseen, pages) = brk_beside(0, 0);
+        let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
         assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
         assert!(unseen.retention(1, 0.0).is_none());
         assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![1]);
@@ -425,13 +449,20 @@ mod tests {
         // Growth is floor to floor of the first and last windows: 7.5 MiB.
         assert!(unseen.growing_pages(0.0, 10.0, 8 << 20).is_empty());
         // Tensors growing as fast: the pages hold them; the leak, if any, is on the tensors.
-        let (under, pages) = brk_beside(0, 8 * K);
-        assert_eq!(
-            under.judge(&pages, 0.0).unwrap().verdict,
-            Verdict::UnderTensors
-        );
-        let (slower, pages) = brk_beside(0, 2 * K);
-        assert_eq!(slower.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+        // So for tensors on the GPU: the host pages hold their Python objects and autograd nodes.
+        for kind in [Kind::Tensor, Kind::TorchBlock] {
+            let (under, pages) = brk_beside(0, kind, 8 * K);
+            assert_eq!(
+                under.judge(&pages, 0.0).unwrap().verdict,
+                Verdict::UnderTensors,
+                "{kind:?}"
+            );
+            let (slower, pages) = brk_beside(0, kind, 2 * K);
+            assert_eq!(slower.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+        }
+        // Device memory without PyTorch's blocks explains no host pages.
+        let (device, pages) = brk_beside(0, Kind::Device, 8 * K);
+        assert_eq!(device.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
     }
 
     #[test]

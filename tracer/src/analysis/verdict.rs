@@ -31,8 +31,9 @@ pub enum Verdict {
     /// from the update path), not memory the program keeps adding.
     Moved,
     /// Not from the series alone: a page-level stack of a process whose malloc family is not
-    /// traced (`--heap auto`), rising no faster than its tensors: the pages hold the tensors,
-    /// whose leak, if it is one, is reported on the tensor stacks at their lines.
+    /// traced (`--heap auto`), rising no faster than its tensors (CPU tensors, caching-allocator
+    /// blocks): the pages hold the tensors or their Python objects, whose leak, if it is one, is
+    /// reported on the tensor stacks at their lines.
     UnderTensors,
 }
 
