@@ -18,6 +18,7 @@ pub struct HeldChild {
     gate: OwnedFd,
     exec_error: OwnedFd,
     program: PathBuf,
+    runs: PathBuf,
 }
 
 /// Finds `cmd` the way execvp would: a path when it has a slash, else in $PATH.
@@ -40,6 +41,68 @@ pub fn resolve(cmd: &str) -> Result<PathBuf, Error> {
         .map(|d| d.join(cmd))
         .find(|p| executable(p))
         .ok_or_else(|| Error::CommandNotFound(cmd.into()))
+}
+
+/// Commands that exec the command they are given after their own options, and those options that
+/// take a separate value.
+const WRAPPERS: &[(&str, &[&str])] = &[
+    ("env", &["-u", "--unset", "-C", "--chdir"]),
+    ("timeout", &["-s", "--signal", "-k", "--kill-after"]),
+    ("nice", &["-n", "--adjustment"]),
+    ("nohup", &[]),
+    ("setsid", &[]),
+    ("stdbuf", &["-i", "-o", "-e"]),
+    ("taskset", &["-c"]),
+    ("ionice", &["-c", "-n", "-t"]),
+    ("numactl", &["-C", "-N", "-m", "-i", "-p"]),
+    ("chrt", &[]),
+    ("time", &["-f", "-o"]),
+];
+
+/// The program `argv` runs in the end (see [`HeldChild::runs`]), or None when that cannot be
+/// told (a wrapper with nothing after its options, a file that cannot be read).
+fn runs_in_the_end(argv: &[String], depth: u8) -> Option<PathBuf> {
+    let program = resolve(argv.first()?).ok()?;
+    if depth > 4 {
+        return Some(program);
+    }
+    let name = program.file_name()?.to_str()?;
+    if let Some((_, valued)) = WRAPPERS.iter().find(|(w, _)| *w == name) {
+        let mut rest = argv[1..].iter();
+        while let Some(arg) = rest.next() {
+            if valued.contains(&arg.as_str()) {
+                rest.next();
+            } else if !(arg.starts_with('-')
+                || arg.contains('=')
+                || arg.starts_with(|c: char| c.is_ascii_digit()))
+            {
+                let tail: Vec<String> = std::iter::once(arg).chain(rest).cloned().collect();
+                return runs_in_the_end(&tail, depth + 1);
+            }
+        }
+        return None;
+    }
+    match interpreter_line(&program) {
+        Some(interpreter) => runs_in_the_end(&interpreter, depth + 1),
+        None => Some(program),
+    }
+}
+
+/// A script's `#!` line as an argv (the interpreter and its one argument), None for a binary.
+fn interpreter_line(program: &Path) -> Option<Vec<String>> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim();
+    let (interpreter, arg) = line.split_once([' ', '\t']).unwrap_or((line, ""));
+    Some(
+        std::iter::once(interpreter)
+            .chain((!arg.trim().is_empty()).then_some(arg.trim()))
+            .map(String::from)
+            .collect(),
+    )
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
@@ -94,6 +157,7 @@ pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
         pid: pid as u32,
         gate: gate_w,
         exec_error: err_r,
+        runs: runs_in_the_end(argv, 0).unwrap_or_else(|| program.clone()),
         program,
     })
 }
@@ -107,6 +171,13 @@ impl HeldChild {
     /// The resolved path the child will exec.
     pub fn program(&self) -> &Path {
         &self.program
+    }
+
+    /// The program the command runs in the end, as far as can be told before it starts: through
+    /// a script's `#!` line and the commands that exec another (`env NAME=VALUE python3 …`,
+    /// `timeout 1h …`).
+    pub fn runs(&self) -> &Path {
+        &self.runs
     }
 
     /// Lets the child exec; fails if execve failed.
@@ -154,5 +225,47 @@ pub fn exit_code(status: i32) -> i32 {
         128 + libc::WTERMSIG(status)
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(argv: &[&str]) -> Option<PathBuf> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        runs_in_the_end(&argv, 0)
+    }
+
+    #[test]
+    fn the_program_run_in_the_end_is_found_through_wrappers_and_scripts() {
+        let dir = std::env::temp_dir().join(format!("leaktracer-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            path.to_str().unwrap().to_string()
+        };
+        let sh = resolve("sh").unwrap();
+        assert_eq!(runs(&["sh", "-c", "true"]), Some(sh.clone()));
+        assert_eq!(
+            runs(&[
+                "env", "-u", "HOME", "A=1", "timeout", "-s", "INT", "10", "sh", "x"
+            ]),
+            Some(sh.clone())
+        );
+        assert_eq!(runs(&["nice", "-n", "5", "sh"]), Some(sh.clone()));
+        // Through `#!` lines, with and without env.
+        let direct = script("direct", &format!("#!{} -e\necho\n", sh.display()));
+        assert_eq!(runs(&[&direct]), Some(sh.clone()));
+        let by_env = script("by_env", "#!/usr/bin/env sh\necho\n");
+        assert_eq!(runs(&["env", "X=1", &by_env]), Some(sh));
+        // A wrapper with no command: nothing to tell.
+        assert_eq!(runs(&["env", "A=1"]), None);
+        let true_ = resolve("true").unwrap();
+        assert_eq!(runs(&["true"]), Some(true_));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -41,33 +41,61 @@ impl ElfFile {
     /// Looks up a defined function by name: a C name as is, a C++ one (`ns::function`) by its
     /// demangled name, whatever its parameters (dynamic table first, then the static one).
     pub fn function(&self, name: &str) -> Option<Function> {
-        let file = self.parsed()?;
-        let cxx = name
-            .rsplit_once("::")
-            .map(|(_, last)| format!("{}{last}", last.len()));
-        let matches = |sym: &str| match &cxx {
-            None => sym == name,
-            Some(piece) => {
-                (sym.starts_with("_Z") || sym.starts_with("_R"))
-                    && sym.contains(piece)
-                    && demangled(sym) == name
-            }
-        };
-        let sym = file.dynamic_symbols().chain(file.symbols()).find(|s| {
-            s.is_definition() && s.kind() == object::SymbolKind::Text && s.name().is_ok_and(matches)
-        })?;
-        let section = file.section_by_index(sym.section_index()?).ok()?;
-        let data = section.data().ok()?;
-        let start = usize::try_from(sym.address().checked_sub(section.address())?).ok()?;
-        let len = usize::try_from(sym.size().clamp(1, 4096)).ok()?;
-        let code = data
-            .get(start..start.saturating_add(len).min(data.len()))?
-            .to_vec();
-        Some(Function {
-            symbol: sym.name().ok()?.to_string(),
-            addr: sym.address(),
-            code,
+        self.functions(&[name]).pop().flatten()
+    }
+
+    /// [`ElfFile::function`] of each of `names`, in one pass over the symbols: libtorch's tables
+    /// hold hundreds of thousands, and a process that maps a library waits for this.
+    pub fn functions(&self, names: &[&str]) -> Vec<Option<Function>> {
+        self.scan(names, |file, sym| {
+            let section = file.section_by_index(sym.section_index()?).ok()?;
+            let data = section.data().ok()?;
+            let start = usize::try_from(sym.address().checked_sub(section.address())?).ok()?;
+            let len = usize::try_from(sym.size().clamp(1, 4096)).ok()?;
+            let code = data
+                .get(start..start.saturating_add(len).min(data.len()))?
+                .to_vec();
+            Some(Function {
+                symbol: sym.name().ok()?.to_string(),
+                addr: sym.address(),
+                code,
+            })
         })
+    }
+
+    /// Which of `names` the file defines as functions, in one pass.
+    pub fn defines(&self, names: &[&str]) -> Vec<bool> {
+        let found = self.scan(names, |_, _| Some(()));
+        found.iter().map(Option::is_some).collect()
+    }
+
+    /// `make` of the first defined function named each of `names` (see [`ElfFile::function`]).
+    fn scan<T>(
+        &self,
+        names: &[&str],
+        make: impl Fn(&object::File<'_>, &object::Symbol<'_, '_>) -> Option<T>,
+    ) -> Vec<Option<T>> {
+        let mut found: Vec<Option<T>> = names.iter().map(|_| None).collect();
+        let Some(file) = self.parsed() else {
+            return found;
+        };
+        let wanted: Vec<Wanted> = names.iter().map(|n| Wanted::new(n)).collect();
+        let defined = file
+            .dynamic_symbols()
+            .chain(file.symbols())
+            .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text);
+        for sym in defined {
+            let Ok(name) = sym.name() else { continue };
+            for (w, f) in wanted.iter().zip(found.iter_mut()) {
+                if f.is_none() && w.is(name) {
+                    *f = make(&file, &sym);
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        found
     }
 
     /// Whether the file is statically linked (no program interpreter).
@@ -75,6 +103,33 @@ impl ElfFile {
         self.parsed().is_some_and(|f| {
             f.section_by_name(".interp").is_none() && f.kind() == object::ObjectKind::Executable
         })
+    }
+}
+
+/// A function name looked up: a C name as is, a C++ one (`ns::function`) by its demangled name,
+/// tried only on symbols that hold its last part as the mangling writes it.
+struct Wanted<'n> {
+    name: &'n str,
+    cxx: Option<String>,
+}
+
+impl<'n> Wanted<'n> {
+    fn new(name: &'n str) -> Self {
+        let cxx = name
+            .rsplit_once("::")
+            .map(|(_, last)| format!("{}{last}", last.len()));
+        Self { name, cxx }
+    }
+
+    fn is(&self, sym: &str) -> bool {
+        match &self.cxx {
+            None => sym == self.name,
+            Some(piece) => {
+                (sym.starts_with("_Z") || sym.starts_with("_R"))
+                    && sym.contains(piece)
+                    && demangled(sym) == self.name
+            }
+        }
     }
 }
 

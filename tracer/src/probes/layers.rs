@@ -54,6 +54,9 @@ pub(super) struct HeapLayers {
     natives: HashSet<u32>,
     pythons: HashSet<u32>,
     none_since: Option<Instant>,
+    /// The launched command runs a Python interpreter in the end, through native wrappers
+    /// (`env`, a script's `#!/usr/bin/env python3`): they are layered as if it were traced.
+    python_expected: bool,
 }
 
 impl HeapLayers {
@@ -75,14 +78,18 @@ impl Probes {
         self.layers.on = true;
     }
 
-    /// The command about to be launched runs `program`: unless it is a Python interpreter, the
-    /// malloc family goes into every process now, before it starts, as under `--heap full` (its
-    /// programs take the kernel's verifier a second or so to load).
+    /// The command about to be launched runs `program` in the end: unless it is a Python
+    /// interpreter, the malloc family goes into every process now, before it starts, as under
+    /// `--heap full` (attaching it for every process takes about a second).
     pub fn launching(&mut self, program: &Path) {
         let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
         let python = crate::python::interp::version_of(&program.to_string_lossy()).is_some();
+        self.layers.python_expected = python;
         if self.layers.on && !python {
             self.heap_everywhere();
+        }
+        if python && let Err(e) = self.load_for_python() {
+            tracing::warn!("{e}");
         }
     }
 
@@ -100,12 +107,13 @@ impl Probes {
         let untraced = (flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL;
         if python {
             self.layers.pythons.insert(pid);
+            self.layers.python_expected = false;
             self.localize_natives();
             return untraced;
         }
         self.layers.natives.insert(pid);
         self.layers.none_since = None;
-        if !self.layers.pythons.is_empty() {
+        if !self.layers.pythons.is_empty() || self.layers.python_expected {
             return untraced;
         }
         self.heap_everywhere();

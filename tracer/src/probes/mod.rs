@@ -6,6 +6,7 @@ pub mod cost;
 pub mod elf;
 pub mod frames;
 mod layers;
+mod load;
 pub mod placement;
 pub mod prober;
 mod ring;
@@ -16,10 +17,10 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, ProgramArray},
+    maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        BtfTracePoint, TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        BtfTracePoint, TracePoint,
+        uprobe::{UProbeLinkId, UProbeScope},
     },
 };
 use serde::Serialize;
@@ -30,7 +31,7 @@ pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
 
 use crate::{error::Error, model::HeapUnwind};
-use sets::{HEAP, PROBE_SETS, ProbeSet, TORCH_CPU, TRACEPOINTS};
+use sets::{HEAP, PROBE_SETS, ProbeSet, TRACEPOINTS};
 
 /// A program's link: what detaches it.
 type AttachedLink = (&'static str, UProbeLinkId);
@@ -304,13 +305,13 @@ impl Probes {
     }
 
     fn attach_tracepoints(&mut self) -> Result<(), Error> {
+        let mut progs: Vec<&str> = TRACEPOINTS.iter().map(|t| t.0).collect();
+        progs.push("page_send");
+        self.load_all(&progs)?;
         // The exits' shared stack-sending program, in its slot before any exit can run.
-        let send: &mut TracePoint = program(&mut self.bpf, "page_send")?;
-        send.load().map_err(|e| load_error(e.into()))?;
         self.fill_slot("PAGE_SEND", "page_send")?;
         for (prog, category, name) in TRACEPOINTS {
             let tp: &mut TracePoint = program(&mut self.bpf, prog)?;
-            tp.load().map_err(|e| load_error(e.into()))?;
             tp.attach(category, name).map_err(|e| {
                 Error::Kernel(format!("attaching tracepoint {category}:{name}: {e}"))
             })?;
@@ -346,13 +347,22 @@ impl Probes {
             pid
         };
         let mut roles = Vec::new();
+        let markers: Vec<&str> = PROBE_SETS
+            .iter()
+            .filter(|set| set.file_prefix.is_none_or(|p| name.starts_with(p)))
+            .map(|set| set.marker)
+            .collect();
+        let defined = elf.defines(&markers);
         for &set in PROBE_SETS {
-            let heap = set.role == HEAP.role || set.role == TORCH_CPU.role;
+            let heap = set.heap();
             if self.no_heap && heap {
                 continue;
             }
-            let named = set.file_prefix.is_none_or(|p| name.starts_with(p));
-            if named && elf.function(set.marker).is_some() {
+            let found = markers
+                .iter()
+                .zip(&defined)
+                .any(|(&m, &d)| d && m == set.marker);
+            if found {
                 if heap && let Some(deferred) = &mut self.heap_deferred {
                     deferred.push((path.to_path_buf(), set, lib_pid));
                     continue;
@@ -404,8 +414,9 @@ impl Probes {
         let mut seen_addrs = Vec::new();
         // (program, symbol, offset, cookie)
         let mut points: Vec<(&'static str, String, u64, Option<u64>)> = Vec::new();
-        for f in set.fns {
-            let Some(func) = elf.function(f.name) else {
+        let names: Vec<&str> = set.fns.iter().map(|f| f.name).collect();
+        for (f, func) in set.fns.iter().zip(elf.functions(&names)) {
+            let Some(func) = func else {
                 tracing::warn!(function = f.name, library = %library.display(), "symbol not found: not probed");
                 continue;
             };
@@ -453,6 +464,7 @@ impl Probes {
         let mut progs: Vec<&'static str> = points.iter().map(|p| p.0).collect();
         progs.sort_unstable();
         progs.dedup();
+        self.load_all(&progs)?;
         let mut links = Vec::with_capacity(progs.len());
         for prog in progs {
             let mine = points.iter().filter(|p| p.0 == prog);
@@ -597,74 +609,6 @@ impl Probes {
                 .into_iter()
                 .any(|(_, set, _)| set.role == HEAP.role)
             || !self.layers.waiting.is_empty()
-    }
-
-    /// Attaches `prog` at (symbol, offset, cookie) points of `library`, in one attach call.
-    fn attach_points<'p>(
-        &mut self,
-        library: &Path,
-        prog: &str,
-        points: impl Iterator<Item = (&'p str, u64, Option<u64>)>,
-        scope: UProbeScope,
-    ) -> Result<UProbeLinkId, Error> {
-        let points: Vec<UProbeAttachPoint<'p>> = points
-            .map(|(sym, offset, cookie)| UProbeAttachPoint {
-                location: UProbeAttachLocation::SymbolOffset(sym, offset),
-                cookie,
-            })
-            .collect();
-        // Their page-level events go out by tail call: that program in its slot first.
-        let flusher = match prog {
-            "alloc_return" => Some(("heap_flush", "HEAP_FLUSH")),
-            "c10_alloc_return" => Some(("c10_flush", "C10_FLUSH")),
-            _ => None,
-        };
-        if let Some((callee, slots)) = flusher {
-            let flush: &mut UProbe = program(&mut self.bpf, callee)?;
-            if flush.fd().is_err() {
-                let t = std::time::Instant::now();
-                flush.load().map_err(|e| load_error(e.into()))?;
-                tracing::debug!(
-                    callee,
-                    ms = t.elapsed().as_secs_f64() * 1e3,
-                    "program loaded"
-                );
-                self.fill_slot(slots, callee)?;
-            }
-        }
-        let up: &mut UProbe = program(&mut self.bpf, prog)?;
-        if up.fd().is_err() {
-            let t = std::time::Instant::now();
-            up.load().map_err(|e| load_error(e.into()))?;
-            tracing::debug!(prog, ms = t.elapsed().as_secs_f64() * 1e3, "program loaded");
-        }
-        let what = format!(
-            "{} point(s) of {prog} in {}",
-            points.len(),
-            library.display()
-        );
-        up.attach(points, library, scope)
-            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
-    }
-
-    /// Puts the loaded program `callee` (reached only by tail call) in slot 0 of the program array
-    /// `slots`. The array stays with the object, which keeps it open: a program array that user
-    /// space has closed is emptied by the kernel.
-    fn fill_slot(&mut self, slots: &str, callee: &str) -> Result<(), Error> {
-        let fd = self
-            .bpf
-            .program(callee)
-            .ok_or_else(|| anyhow::anyhow!("program {callee} missing from the object"))?
-            .fd()
-            .and_then(|fd| fd.try_clone().map_err(Into::into))
-            .map_err(|e| anyhow::anyhow!("{callee}: {e}"))?;
-        let map = self
-            .bpf
-            .map_mut(slots)
-            .ok_or_else(|| anyhow::anyhow!("no {slots} map"))?;
-        ProgramArray::try_from(map)
-            .and_then(|mut array| array.set(0, &fd, 0))
-            .map_err(|e| anyhow::anyhow!("{slots}: {e}").into())
     }
 
     /// Adds `pid` to the kernel's traced set (its children follow automatically). `held`: user

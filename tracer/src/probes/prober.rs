@@ -129,11 +129,23 @@ fn serve(
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
         };
-        let req = match req {
-            Ok(req) => req,
+        match req {
+            Ok(req) => handle(&mut probes, req, started, info),
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        };
+        }
+    }
+    probes
+}
+
+/// Does what one request asks.
+fn handle(
+    probes: &mut Probes,
+    req: ProbeRequest,
+    started: std::time::Instant,
+    info: &watch::Sender<Arc<ProbesInfo>>,
+) {
+    {
         match req {
             ProbeRequest::Code {
                 tgid,
@@ -152,6 +164,8 @@ fn serve(
                 if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
                     tracing::warn!(library = %path, error = %e, "not probed");
                 }
+                let ms = monotonic_ns().saturating_sub(mapped_ns) as f64 / 1e6;
+                tracing::debug!(library = %path, held, ms, "code looked at");
             }
             ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
             ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
@@ -162,7 +176,7 @@ fn serve(
             ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
             ProbeRequest::StartHeap => {
                 probes.start_heap(started.elapsed().as_secs_f64());
-                info.send_replace(Arc::new(info_of(&probes)));
+                info.send_replace(Arc::new(info_of(probes)));
             }
             ProbeRequest::EndHolds(done) => {
                 probes.release_holds();
@@ -174,11 +188,10 @@ fn serve(
                     .attach_code_of(pid, Timing::AlreadyLoaded)
                     .and_then(|()| probes.trace_pid(pid, false));
                 if probes.libraries().len() != before {
-                    info.send_replace(Arc::new(info_of(&probes)));
+                    info.send_replace(Arc::new(info_of(probes)));
                 }
                 let _ = done.send((pid, result));
             }
         }
     }
-    probes
 }

@@ -54,6 +54,13 @@ pub(super) struct ProbeSet {
     pub(super) placed: bool,
 }
 
+impl ProbeSet {
+    /// The malloc family and PyTorch's CPU allocator (what `--no-heap` leaves out).
+    pub(super) fn heap(&self) -> bool {
+        self.role == HEAP.role || self.role == TORCH_CPU.role
+    }
+}
+
 const RDI: &[Register] = &[Register::RDI];
 const RDI_RSI: &[Register] = &[Register::RDI, Register::RSI];
 const RDI_RSI_RDX: &[Register] = &[Register::RDI, Register::RSI, Register::RDX];

@@ -52,7 +52,7 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         Target::Launch(_) | Target::Serve { .. } => {
             probes.attach_code_of(std::process::id(), Timing::BeforeStart)?;
             if let Root::Held(child) = &root {
-                probes.launching(child.program());
+                probes.launching(child.runs());
             }
         }
         Target::Attach { pid, .. } => {

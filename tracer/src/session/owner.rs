@@ -148,15 +148,18 @@ pub(super) async fn trace(
         config,
     };
     let exit_code = owner.dispatch(&mut inbox, end).await?;
+    tracing::debug!("the command has exited");
     // The run is over: the holds end, ingest drains what is left, then the final report.
     if let Some(h) = hold_stop {
         owner.prober.end_holds();
         let _ = h.send(());
     }
+    tracing::debug!("holds ended");
     let _ = stop_tx.send(true);
     while let Some(batch) = inbox.batches.recv().await {
         owner.on_batch(batch);
     }
+    tracing::debug!("events drained");
     owner.warn_unmet();
     ingest
         .await
@@ -435,10 +438,13 @@ impl Owner {
 
     /// The final report: published, stored, exported and printed; the probes detached.
     async fn end(mut self, exit_code: i32) -> Result<Outcome, Error> {
+        let t = std::time::Instant::now();
+        let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
         if !self.config.per_step() {
             self.sample();
         }
         let mut last = self.report(self.stored_top(), true);
+        tracing::debug!(ms = ms(t), "final report made");
         self.publish_report(last.clone());
         if let Some(w) = self.history.take() {
             let exit = (self.config.mode != crate::config::RunMode::Attach
@@ -450,7 +456,9 @@ impl Owner {
             .map_err(|e| anyhow::anyhow!(e))?;
         last.keep_top(self.config.top);
         self.out.write(&last, self.config.json)?;
+        tracing::debug!(ms = ms(t), "final report written");
         self.prober.finish().detach_in_background();
+        tracing::debug!(ms = ms(t), "probes let go");
         if self.live.is_some() && self.config.ui.as_ref().is_some_and(|u| u.keep_serving) {
             eprintln!(
                 "leaktracer: the run ended; the explorer keeps serving its final report until Ctrl-C"

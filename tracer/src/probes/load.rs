@@ -1,0 +1,144 @@
+//! Loading the programs into the kernel and attaching them. The verifier takes up to about 0.7 s
+//! for the largest (heap_flush) and 0.1–0.2 s for several others, so programs needed together are
+//! loaded together, each on its own thread: the tracepoints at start, a probe set before it is
+//! attached, and before a Python command starts, the CUDA and PyTorch sets it is likely to map
+//! (a process is held while its new library is probed: importing torch held one about 0.5 s
+//! for their loads).
+
+use std::path::Path;
+
+use aya::{
+    maps::ProgramArray,
+    programs::{
+        Program, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+
+use super::{
+    Probes, load_error, program,
+    sets::{HEAP, PROBE_SETS},
+};
+use crate::error::Error;
+
+/// Programs that send their page-level events by tail call, the program they call, and its slot.
+const FLUSHERS: &[(&str, &str, &str)] = &[
+    ("alloc_return", "heap_flush", "HEAP_FLUSH"),
+    ("c10_alloc_return", "c10_flush", "C10_FLUSH"),
+];
+
+impl Probes {
+    /// Loads those of `names` not loaded yet, side by side, with the programs they reach by tail
+    /// call (put in their slots).
+    pub(super) fn load_all(&mut self, names: &[&str]) -> Result<(), Error> {
+        let callees = FLUSHERS.iter().filter(|f| names.contains(&f.0));
+        let wanted: Vec<&str> = names
+            .iter()
+            .copied()
+            .chain(callees.clone().map(|f| f.1))
+            .collect();
+        let t = std::time::Instant::now();
+        let mut todo: Vec<(&str, &mut Program)> = self
+            .bpf
+            .programs_mut()
+            .filter(|(name, p)| wanted.contains(name) && p.fd().is_err())
+            .collect();
+        let loaded: Vec<String> = todo.iter().map(|(n, _)| n.to_string()).collect();
+        std::thread::scope(|s| {
+            let threads: Vec<_> = todo
+                .iter_mut()
+                .map(|(name, prog)| s.spawn(move || load_one(name, prog)))
+                .collect();
+            threads.into_iter().try_for_each(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("loader thread").into()))
+            })
+        })?;
+        if !loaded.is_empty() {
+            tracing::debug!(
+                ?loaded,
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "programs loaded"
+            );
+        }
+        for &(_, callee, slots) in callees {
+            if loaded.iter().any(|l| l == callee) {
+                self.fill_slot(slots, callee)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a Python command starts: the programs of the CUDA and PyTorch sets, which it maps
+    /// while it imports torch.
+    pub(super) fn load_for_python(&mut self) -> Result<(), Error> {
+        let names: Vec<&str> = PROBE_SETS
+            .iter()
+            .filter(|set| set.role != HEAP.role && (!self.no_heap || !set.heap()))
+            .flat_map(|set| set.fns.iter())
+            .flat_map(|f| std::iter::once(f.entry).chain(f.ret))
+            .collect();
+        self.load_all(&names)
+    }
+
+    pub(super) fn attach_points<'p>(
+        &mut self,
+        library: &Path,
+        prog: &str,
+        points: impl Iterator<Item = (&'p str, u64, Option<u64>)>,
+        scope: UProbeScope,
+    ) -> Result<UProbeLinkId, Error> {
+        let points: Vec<UProbeAttachPoint<'p>> = points
+            .map(|(sym, offset, cookie)| UProbeAttachPoint {
+                location: UProbeAttachLocation::SymbolOffset(sym, offset),
+                cookie,
+            })
+            .collect();
+        self.load_all(&[prog])?;
+        let up: &mut UProbe = program(&mut self.bpf, prog)?;
+        let what = format!(
+            "{} point(s) of {prog} in {}",
+            points.len(),
+            library.display()
+        );
+        up.attach(points, library, scope)
+            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
+    }
+
+    /// Puts the loaded program `callee` (reached only by tail call) in slot 0 of the program array
+    /// `slots`. The array stays with the object, which keeps it open: a program array that user
+    /// space has closed is emptied by the kernel.
+    pub(super) fn fill_slot(&mut self, slots: &str, callee: &str) -> Result<(), Error> {
+        let fd = self
+            .bpf
+            .program(callee)
+            .ok_or_else(|| anyhow::anyhow!("program {callee} missing from the object"))?
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(Into::into))
+            .map_err(|e| anyhow::anyhow!("{callee}: {e}"))?;
+        let map = self
+            .bpf
+            .map_mut(slots)
+            .ok_or_else(|| anyhow::anyhow!("no {slots} map"))?;
+        ProgramArray::try_from(map)
+            .and_then(|mut array| array.set(0, &fd, 0))
+            .map_err(|e| anyhow::anyhow!("{slots}: {e}").into())
+    }
+}
+
+/// Loads one program (a uprobe or a tracepoint).
+fn load_one(name: &str, prog: &mut Program) -> Result<(), Error> {
+    let t = std::time::Instant::now();
+    let loaded = match prog {
+        Program::UProbe(p) => p.load(),
+        Program::TracePoint(p) => p.load(),
+        _ => return Err(anyhow::anyhow!("program {name}: not a uprobe or tracepoint").into()),
+    };
+    loaded.map_err(|e| load_error(e.into()))?;
+    tracing::debug!(
+        prog = name,
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        "program loaded"
+    );
+    Ok(())
+}
