@@ -56,14 +56,25 @@ def row(d, name, script):
     blocks = collections.defaultdict(lambda: [0, 0])
     verdicts = set()
     for s in r["stacks"]:
-        line = script_line(s, script)
-        if s["kind"] != "torch_block" or line is None:
+        line = script_line(s, script) or 0
+        if s["kind"] != "torch_block":
             continue
         b, n = held(s)
         blocks[line][0] += b
         blocks[line][1] = None if n is None or blocks[line][1] is None else blocks[line][1] + n
-        verdicts.add((s.get("verdict") or {}).get("verdict", "none"))
-    ora = {k: tuple(v) for k, v in (oracle.get("oracle") or {}).items() if k != "0"}
+        if line:
+            verdicts.add((s.get("verdict") or {}).get("verdict", "none"))
+    every = {str(k): tuple(v) for k, v in blocks.items()}
+    oracle_every = {k: tuple(v) for k, v in (oracle.get("oracle") or {}).items()}
+    if any(s.get("released") for s in r["stacks"] if s["kind"] == "torch_block"):
+        same = "- (released)"
+    elif not oracle_every:
+        same = "-"
+    else:
+        differ = sorted(set(every) ^ set(oracle_every) | {k for k in every if every[k] != oracle_every.get(k)})
+        same = "yes" if not differ else "no: " + ", ".join(differ)
+    blocks = {k: v for k, v in blocks.items() if k}
+    ora = {k: v for k, v in oracle_every.items() if k != "0"}
     dev = [s for s in r["stacks"] if s["kind"] == "device"]
     dev_verdicts = "/".join(sorted({(s.get("verdict") or {}).get("verdict", "none") for s in dev}))
     gpu = [p for p in r["gpu"]["processes"] if p.get("nvml_bytes")]
@@ -74,7 +85,7 @@ def row(d, name, script):
     return (
         f"| {name} | {rd('.expected').strip()} | {rc} | {named} "
         f"| {top({k: tuple(v) for k, v in blocks.items()})} {'/'.join(sorted(verdicts)) or ''} "
-        f"| {top(ora)} | {untraced.get('memory_allocated')} | {r['totals']['torch_block']['bytes']} "
+        f"| {top(ora)} | {same} | {untraced.get('memory_allocated')} | {r['totals']['torch_block']['bytes']} "
         f"| {r['totals']['device']['bytes']} {dev_verdicts} | {nvml} | {r['losses']['ringbuf_full']} "
         f"| {t_u:.1f} / {t_t:.1f} ({t_t / t_u if t_u else 0:.2f}×) | {loop} |"
     )
@@ -85,10 +96,11 @@ def main():
     print(
         "| case | expected | exit | what check names | torch_block at the script's lines: "
         "bytes (blocks), verdict | oracle: bytes (blocks) allocated at the line | "
+        "every line (and no line) as the oracle | "
         "memory_allocated | torch_block total | device bytes, verdicts | NVML (when) | lost "
         "| wall s untraced / traced | loop s untraced / traced |"
     )
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 14)
     for name in cases:
         print(row(d, name, script))
 
