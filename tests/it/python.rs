@@ -465,6 +465,54 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
 }
 
+/// Python objects kept by a loop come from pymalloc's arenas, which no malloc probe sees: `check`
+/// fails at their line whatever the heap mode, also where every malloc is traced; the same
+/// objects dropped each step pass.
+#[test]
+fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (py, path) = (python(), script("objects_leak"));
+    let site = format!(
+        "record (objects_leak.py:{})",
+        line("objects_leak", "# OBJECTS")
+    );
+    let check = |mode: &str, args: &[&str]| {
+        let o = fixture::leaktracer_cmd()
+            .args([
+                "check",
+                "--sample",
+                "0.1",
+                "--no-store",
+                "--heap",
+                mode,
+                "--",
+                &py,
+            ])
+            .arg(&path)
+            .args(args)
+            .output()
+            .expect("leaktracer check");
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+        )
+    };
+    for mode in ["full", "auto"] {
+        let (code, out) = check(mode, &["40"]);
+        assert_eq!(code, Some(1), "{mode}: {out}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains("LEAK mmap") && l.ends_with(&site)),
+            "{mode}: {out}"
+        );
+        let (code, out) = check(mode, &["40", "fixed"]);
+        assert_eq!(code, Some(0), "{mode}: {out}");
+    }
+}
+
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.
 fn check_script(options: &[&str], args: &[&str]) -> std::process::Output {
     let py = python();

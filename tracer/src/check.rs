@@ -121,7 +121,8 @@ pub struct Finding<'a> {
 
 /// Every leaking stack of the checked kinds, the ones over budget first. `pages_of_untraced`:
 /// also the page-level stacks (mmap, brk) of processes whose malloc family was not traced, whose
-/// heap leaks are seen there only.
+/// heap leaks are seen there only, and the arenas of CPython's object allocator in every process
+/// (Python objects, which the malloc family never sees).
 pub fn findings<'a>(
     report: &'a Report,
     budget: Budget,
@@ -137,6 +138,7 @@ pub fn findings<'a>(
     let checked = |s: &StackReport| {
         kinds.contains(&s.kind)
             || (matches!(s.kind, Kind::Mmap | Kind::Brk) && untraced.contains(&s.pid))
+            || (pages_of_untraced && s.python_arenas())
     };
     let mut out: Vec<Finding<'a>> = report
         .stacks
