@@ -513,6 +513,39 @@ fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
     }
 }
 
+/// Arenas of Python objects grow without a malloc call: under the default layers, growing for
+/// longer than it takes to engage the malloc family elsewhere (10 s), they are judged a leak at
+/// their line and the malloc family stays out (its traps would tell nothing of them).
+#[test]
+fn python_objects_growing_for_long_do_not_engage_the_malloc_family() {
+    let (py, path) = (python(), script("objects_leak"));
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "130"]) else {
+        return;
+    };
+    let pid = r.root_pid();
+    assert_eq!(r.process(pid)["malloc_traced"], false);
+    assert!(
+        r.0["libraries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["timing"]["when"] != "engaged"),
+        "{}",
+        r.0["libraries"]
+    );
+    let objects = line("objects_leak", "# OBJECTS");
+    let leaks = r
+        .stacks()
+        .iter()
+        .filter(|s| {
+            s["kind"] == "mmap"
+                && s["verdict"]["verdict"] == "leak"
+                && python_top(s).is_some_and(|(f, _, l)| f == "record" && l == objects)
+        })
+        .count();
+    assert!(leaks >= 1, "no arena leak at line {objects}");
+}
+
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.
 fn check_script(options: &[&str], args: &[&str]) -> std::process::Output {
     let py = python();

@@ -30,6 +30,12 @@ pub struct SymFrame {
 /// The module of a Python frame in reports.
 pub const PYTHON_MODULE: &str = "python";
 
+/// Whether source frames map arenas of CPython's object allocator (pymalloc): Python objects,
+/// which no malloc probe sees.
+pub fn python_arenas<'f>(mut frames: impl Iterator<Item = &'f SymFrame>) -> bool {
+    frames.any(|f| f.function.as_deref() == Some("_PyObject_ArenaMmap"))
+}
+
 /// A captured frame's identity: (module, file offset).
 type FrameKey = (Option<Arc<str>>, u64);
 

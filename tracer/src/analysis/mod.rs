@@ -163,17 +163,17 @@ impl Analysis {
         }
     }
 
-    /// Processes with a page-level stack (mmap, brk) that no tensor explains, judged a leak from
-    /// `warmup_s` on over `span_s` seconds at least and grown by `min_bytes` at least: where
-    /// `--heap auto` traces the malloc family next, to tell what fills those pages. (A start-up
+    /// Page-level stacks (mmap, brk) that no tensor explains, judged a leak from `warmup_s` on
+    /// over `span_s` seconds at least and grown by `min_bytes` at least: where `--heap auto`
+    /// traces its process's malloc family next, to tell what fills those pages. (A start-up
     /// grows like a leak for a few seconds; the pages a tensor's allocation maps have the tensor's
     /// stack.)
-    pub fn growing_pages(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<u32> {
+    pub fn growing_pages(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<GroupKey> {
         let tensor = |k: &GroupKey| GroupKey {
             kind: Kind::Tensor,
             ..*k
         };
-        let mut pids: Vec<u32> = self
+        let mut grown: Vec<GroupKey> = self
             .groups
             .iter()
             .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
@@ -189,12 +189,11 @@ impl Analysis {
                 if grows {
                     tracing::debug!(key = ?k, growth = e.growth_bytes, span, "pages grow");
                 }
-                grows.then_some(k.pid)
+                grows.then_some(*k)
             })
             .collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids
+        grown.sort_unstable_by_key(|k| k.pid);
+        grown
     }
 
     /// A group's sampled series, oldest first.
@@ -441,7 +440,7 @@ mod tests {
         let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
         assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
         assert!(unseen.retention(1, 0.0).is_none());
-        assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![1]);
+        assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![pages]);
         assert!(
             unseen.growing_pages(0.0, 20.0, 4 << 20).is_empty(),
             "a 19 s span"

@@ -23,18 +23,11 @@ const THIRD_PARTY: [&str; 9] = [
     "<frozen ",
 ];
 
-/// The function through which CPython's object allocator (pymalloc) maps its arenas.
-const ARENA_MMAP: &str = "_PyObject_ArenaMmap";
-
 impl StackReport {
     /// Whether the stack maps arenas of CPython's object allocator: Python objects, which no
     /// malloc probe sees, whatever the heap mode.
     pub fn python_arenas(&self) -> bool {
-        self.kind == crate::model::Kind::Mmap
-            && self
-                .frames
-                .iter()
-                .any(|f| f.function.as_deref() == Some(ARENA_MMAP))
+        self.kind == crate::model::Kind::Mmap && crate::symbolize::python_arenas(self.frames.iter())
     }
 
     /// Where the stack comes from, in one line, with file and line when known. With Python

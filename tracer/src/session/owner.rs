@@ -329,9 +329,23 @@ impl Owner {
         }
         *last = at_s;
         let warmup = self.config.warmup;
-        let pids = self
+        let grown = self
             .analysis
             .growing_pages(warmup, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
+        // Arenas of Python objects grow without a malloc call: tracing the malloc family would
+        // cost its traps and tell nothing of them.
+        let (ledger, sym) = (&self.ledger, &mut self.sym);
+        let pids: Vec<u32> = grown
+            .into_iter()
+            .filter(|k| {
+                let frames = k.stack.and_then(|id| ledger.stacks.get(id));
+                !frames.is_some_and(|(frames, _)| {
+                    let symbolized: Vec<_> = frames.iter().map(|f| sym.frames(f)).collect();
+                    crate::symbolize::python_arenas(symbolized.iter().flat_map(|s| s.iter()))
+                })
+            })
+            .map(|k| k.pid)
+            .collect();
         for tgid in pids {
             if asked.insert(tgid) {
                 let ask = ProbeRequest::EngageHeap {
