@@ -59,6 +59,14 @@ const WRAPPERS: &[(&str, &[&str])] = &[
     ("time", &["-f", "-o"]),
 ];
 
+/// Whether `argv` runs a Python interpreter in the end (see [`HeldChild::runs`]).
+pub fn runs_python(argv: &[String]) -> bool {
+    runs_in_the_end(argv, 0).is_some_and(|p| {
+        let p = std::fs::canonicalize(&p).unwrap_or(p);
+        crate::python::interp::version_of(&p.to_string_lossy()).is_some()
+    })
+}
+
 /// The program `argv` runs in the end (see [`HeldChild::runs`]), or None when that cannot be
 /// told (a wrapper with nothing after its options, a file that cannot be read).
 fn runs_in_the_end(argv: &[String], depth: u8) -> Option<PathBuf> {

@@ -88,9 +88,6 @@ impl Probes {
         if self.layers.on && !python {
             self.heap_everywhere();
         }
-        if python && let Err(e) = self.load_for_python() {
-            tracing::warn!("{e}");
-        }
     }
 
     /// Sets the malloc family's layer of `pid`, which has just exec'd or started to be traced,

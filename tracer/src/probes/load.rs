@@ -1,9 +1,10 @@
 //! Loading the programs into the kernel and attaching them. The verifier takes up to about 0.7 s
-//! for the largest (heap_flush) and 0.1–0.2 s for several others, so programs needed together are
-//! loaded together, each on its own thread: the tracepoints at start, a probe set before it is
-//! attached, and before a Python command starts, the CUDA and PyTorch sets it is likely to map
-//! (a process is held while its new library is probed: importing torch held one about 0.5 s
-//! for their loads).
+//! for the largest (heap_flush), 0.4 s for page_send and 0.1–0.25 s for several others, so
+//! programs needed together are loaded together, each on its own thread: at start, the
+//! tracepoints' with those the command will need first (the malloc family's for a native command;
+//! for a Python one, the CUDA and PyTorch sets it maps while it imports torch: a process is held
+//! while its new library is probed, and importing torch held one about 0.5 s for their loads);
+//! later, a probe set before it is attached.
 
 use std::path::Path;
 
@@ -15,10 +16,7 @@ use aya::{
     },
 };
 
-use super::{
-    Probes, load_error, program,
-    sets::{HEAP, PROBE_SETS},
-};
+use super::{Probes, load_error, program, sets::PROBE_SETS};
 use crate::error::Error;
 
 /// Programs that send their page-level events by tail call, the program they call, and its slot.
@@ -69,16 +67,15 @@ impl Probes {
         Ok(())
     }
 
-    /// Before a Python command starts: the programs of the CUDA and PyTorch sets, which it maps
-    /// while it imports torch.
-    pub(super) fn load_for_python(&mut self) -> Result<(), Error> {
-        let names: Vec<&str> = PROBE_SETS
+    /// The programs of the probe sets with these roles ("libc", "cuda-runtime", "cuda-driver",
+    /// "torch-cpu", "torch-cuda"), for [`Probes::load_with_ring`] to load with the tracepoints.
+    pub fn programs_of(roles: &[&str]) -> Vec<&'static str> {
+        PROBE_SETS
             .iter()
-            .filter(|set| set.role != HEAP.role && (!self.no_heap || !set.heap()))
+            .filter(|set| roles.contains(&set.role))
             .flat_map(|set| set.fns.iter())
             .flat_map(|f| std::iter::once(f.entry).chain(f.ret))
-            .collect();
-        self.load_all(&names)
+            .collect()
     }
 
     pub(super) fn attach_points<'p>(

@@ -222,11 +222,12 @@ impl Probes {
     /// Loads the object with the tracepoint field offsets of this kernel and attaches the page-level
     /// and process tracepoints. Heap probes come with [`Probes::attach_heap`].
     pub fn load(mode: Mode) -> Result<Self, Error> {
-        Self::load_with_ring(mode, tracer_common::RINGBUF_BYTES)
+        Self::load_with_ring(mode, tracer_common::RINGBUF_BYTES, &[])
     }
 
-    /// As [`Probes::load`] with an event ring of `ring_bytes` (a power of two, a page or more).
-    pub fn load_with_ring(mode: Mode, ring_bytes: u32) -> Result<Self, Error> {
+    /// As [`Probes::load`] with an event ring of `ring_bytes` (a power of two, a page or more),
+    /// and the programs `first` loaded with the tracepoints' (see load.rs).
+    pub fn load_with_ring(mode: Mode, ring_bytes: u32, first: &[&str]) -> Result<Self, Error> {
         check_environment()?;
         let tracefs = tracefs::ensure_mounted()?;
         let off = |cat, name, field, default| {
@@ -281,7 +282,7 @@ impl Probes {
             layers: Default::default(),
         };
         if mode == Mode::Full {
-            probes.attach_tracepoints()?;
+            probes.attach_tracepoints(first)?;
         }
         Ok(probes)
     }
@@ -304,9 +305,10 @@ impl Probes {
         Ok(())
     }
 
-    fn attach_tracepoints(&mut self) -> Result<(), Error> {
+    fn attach_tracepoints(&mut self, first: &[&str]) -> Result<(), Error> {
         let mut progs: Vec<&str> = TRACEPOINTS.iter().map(|t| t.0).collect();
         progs.push("page_send");
+        progs.extend(first);
         self.load_all(&progs)?;
         // The exits' shared stack-sending program, in its slot before any exit can run.
         self.fill_slot("PAGE_SEND", "page_send")?;

@@ -35,7 +35,7 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
     if let Target::Attach { pid, .. } = &target {
         check_pid(*pid)?;
     }
-    let mut probes = load_probes(&config)?;
+    let mut probes = load_probes(&config, &target)?;
     // Held to the end of the session: the statistics stay on while it is.
     let _stats = config
         .probe_cost
@@ -71,9 +71,11 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
     runtime.block_on(owner::trace(probes, root, command, history, ui, config))
 }
 
-/// The eBPF object loaded and set as the configuration says, nothing attached yet.
-fn load_probes(config: &Config) -> Result<Probes, Error> {
-    let mut probes = Probes::load_with_ring(crate::probes::Mode::Full, config.ring_bytes)?;
+/// The eBPF object loaded and set as the configuration says, nothing attached yet but the
+/// tracepoints.
+fn load_probes(config: &Config, target: &Target) -> Result<Probes, Error> {
+    let first = Probes::programs_of(&first_roles(config, target));
+    let mut probes = Probes::load_with_ring(crate::probes::Mode::Full, config.ring_bytes, &first)?;
     if let Some(step) = &config.step_symbol {
         probes.set_step_symbol(step);
     }
@@ -94,6 +96,28 @@ fn load_probes(config: &Config) -> Result<Probes, Error> {
         }
     }
     Ok(probes)
+}
+
+/// The probe sets a launched command needs first, whose programs load with the tracepoints': the
+/// malloc family where it goes in before the command starts, and for a Python command the CUDA
+/// and PyTorch sets it maps while importing torch.
+fn first_roles(config: &Config, target: &Target) -> Vec<&'static str> {
+    let Target::Launch(argv) = target else {
+        return Vec::new();
+    };
+    let python = launch::runs_python(argv);
+    let heap = config.heap.after.is_none() && config.heap.mode != HeapMode::Off;
+    let mut roles = Vec::new();
+    if heap && !(python && config.heap.mode == HeapMode::Auto) {
+        roles.push("libc");
+    }
+    if python {
+        roles.extend(["cuda-runtime", "cuda-driver", "torch-cuda"]);
+        if config.heap.mode != HeapMode::Off {
+            roles.push("torch-cpu");
+        }
+    }
+    roles
 }
 
 /// The traced root process.
