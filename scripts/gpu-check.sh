@@ -5,7 +5,7 @@
 # leaks (predictions kept with their graphs, left with os._exit so that the bytes held at the end
 # can be compared, and the same with a normal exit that frees them; a hook keeping activations;
 # the first leak with expandable segments and with a DataLoader of two workers) and controls
-# (fixed, bounded cache, spike). Each case runs three times:
+# (fixed, left with os._exit too; a bounded cache and a spike, which exit normally). Each case runs three times:
 #   - with PyTorch's own allocation history (ORACLE=1; all cases at once, first): the oracle, the
 #     bytes and blocks still allocated at the end, per line of the script;
 #   - untraced, for the wall time and the loop's time;
@@ -36,7 +36,7 @@ CASES=(
   "hook|leak||hook $STEPS abrupt"
   "expandable|leak|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|validation $STEPS abrupt"
   "loader|leak|LOADER=2|validation $STEPS abrupt"
-  "fixed|none||metrics-fixed $STEPS"
+  "fixed|none||metrics-fixed $STEPS abrupt"
   "bounded|none||bounded $STEPS"
   "spike|none||spike $STEPS"
 )
