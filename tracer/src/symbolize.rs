@@ -30,10 +30,25 @@ pub struct SymFrame {
 /// The module of a Python frame in reports.
 pub const PYTHON_MODULE: &str = "python";
 
-/// Whether source frames map arenas of CPython's object allocator (pymalloc): Python objects,
-/// which no malloc probe sees.
-pub fn python_arenas<'f>(mut frames: impl Iterator<Item = &'f SymFrame>) -> bool {
-    frames.any(|f| f.function.as_deref() == Some("_PyObject_ArenaMmap"))
+/// Whether source frames (innermost first) map arenas of CPython's object allocator (pymalloc):
+/// Python objects, which no malloc probe sees. By name where the interpreter has its symbols
+/// (`_PyObject_ArenaMmap`); else, as in the distributions' stripped interpreters, an mmap the
+/// interpreter's own code called: the first frame past libc's wrapper is in a python3.X
+/// executable or a libpython3.X.
+pub fn python_arenas<'f>(frames: impl Iterator<Item = &'f SymFrame>) -> bool {
+    for f in frames {
+        if f.function.as_deref() == Some("_PyObject_ArenaMmap") {
+            return true;
+        }
+        let Some(module) = f.module.as_deref() else {
+            return false;
+        };
+        let name = module.rsplit('/').next().unwrap_or(module);
+        if !(name.starts_with("libc.so") || name.starts_with("libc-")) {
+            return crate::python::interp::version_of(module).is_some();
+        }
+    }
+    false
 }
 
 /// A captured frame's identity: (module, file offset).
@@ -121,5 +136,35 @@ impl Symbolizer {
             .collect();
         frames.push(located(&sym.name, sym.code_info.as_deref()));
         frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: Option<&str>, module: &str) -> SymFrame {
+        SymFrame {
+            address: "0x0".into(),
+            function: function.map(String::from),
+            file: None,
+            line: None,
+            module: Some(module.into()),
+            offset: "0x0".into(),
+        }
+    }
+
+    #[test]
+    fn arenas_are_told_by_name_or_by_the_interpreter_calling_mmap() {
+        let libc = frame(Some("__GI___mmap64"), "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let named = frame(Some("_PyObject_ArenaMmap"), "/opt/lib/libpython3.11.so.1.0");
+        let stripped = frame(None, "/usr/bin/python3.12");
+        let other = frame(Some("map_pages"), "/usr/lib/libfoo.so");
+        let line = frame(Some("record"), PYTHON_MODULE);
+        let arenas = |frames: &[&SymFrame]| python_arenas(frames.iter().copied());
+        assert!(arenas(&[&libc, &libc, &named, &line]));
+        assert!(arenas(&[&libc, &stripped, &line]));
+        assert!(!arenas(&[&libc, &other, &stripped, &line]));
+        assert!(!arenas(&[&libc, &line]));
     }
 }
