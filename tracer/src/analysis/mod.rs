@@ -246,6 +246,10 @@ impl Analysis {
         };
         match key.kind {
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
+            // The allocator's heap top moved up once, in the last window: a block that happened
+            // to be above the others when it was sampled (a scratch buffer of a spike), not a
+            // growth; a leak moves it window after window.
+            Kind::Brk if last_step_only(&evidence) => evidence.verdict = Verdict::Steady,
             // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
             // blocks is reported on the blocks, at their line) or stay cached when the blocks go.
             Kind::Device if self.caching.contains(&key.pid) => {
@@ -324,6 +328,14 @@ impl Analysis {
             pages_growth_bytes: pages.growth_bytes,
         })
     }
+}
+
+/// Whether a series' window floors rose between its last two windows only.
+fn last_step_only(evidence: &Evidence) -> bool {
+    let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
+    let tol = (floors.iter().copied().min().unwrap_or(0) / 1000).max(4096);
+    let rose: Vec<bool> = floors.windows(2).map(|f| f[1] > f[0] + tol).collect();
+    rose.last() == Some(&true) && rose.iter().filter(|&&r| r).count() == 1
 }
 
 /// The activity count of a group's stack, for the kinds whose every allocation and free the
@@ -462,6 +474,40 @@ mod tests {
         // Device memory without PyTorch's blocks explains no host pages.
         let (device, pages) = brk_beside(0, Kind::Device, 8 * K);
         assert_eq!(device.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn the_heap_top_moving_up_once_at_the_end_is_not_a_leak_of_pages() {
+        // A 16 MiB scratch buffer every other sample; in the last window it stays above the
+        // others: the window floors go 16, 16, 16, 32 MiB while the peaks hold at 47.
+        let m = |n: u64| n << 20;
+        let bytes = |i: u64| match (i % 2, i >= 15) {
+            (1, _) => m(47),
+            (_, false) => m(16),
+            (_, true) => m(32),
+        };
+        let key = |s: u32, kind| GroupKey {
+            pid: 1,
+            stack: Some(crate::model::StackId::new(s)),
+            kind,
+            inherited: false,
+        };
+        let (pages, blocks) = (key(1, Kind::Brk), key(2, Kind::Heap));
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            analysis.sample(i as f64, &ledger, &[(pages, bytes(i)), (blocks, bytes(i))]);
+        }
+        // Blocks that stay are blocks kept; the heap's top is where the allocator put the last.
+        assert_eq!(analysis.judge(&blocks, 0.0).unwrap().verdict, Verdict::Leak);
+        assert_eq!(
+            analysis.judge(&pages, 0.0).unwrap().verdict,
+            Verdict::Steady
+        );
+        // Moving up in every window, it is a leak of pages.
+        let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
+        assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
     }
 
     #[test]
