@@ -474,19 +474,12 @@ fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
         return;
     }
     let _x = fixture::exclusive();
-    let path = script("objects_leak");
     let site = format!(
         "record (objects_leak.py:{})",
         line("objects_leak", "# OBJECTS")
     );
     let check = |py: &str, mode: &str, args: &[&str]| {
-        let o = fixture::leaktracer_cmd()
-            .args(["check", "--sample", "0.1", "--no-store", "--heap", mode])
-            .args(["--", py])
-            .arg(&path)
-            .args(args)
-            .output()
-            .expect("leaktracer check");
+        let o = check_python(py, "objects_leak", &["--heap", mode], args);
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         (o.status.code(), out)
     };
@@ -547,13 +540,16 @@ fn python_objects_growing_for_long_do_not_engage_the_malloc_family() {
 
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.
 fn check_script(options: &[&str], args: &[&str]) -> std::process::Output {
-    let py = python();
-    let path = script("request_log");
+    check_python(&python(), "request_log", options, args)
+}
+
+/// `leaktracer check --sample 0.1 OPTIONS -- PY NAME.py ARGS…`.
+fn check_python(py: &str, name: &str, options: &[&str], args: &[&str]) -> std::process::Output {
     fixture::leaktracer_cmd()
         .args(["check", "--sample", "0.1", "--no-store"])
         .args(options)
-        .args(["--", &py])
-        .arg(&path)
+        .args(["--", py])
+        .arg(script(name))
         .args(args)
         .output()
         .expect("leaktracer check")

@@ -18,7 +18,6 @@ pub struct HeldChild {
     gate: OwnedFd,
     exec_error: OwnedFd,
     program: PathBuf,
-    runs: PathBuf,
 }
 
 /// Finds `cmd` the way execvp would: a path when it has a slash, else in $PATH.
@@ -59,7 +58,9 @@ const WRAPPERS: &[(&str, &[&str])] = &[
     ("time", &["-f", "-o"]),
 ];
 
-/// Whether `argv` runs a Python interpreter in the end (see [`HeldChild::runs`]).
+/// Whether `argv` runs a Python interpreter in the end, as far as can be told before it starts:
+/// through a script's `#!` line and the commands that exec another (`env NAME=VALUE python3 …`,
+/// `timeout 1h …`).
 pub fn runs_python(argv: &[String]) -> bool {
     runs_in_the_end(argv, 0).is_some_and(|p| {
         let p = std::fs::canonicalize(&p).unwrap_or(p);
@@ -67,7 +68,7 @@ pub fn runs_python(argv: &[String]) -> bool {
     })
 }
 
-/// The program `argv` runs in the end (see [`HeldChild::runs`]), or None when that cannot be
+/// The program `argv` runs in the end (see [`runs_python`]), or None when that cannot be
 /// told (a wrapper with nothing after its options, a file that cannot be read).
 fn runs_in_the_end(argv: &[String], depth: u8) -> Option<PathBuf> {
     let program = resolve(argv.first()?).ok()?;
@@ -165,7 +166,6 @@ pub fn spawn_held(argv: &[String]) -> Result<HeldChild, Error> {
         pid: pid as u32,
         gate: gate_w,
         exec_error: err_r,
-        runs: runs_in_the_end(argv, 0).unwrap_or_else(|| program.clone()),
         program,
     })
 }
@@ -179,13 +179,6 @@ impl HeldChild {
     /// The resolved path the child will exec.
     pub fn program(&self) -> &Path {
         &self.program
-    }
-
-    /// The program the command runs in the end, as far as can be told before it starts: through
-    /// a script's `#!` line and the commands that exec another (`env NAME=VALUE python3 …`,
-    /// `timeout 1h …`).
-    pub fn runs(&self) -> &Path {
-        &self.runs
     }
 
     /// Lets the child exec; fails if execve failed.

@@ -12,7 +12,7 @@ use blazesym::symbolize::{
 };
 use serde::Serialize;
 
-use crate::model::Frame;
+use crate::model::{Frame, Kind};
 
 /// A symbolized frame, as reports and the JSON schema show it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -30,12 +30,15 @@ pub struct SymFrame {
 /// The module of a Python frame in reports.
 pub const PYTHON_MODULE: &str = "python";
 
-/// Whether source frames (innermost first) map arenas of CPython's object allocator (pymalloc):
-/// Python objects, which no malloc probe sees. By name where the interpreter has its symbols
-/// (`_PyObject_ArenaMmap`); else, as in the distributions' stripped interpreters, an mmap the
-/// interpreter's own code called: the first frame past libc's wrapper is in a python3.X
-/// executable or a libpython3.X.
-pub fn python_arenas<'f>(frames: impl Iterator<Item = &'f SymFrame>) -> bool {
+/// Whether a stack of `kind` with these source frames (innermost first) maps arenas of CPython's
+/// object allocator (pymalloc): Python objects, which no malloc probe sees. An mmap, by name
+/// where the interpreter has its symbols (`_PyObject_ArenaMmap`); else, as in the distributions'
+/// stripped interpreters, one the interpreter's own code called: the first frame past libc's
+/// wrapper is in a python3.X executable or a libpython3.X.
+pub fn python_arenas<'f>(kind: Kind, frames: impl Iterator<Item = &'f SymFrame>) -> bool {
+    if kind != Kind::Mmap {
+        return false;
+    }
     for f in frames {
         if f.function.as_deref() == Some("_PyObject_ArenaMmap") {
             return true;
@@ -161,10 +164,11 @@ mod tests {
         let stripped = frame(None, "/usr/bin/python3.12");
         let other = frame(Some("map_pages"), "/usr/lib/libfoo.so");
         let line = frame(Some("record"), PYTHON_MODULE);
-        let arenas = |frames: &[&SymFrame]| python_arenas(frames.iter().copied());
+        let arenas = |frames: &[&SymFrame]| python_arenas(Kind::Mmap, frames.iter().copied());
         assert!(arenas(&[&libc, &libc, &named, &line]));
         assert!(arenas(&[&libc, &stripped, &line]));
         assert!(!arenas(&[&libc, &other, &stripped, &line]));
         assert!(!arenas(&[&libc, &line]));
+        assert!(!python_arenas(Kind::Brk, [&libc, &named].into_iter()));
     }
 }

@@ -333,7 +333,7 @@ impl Analysis {
 /// Whether a series' window floors rose between its last two windows only.
 fn last_step_only(evidence: &Evidence) -> bool {
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
-    let tol = (floors.iter().copied().min().unwrap_or(0) / 1000).max(4096);
+    let tol = verdict::tolerance(&floors);
     let rose: Vec<bool> = floors.windows(2).map(|f| f[1] > f[0] + tol).collect();
     rose.last() == Some(&true) && rose.iter().filter(|&&r| r).count() == 1
 }
@@ -393,19 +393,23 @@ mod tests {
 
     const K: u64 = 64 << 10;
 
+    /// Stack `s` of process 1, of `kind`.
+    fn key(s: u32, kind: Kind) -> GroupKey {
+        GroupKey {
+            pid: 1,
+            stack: Some(crate::model::StackId::new(s)),
+            kind,
+            inherited: false,
+        }
+    }
+
     /// The analysis after `n` samples of two heap stacks of one process, `a(i)` and `b(i)` bytes.
     fn two_stacks(
         n: u64,
         a: impl Fn(u64) -> u64,
         b: impl Fn(u64) -> u64,
     ) -> (Analysis, GroupKey, GroupKey) {
-        let key = |s: u32| GroupKey {
-            pid: 1,
-            stack: Some(crate::model::StackId::new(s)),
-            kind: Kind::Heap,
-            inherited: false,
-        };
-        let (ka, kb) = (key(1), key(2));
+        let (ka, kb) = (key(1, Kind::Heap), key(2, Kind::Heap));
         let mut analysis = Analysis::default();
         let mut ledger = Ledger::default();
         ledger.add_root(1, "app".into(), Vec::new(), 0);
@@ -419,12 +423,6 @@ mod tests {
     /// flat heap stack of `heap` bytes (0: none) and a stack of tensors (`tensors`: CPU tensors or
     /// caching-allocator blocks) of 8 MiB that grows by `tensor_step` bytes a sample.
     fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey) {
-        let key = |s: u32, kind| GroupKey {
-            pid: 1,
-            stack: Some(crate::model::StackId::new(s)),
-            kind,
-            inherited: false,
-        };
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         ledger.procs.get_mut(&1).unwrap().malloc_seen = heap > 0;
@@ -486,12 +484,6 @@ mod tests {
             (_, false) => m(16),
             (_, true) => m(32),
         };
-        let key = |s: u32, kind| GroupKey {
-            pid: 1,
-            stack: Some(crate::model::StackId::new(s)),
-            kind,
-            inherited: false,
-        };
         let (pages, blocks) = (key(1, Kind::Brk), key(2, Kind::Heap));
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
@@ -531,18 +523,12 @@ mod tests {
 
     #[test]
     fn pages_under_tensors_do_not_call_for_the_malloc_family() {
-        let key = |kind| GroupKey {
-            pid: 1,
-            stack: Some(crate::model::StackId::new(7)),
-            kind,
-            inherited: false,
-        };
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         let mut analysis = Analysis::default();
         for i in 0..20u64 {
             let bytes = (i + 1) * 4 * K;
-            let groups = [(key(Kind::Brk), bytes), (key(Kind::Tensor), bytes)];
+            let groups = [(key(7, Kind::Brk), bytes), (key(7, Kind::Tensor), bytes)];
             analysis.sample(i as f64, &ledger, &groups);
         }
         assert!(analysis.growing_pages(0.0, 10.0, 1 << 20).is_empty());
@@ -550,12 +536,6 @@ mod tests {
 
     #[test]
     fn segments_under_pytorchs_caching_allocator_are_its_cache_not_a_second_leak() {
-        let key = |s: u32, kind| GroupKey {
-            pid: 1,
-            stack: Some(crate::model::StackId::new(s)),
-            kind,
-            inherited: false,
-        };
         let (blocks, segments) = (key(1, Kind::TorchBlock), key(2, Kind::Device));
         let mut ledger = Ledger::default();
         ledger.add_root(1, "train".into(), Vec::new(), 0);

@@ -73,6 +73,13 @@ pub struct Evidence {
     pub windows: Vec<Window>,
 }
 
+/// Changes of window floors smaller than this are noise: 0.1% of the lowest floor, never under a
+/// page (not a share of the peak: a large spike must not hide a slow leak under it). Floors are
+/// window minima, so jitter above the floor does not move them.
+pub fn tolerance(floors: &[u64]) -> u64 {
+    (floors.iter().copied().min().unwrap_or(0) / 1000).max(4096)
+}
+
 /// Classifies `series` from time `warmup_s` on; None while there are too few samples. A stack the
 /// program stopped using is judged on the span it was used ([`until_quiet`]).
 pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
@@ -107,10 +114,7 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
     let peak = windows.iter().map(|w| w.peak).max().unwrap_or(0);
     let base = floors.iter().copied().min().unwrap_or(0);
-    // Changes smaller than this are noise: 0.1% of the floor, never under a page (not a share of
-    // the peak: a large spike must not hide a slow leak under it). Floors are window minima, so
-    // jitter above the floor does not move them.
-    let tol = (base / 1000).max(4096);
+    let tol = tolerance(&floors);
     let rises = floors.windows(2).filter(|f| f[1] > f[0] + tol).count();
     let falls = floors.windows(2).filter(|f| f[1] + tol < f[0]).count();
     let growth = floors[WINDOWS - 1] as i64 - floors[0] as i64;

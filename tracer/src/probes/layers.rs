@@ -78,12 +78,10 @@ impl Probes {
         self.layers.on = true;
     }
 
-    /// The command about to be launched runs `program` in the end: unless it is a Python
-    /// interpreter, the malloc family goes into every process now, before it starts, as under
-    /// `--heap full` (attaching it for every process takes about a second).
-    pub fn launching(&mut self, program: &Path) {
-        let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
-        let python = crate::python::interp::version_of(&program.to_string_lossy()).is_some();
+    /// A command is about to be launched (`python`: one that runs a Python interpreter in the
+    /// end): unless it is a Python one, the malloc family goes into every process now, before it
+    /// starts, as under `--heap full` (attaching it for every process takes about a second).
+    pub fn launching(&mut self, python: bool) {
         self.layers.python_expected = python;
         if self.layers.on && !python {
             self.heap_everywhere();

@@ -145,53 +145,51 @@ fn handle(
     started: std::time::Instant,
     info: &watch::Sender<Arc<ProbesInfo>>,
 ) {
-    {
-        match req {
-            ProbeRequest::Code {
-                tgid,
-                path,
-                mapped_ns,
-                held,
-            } => {
-                let timing = if held {
-                    Timing::AtMap
-                } else {
-                    let late_ns = monotonic_ns().saturating_sub(mapped_ns);
-                    Timing::Late {
-                        late_ms: late_ns as f64 / 1e6,
-                    }
-                };
-                if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
-                    tracing::warn!(library = %path, error = %e, "not probed");
+    match req {
+        ProbeRequest::Code {
+            tgid,
+            path,
+            mapped_ns,
+            held,
+        } => {
+            let timing = if held {
+                Timing::AtMap
+            } else {
+                let late_ns = monotonic_ns().saturating_sub(mapped_ns);
+                Timing::Late {
+                    late_ms: late_ns as f64 / 1e6,
                 }
-                let ms = monotonic_ns().saturating_sub(mapped_ns) as f64 / 1e6;
-                tracing::debug!(library = %path, held, ms, "code looked at");
+            };
+            if let Err(e) = probes.attach_code(Path::new(&*path), tgid, timing) {
+                tracing::warn!(library = %path, error = %e, "not probed");
             }
-            ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
-            ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
-            ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
-            ProbeRequest::Release { ours, done } => {
-                let _ = done.send(ours);
-            }
-            ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
-            ProbeRequest::StartHeap => {
-                probes.start_heap(started.elapsed().as_secs_f64());
+            let ms = monotonic_ns().saturating_sub(mapped_ns) as f64 / 1e6;
+            tracing::debug!(library = %path, held, ms, "code looked at");
+        }
+        ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
+        ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
+        ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
+        ProbeRequest::Release { ours, done } => {
+            let _ = done.send(ours);
+        }
+        ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
+        ProbeRequest::StartHeap => {
+            probes.start_heap(started.elapsed().as_secs_f64());
+            info.send_replace(Arc::new(info_of(probes)));
+        }
+        ProbeRequest::EndHolds(done) => {
+            probes.release_holds();
+            let _ = done.send(());
+        }
+        ProbeRequest::Adopt { pid, done } => {
+            let before = probes.libraries().len();
+            let result = probes
+                .attach_code_of(pid, Timing::AlreadyLoaded)
+                .and_then(|()| probes.trace_pid(pid, false));
+            if probes.libraries().len() != before {
                 info.send_replace(Arc::new(info_of(probes)));
             }
-            ProbeRequest::EndHolds(done) => {
-                probes.release_holds();
-                let _ = done.send(());
-            }
-            ProbeRequest::Adopt { pid, done } => {
-                let before = probes.libraries().len();
-                let result = probes
-                    .attach_code_of(pid, Timing::AlreadyLoaded)
-                    .and_then(|()| probes.trace_pid(pid, false));
-                if probes.libraries().len() != before {
-                    info.send_replace(Arc::new(info_of(probes)));
-                }
-                let _ = done.send((pid, result));
-            }
+            let _ = done.send((pid, result));
         }
     }
 }

@@ -27,7 +27,7 @@ impl StackReport {
     /// Whether the stack maps arenas of CPython's object allocator: Python objects, which no
     /// malloc probe sees, whatever the heap mode.
     pub fn python_arenas(&self) -> bool {
-        self.kind == crate::model::Kind::Mmap && crate::symbolize::python_arenas(self.frames.iter())
+        crate::symbolize::python_arenas(self.kind, self.frames.iter())
     }
 
     /// Where the stack comes from, in one line, with file and line when known. With Python

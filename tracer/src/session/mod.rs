@@ -35,7 +35,9 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
     if let Target::Attach { pid, .. } = &target {
         check_pid(*pid)?;
     }
-    let mut probes = load_probes(&config, &target)?;
+    // A launched command that runs a Python interpreter in the end (through env, a #! line…).
+    let python = matches!(&target, Target::Launch(argv) if launch::runs_python(argv));
+    let mut probes = load_probes(&config, &target, python)?;
     // Held to the end of the session: the statistics stay on while it is.
     let _stats = config
         .probe_cost
@@ -51,8 +53,8 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         // Everything else it maps is probed as it maps it (ingest announces new code).
         Target::Launch(_) | Target::Serve { .. } => {
             probes.attach_code_of(std::process::id(), Timing::BeforeStart)?;
-            if let Root::Held(child) = &root {
-                probes.launching(child.runs());
+            if matches!(root, Root::Held(_)) {
+                probes.launching(python);
             }
         }
         Target::Attach { pid, .. } => {
@@ -73,8 +75,8 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
 
 /// The eBPF object loaded and set as the configuration says, nothing attached yet but the
 /// tracepoints.
-fn load_probes(config: &Config, target: &Target) -> Result<Probes, Error> {
-    let first = Probes::programs_of(&first_roles(config, target));
+fn load_probes(config: &Config, target: &Target, python: bool) -> Result<Probes, Error> {
+    let first = Probes::programs_of(&first_roles(config, target, python));
     let mut probes = Probes::load_with_ring(crate::probes::Mode::Full, config.ring_bytes, &first)?;
     if let Some(step) = &config.step_symbol {
         probes.set_step_symbol(step);
@@ -98,14 +100,13 @@ fn load_probes(config: &Config, target: &Target) -> Result<Probes, Error> {
     Ok(probes)
 }
 
-/// The probe sets a launched command needs first, whose programs load with the tracepoints': the
-/// malloc family where it goes in before the command starts, and for a Python command the CUDA
-/// and PyTorch sets it maps while importing torch.
-fn first_roles(config: &Config, target: &Target) -> Vec<&'static str> {
-    let Target::Launch(argv) = target else {
+/// The probe sets a launched command (`python`: a Python one) needs first, whose programs load
+/// with the tracepoints': the malloc family where it goes in before the command starts, and for
+/// a Python command the CUDA and PyTorch sets it maps while importing torch.
+fn first_roles(config: &Config, target: &Target, python: bool) -> Vec<&'static str> {
+    if !matches!(target, Target::Launch(_)) {
         return Vec::new();
-    };
-    let python = launch::runs_python(argv);
+    }
     let heap = config.heap.after.is_none() && config.heap.mode != HeapMode::Off;
     let mut roles = Vec::new();
     if heap && !(python && config.heap.mode == HeapMode::Auto) {

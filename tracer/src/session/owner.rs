@@ -341,7 +341,10 @@ impl Owner {
                 let frames = k.stack.and_then(|id| ledger.stacks.get(id));
                 !frames.is_some_and(|(frames, _)| {
                     let symbolized: Vec<_> = frames.iter().map(|f| sym.frames(f)).collect();
-                    crate::symbolize::python_arenas(symbolized.iter().flat_map(|s| s.iter()))
+                    crate::symbolize::python_arenas(
+                        k.kind,
+                        symbolized.iter().flat_map(|s| s.iter()),
+                    )
                 })
             })
             .map(|k| k.pid)
