@@ -88,6 +88,19 @@ fn retained_tensors_are_counted_exactly_as_tensors() {
     let libc10 = r.library("libc10.so");
     assert_eq!(libc10["roles"][0], "torch-cpu");
     assert_eq!(libc10["timing"]["when"], "at_map");
+    // One probe for alloc_cpu, after its posix_memalign call (the counts above say it found
+    // every tensor, its size and its caller's stack from there).
+    let alloc_cpu = r.0["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["function"] == "c10::alloc_cpu")
+        .expect("c10::alloc_cpu probed");
+    assert_eq!(
+        alloc_cpu["reason"], "after the call that allocates: one probe for entry and return",
+        "{alloc_cpu}"
+    );
+    assert_ne!(alloc_cpu["offset"], 0);
 }
 
 /// The real libc10_cuda.so and libcudart.so.13 from the torch wheels (no GPU needed to load them):

@@ -71,6 +71,34 @@ pub const STOPPED_FOR_PROBES: u64 = 1;
 /// reserved without access this way, then opened by mprotect as they grow).
 pub const MAPPED_BY_ALLOCATOR: u64 = 1 << 63;
 
+/// Where an allocator's result is read at a probe placed right after the call that allocates
+/// (`c10::alloc_cpu`'s `posix_memalign(&slot, align, n)`: one probe where an entry and a return
+/// probe were): the callee-saved register that holds `n`, and the slot's displacement from the
+/// frame pointer. Carried as the attach cookie of the probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallSite {
+    /// Index in [`CALL_SITE_REGS`].
+    pub size_reg: u8,
+    pub slot_disp: i32,
+}
+
+/// The registers a [`CallSite`] may find the size in, by index (x86-64's callee-saved ones but
+/// the frame pointer, which locates the slot).
+pub const CALL_SITE_REGS: [&str; 5] = ["rbx", "r12", "r13", "r14", "r15"];
+
+impl CallSite {
+    pub const fn cookie(self) -> u64 {
+        (self.size_reg as u64) << 32 | self.slot_disp as u32 as u64
+    }
+
+    pub const fn of_cookie(cookie: u64) -> Self {
+        Self {
+            size_reg: (cookie >> 32) as u8,
+            slot_disp: cookie as u32 as i32,
+        }
+    }
+}
+
 /// `TRACED` map value bits. Every traced process has [`TRACED_ON`].
 pub const TRACED_ON: u32 = 1;
 /// The process is ptrace-held by user space: when it maps executable file pages or execs, the

@@ -3,13 +3,15 @@
 //! the frame-pointer chain is intact and the direct caller is the first frame).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    EbpfContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{btf_tracepoint, map, uprobe, uretprobe},
     maps::ProgramArray,
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    AllocFn, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED, Pending,
+    AllocFn, CallSite, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED,
+    Pending,
 };
 
 use crate::{
@@ -17,9 +19,9 @@ use crate::{
     pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, WALKS_PYTHON, capture, count, emit, emit_alloc,
-        emit_deep, emit_deep_heap, event, flush_frees, next_hint, outermost_return, probe_regs,
-        read_len, send_frees, settings, tick_ns, traced_current, untimed_event,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, UserRegs, WALKS_PYTHON, capture, count, emit,
+        emit_alloc, emit_deep, emit_deep_heap, event, flush_frees, next_hint, outermost_return,
+        probe_regs, read_len, send_frees, settings, tick_ns, traced_current, untimed_event,
     },
 };
 
@@ -344,6 +346,73 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         emit_deep(&regs, &ev, python);
     }
     flush_by(&ctx, &C10_FLUSH, p);
+    0
+}
+
+/// `c10::alloc_cpu` probed right after its call `posix_memalign(&slot, align, n)`: one probe
+/// where an entry and a return probe were (tracer/src/probes/placement.rs). The call succeeded
+/// when eax is 0; the block is then in the slot at the cookie's displacement from the frame
+/// pointer, and n in the cookie's register. Sent as a tensor with the stack of alloc_cpu's
+/// caller, found from the frame pointer as the return would find it. In a process whose malloc
+/// family is traced, posix_memalign recorded the block already; user space makes it a tensor.
+#[uprobe(multi)]
+pub fn c10_alloc_site(ctx: ProbeContext) -> u32 {
+    // SAFETY: the probe's own register block.
+    let r = unsafe { &*ctx.regs };
+    if r.rax as u32 != 0 {
+        return 0; // posix_memalign failed: alloc_cpu throws
+    }
+    let entry = match entries::of_probe(ctx.regs) {
+        Some(e) => Some(e),
+        None if traced_current().is_some() => entries::of_probe_or_create(ctx.regs),
+        None => return 0,
+    };
+    let Some((p, id)) = entry else {
+        count(Counter::PendingFull);
+        return 0;
+    };
+    // SAFETY: helper on the program's own context.
+    let site = CallSite::of_cookie(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    // Each register loaded first: a load through a pointer chosen among the context's fields
+    // is one the verifier rejects.
+    // SAFETY: reads of the probe's own register block.
+    let saved = unsafe {
+        [&r.rbx, &r.r12, &r.r13, &r.r14, &r.r15].map(|reg| core::ptr::read_volatile(reg))
+    };
+    let size = match site.size_reg {
+        0 => saved[0],
+        1 => saved[1],
+        2 => saved[2],
+        3 => saved[3],
+        _ => saved[4],
+    };
+    let slot = r.rbp.wrapping_add(site.slot_disp as i64 as u64);
+    // SAFETY: user memory reads that fail cleanly.
+    let read = unsafe {
+        (
+            bpf_probe_read_user(slot as *const u64),
+            bpf_probe_read_user(r.rbp as *const [u64; 2]),
+        )
+    };
+    let (Ok(addr), Ok(frame)) = read else {
+        return 0;
+    };
+    if addr == 0 {
+        return 0;
+    }
+    flush_frees(p);
+    let mut ev = event(EventKind::Alloc, AllocFn::C10AllocCpu as u32, id);
+    (ev.addr, ev.size) = (addr, size);
+    if sampling::interval() != 0 {
+        sampling::remember((id >> 32) as u32, addr); // tensors are all recorded
+    }
+    let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
+    let caller = UserRegs {
+        ip: frame[1],
+        sp: r.rbp + 16,
+        bp: frame[0],
+    };
+    emit_deep(&caller, &ev, python);
     0
 }
 

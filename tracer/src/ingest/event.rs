@@ -106,6 +106,20 @@ pub enum What {
     Step,
 }
 
+impl What {
+    /// An event of the page level (mmap, munmap, mprotect, mremap, brk).
+    pub fn is_page_level(&self) -> bool {
+        matches!(
+            self,
+            What::Mmap { .. }
+                | What::Mprotect { .. }
+                | What::Munmap { .. }
+                | What::Mremap { .. }
+                | What::Brk { .. }
+        )
+    }
+}
+
 /// A raw record's fields, as the kernel sent them (the size already scaled when sampled).
 pub(super) struct Raw {
     pub kind: EventKind,

@@ -63,6 +63,12 @@ pub struct Process {
     /// A block of the malloc family has been seen (its probes record for this process): until
     /// then, under `--heap auto` or `--heap off`, its pages are the only view of its heap.
     pub malloc_seen: bool,
+    /// The pages of this process's latest page-level event, while they may still be a tensor's:
+    /// (start, end, in the brk heap). A tensor's allocation that maps or grows the heap makes
+    /// that page event first, with the syscall's stack (c10::alloc_cpu is probed after its
+    /// posix_memalign call, so nothing holds the event back for the tensor's stack); the tensor
+    /// that lands in those pages gives them its stack, as the report's folding expects.
+    pub last_growth: Option<(u64, u64, bool)>,
 }
 
 impl Process {
@@ -120,6 +126,9 @@ impl Process {
     /// Applies one event of this process (forks and steps are the ledger's). Returns the stack of
     /// the heap or device block a free or realloc released, if any.
     pub fn apply(&mut self, what: What, origin: Origin) -> Option<StackId> {
+        if what.is_page_level() {
+            self.last_growth = None;
+        }
         let device_func = origin.func.filter(|f| f.is_cuda() || f.is_torch_cuda());
         match what {
             What::Alloc { addr, size } if device_func.is_some() => {
@@ -186,10 +195,32 @@ impl Process {
         } else {
             size
         };
-        if self.heap.insert(addr, Block { size, origin }).is_some() {
+        let func = origin.func;
+        if func == Some(AllocFn::C10AllocCpu) {
+            self.pages_to_tensor(addr, size, &origin);
+        }
+        let replaced = self.heap.insert(addr, Block { size, origin });
+        if replaced.is_some_and(|old| !same_tensor(&old, size, func)) {
             self.mismatches.reused_addresses += 1;
             *self.displaced.entry(addr).or_default() += 1;
         }
+    }
+
+    /// Gives the pages of [`Process::last_growth`] the stack of the tensor at [addr, addr + size)
+    /// when it lies in them.
+    fn pages_to_tensor(&mut self, addr: u64, size: u64, origin: &Origin) {
+        let Some((start, end, brk)) = self.last_growth.take() else {
+            return;
+        };
+        if addr >= end || addr.saturating_add(size) <= start {
+            return;
+        }
+        let regions = if brk {
+            &mut self.brk.segments
+        } else {
+            &mut self.mmaps
+        };
+        regions.set_stack(start, origin.stack);
     }
 
     /// A free: of a replaced block whose free was still to come (see `displaced`), else of the
@@ -251,6 +282,7 @@ impl Process {
             self.mmaps.insert_arena(addr, end, origin);
         } else if anonymous {
             self.mmaps.insert(addr, end, origin, no_access);
+            self.last_growth = (!no_access).then_some((addr, end, false));
         } else {
             self.mmaps.remove(addr, end);
         }
@@ -291,9 +323,20 @@ impl Process {
             self.brk
                 .segments
                 .insert(self.brk.top, result, origin, false);
+            self.last_growth = Some((self.brk.top, result, true));
         } else if result < self.brk.top {
             self.brk.segments.remove(result, self.brk.top);
         }
         self.brk.top = result;
     }
+}
+
+/// Whether `old` is the block a tensor of `size` just made by `func` was recorded as first:
+/// c10::alloc_cpu probed after its posix_memalign call, in a process whose malloc family is
+/// traced, has posix_memalign's return record the block, then the tensor (one block, told as
+/// a tensor, with the stack of alloc_cpu's caller).
+fn same_tensor(old: &Block, size: u64, func: Option<AllocFn>) -> bool {
+    func == Some(AllocFn::C10AllocCpu)
+        && old.origin.func == Some(AllocFn::PosixMemalign)
+        && old.size == size
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::Origin;
+use crate::model::StackId;
 
 /// A mapped range and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +107,13 @@ impl Regions {
             removed += r.end.min(end) - s.max(start);
         }
         removed
+    }
+
+    /// Gives the region starting at `start` the stack `stack`.
+    pub fn set_stack(&mut self, start: u64, stack: Option<StackId>) {
+        if let Some(r) = self.map.get_mut(&start) {
+            r.origin.stack = stack;
+        }
     }
 
     /// The origin of the region containing `addr`.

@@ -416,6 +416,49 @@ fn tensors_are_heap_blocks_of_their_own_kind() {
 }
 
 #[test]
+fn a_tensor_recorded_first_by_its_posix_memalign_is_one_tensor() {
+    let mut l = ledger(Vec::new());
+    l.apply(alloc(AllocFn::PosixMemalign, 0x5000, 4096, 3));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x5000, 4096, 4));
+    assert_eq!(outstanding(&l, Kind::Tensor), (4096, 1));
+    assert_eq!(outstanding(&l, Kind::Heap), (0, 0));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    l.apply(free(0x5000));
+    assert_eq!(outstanding(&l, Kind::Tensor), (0, 0));
+    assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 0);
+    // Another size at that address is a block whose free was not seen.
+    l.apply(alloc(AllocFn::PosixMemalign, 0x6000, 4096, 3));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x6000, 8192, 4));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
+}
+
+#[test]
+fn pages_grown_for_a_tensor_take_its_stack() {
+    let stack_of = |l: &Ledger, kind: Kind| -> Vec<Option<StackId>> {
+        let groups = l.groups();
+        groups
+            .iter()
+            .filter(|g| g.kind == kind)
+            .map(|g| g.stack)
+            .collect()
+    };
+    let mut l = ledger(Vec::new());
+    l.apply(brk(0x10_0000, 1)); // the heap's base
+    // The heap grows inside the tensor's posix_memalign, with the syscall's stack (2).
+    l.apply(brk(0x14_0000, 2));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x10_0010, 0x3_0000, 4));
+    assert_eq!(stack_of(&l, Kind::Brk), vec![Some(StackId::new(4))]);
+    // A large tensor's own mapping, then one that is not in the mapping made before it.
+    l.apply(mmap_by(0x7000_0000, 0x10_0000, 3, 2, false));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x7000_0010, 0xf_0000, 5));
+    l.apply(mmap_by(0x7100_0000, 0x10_0000, 3, 2, false));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x10_2000, 64, 6));
+    let mut mmaps = stack_of(&l, Kind::Mmap);
+    mmaps.sort();
+    assert_eq!(mmaps, vec![Some(StackId::new(2)), Some(StackId::new(5))]);
+}
+
+#[test]
 fn mappings_of_handles_are_tracked() {
     let mut l = ledger(Vec::new());
     let what = What::DeviceMap {

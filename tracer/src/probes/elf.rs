@@ -4,8 +4,9 @@
 
 use std::{fs::File, path::Path};
 
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use memmap2::Mmap;
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable};
 
 /// One exported function of an ELF file.
 #[derive(Clone, Debug)]
@@ -98,12 +99,51 @@ impl ElfFile {
         found
     }
 
+    /// The addresses of the PLT stubs through which the file's code calls `name` (a function of
+    /// another library): the stubs that jump through the GOT slot of its `JUMP_SLOT` relocation.
+    pub fn plt_stubs(&self, name: &str) -> Vec<u64> {
+        let Some(file) = self.parsed() else {
+            return Vec::new();
+        };
+        let Some(slot) = got_slot(&file, name) else {
+            return Vec::new();
+        };
+        let plts = file
+            .sections()
+            .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec")));
+        let mut stubs = Vec::new();
+        for section in plts {
+            let Ok(data) = section.data() else { continue };
+            let mut decoder = Decoder::with_ip(64, data, section.address(), DecoderOptions::NONE);
+            stubs.extend(decoder.iter().filter_map(|i| {
+                let through = i.flow_control() == FlowControl::IndirectBranch
+                    && i.is_ip_rel_memory_operand()
+                    && i.ip_rel_memory_address() == slot;
+                // Stubs are 16 bytes, aligned; an IBT one (`.plt.sec`) starts with `endbr64`.
+                through.then_some(i.ip() & !15)
+            }));
+        }
+        stubs
+    }
+
     /// Whether the file is statically linked (no program interpreter).
     pub fn is_static_executable(&self) -> bool {
         self.parsed().is_some_and(|f| {
             f.section_by_name(".interp").is_none() && f.kind() == object::ObjectKind::Executable
         })
     }
+}
+
+/// The GOT slot that the dynamic linker fills with `name`'s address (its `JUMP_SLOT`).
+fn got_slot(file: &object::File<'_>, name: &str) -> Option<u64> {
+    let symbols = file.dynamic_symbol_table()?;
+    file.dynamic_relocations()?.find_map(|(offset, r)| {
+        let object::RelocationTarget::Symbol(index) = r.target() else {
+            return None;
+        };
+        let sym = symbols.symbol_by_index(index).ok()?;
+        (sym.name().ok()? == name).then_some(offset)
+    })
 }
 
 /// A function name looked up: a C name as is, a C++ one (`ns::function`) by its demangled name,

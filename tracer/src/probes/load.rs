@@ -69,12 +69,17 @@ impl Probes {
 
     /// The programs of the probe sets with these roles ("libc", "cuda-runtime", "cuda-driver",
     /// "torch-cpu", "torch-cuda"), for [`Probes::load_with_ring`] to load with the tracepoints.
+    /// A function probed after its call takes that program (its entry and return ones load
+    /// only if its code does not allow it).
     pub fn programs_of(roles: &[&str]) -> Vec<&'static str> {
         PROBE_SETS
             .iter()
             .filter(|set| roles.contains(&set.role))
             .flat_map(|set| set.fns.iter())
-            .flat_map(|f| std::iter::once(f.entry).chain(f.ret))
+            .flat_map(|f| match &f.after_call {
+                Some(after) => vec![after.program],
+                None => std::iter::once(f.entry).chain(f.ret).collect(),
+            })
             .collect()
     }
 

@@ -427,6 +427,16 @@ impl Probes {
                 continue;
             }
             seen_addrs.push(func.addr);
+            if let Some((offset, prog, cookie)) = self.after_call(elf, f, &func) {
+                points.push((prog, func.symbol.clone(), offset, Some(cookie)));
+                self.attached.push(AttachedFn {
+                    function: f.name.into(),
+                    library: library.to_path_buf(),
+                    offset,
+                    reason: "after the call that allocates: one probe for entry and return".into(),
+                });
+                continue;
+            }
             let place = if !set.placed {
                 placement::Placement {
                     offset: 0,
@@ -474,6 +484,30 @@ impl Probes {
             links.push((prog, id));
         }
         Ok(links)
+    }
+
+    /// (offset, program, cookie) of the one probe that stands for `f`'s entry and return
+    /// probes, where its code allows it (see [`placement::after_call`]).
+    fn after_call(
+        &self,
+        elf: &elf::ElfFile,
+        f: &sets::ProbeFn,
+        func: &elf::Function,
+    ) -> Option<(u64, &'static str, u64)> {
+        let after = f.after_call.as_ref()?;
+        if self.mode != Mode::Full || probe_at_entry() {
+            return None;
+        }
+        let stubs = elf.plt_stubs(after.callee);
+        let found = placement::after_call(&func.code, func.addr, &stubs);
+        if found.is_none() {
+            tracing::info!(
+                function = f.name,
+                callee = after.callee,
+                "no call site to probe after: entry and return probes"
+            );
+        }
+        found.map(|(offset, site)| (offset, after.program, site.cookie()))
     }
 
     /// Probes every file with code that `pid` maps now.

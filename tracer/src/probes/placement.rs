@@ -10,6 +10,7 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, OpAccess,
     OpKind, Register,
 };
+use tracer_common::CallSite;
 
 /// Instructions of the prologue examined before giving up.
 const MAX_PROLOGUE: usize = 12;
@@ -64,6 +65,130 @@ pub fn choose(code: &[u8], addr: u64, args: &[Register]) -> Placement {
     Placement::entry("no emulated instruction in the prologue")
 }
 
+/// Instructions of a function examined for the call [`after_call`] looks for.
+const MAX_TO_CALL: usize = 48;
+
+/// Where one probe can stand for an allocator's entry and return probes: right after its call
+/// to a function that returns the block through an out-parameter, `f(&slot, align, n)`
+/// (`c10::alloc_cpu` calling `posix_memalign`). The function must keep a frame pointer (the
+/// caller's frame is found from it, as at a return), pass `&slot` as `lea disp(%rbp),%rdi` and
+/// `n` from a callee-saved register, and reach the probe only from the call, with nothing
+/// between the two that changes the result, `n`, the frame pointer or memory. The probe goes on
+/// the first emulated instruction after the call (the test of the result's branch). None when
+/// anything differs: the entry and return probes are kept.
+pub fn after_call(code: &[u8], addr: u64, callee: &[u64]) -> Option<(u64, CallSite)> {
+    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let head: Vec<Instruction> = decoder.iter().take(2).collect();
+    let frame = matches!(&head[..], [push, mov]
+        if push.code() == Code::Push_r64 && push.op0_register() == Register::RBP
+            && mov.code() == Code::Mov_rm64_r64 && mov.op0_register() == Register::RBP
+            && mov.op1_register() == Register::RSP);
+    if !frame {
+        return None;
+    }
+    let (mut slot, mut size) = (None, None); // (disp, ip of the write) of rdi; (reg, ip) of rdx
+    let mut call = None;
+    for instr in decoder.iter().take(MAX_TO_CALL) {
+        if instr.is_call_near() && callee.contains(&instr.near_branch_target()) {
+            call = Some(instr);
+            break;
+        }
+        if matches!(
+            instr.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) || writes(&mut info, &instr, &[Register::RBP])
+        {
+            return None;
+        }
+        if instr.flow_control() != FlowControl::Next
+            && instr.flow_control() != FlowControl::ConditionalBranch
+        {
+            (slot, size) = (None, None); // another call: rdi and rdx are the callee's to change
+            continue;
+        }
+        if writes(&mut info, &instr, &[Register::RDI]) {
+            slot = frame_slot(&instr).map(|d| (d, instr.ip()));
+        }
+        if writes(&mut info, &instr, &[Register::RDX]) {
+            size = saved_source(&instr).map(|r| (r, instr.ip()));
+        } else if let Some((r, _)) = size
+            && writes(&mut info, &instr, &[CALL_SITE_REGISTERS[r as usize]])
+        {
+            size = None;
+        }
+    }
+    let (_, (disp, slot_ip), (reg, size_ip)) = (call?, slot?, size?);
+    let kept = [
+        Register::RAX,
+        Register::RBP,
+        Register::RSP,
+        CALL_SITE_REGISTERS[reg as usize],
+    ];
+    for instr in decoder.iter().take(MAX_PROLOGUE) {
+        if is_emulated(&instr) {
+            let first = slot_ip.min(size_ip);
+            if jumps_between(code, addr, first, instr.ip()) {
+                return None;
+            }
+            let site = CallSite {
+                size_reg: reg,
+                slot_disp: disp,
+            };
+            return Some((instr.ip() - addr, site));
+        }
+        if instr.flow_control() != FlowControl::Next
+            || writes(&mut info, &instr, &kept)
+            || writes_memory(&mut info, &instr)
+        {
+            return None;
+        }
+    }
+    None
+}
+
+/// The x86-64 registers of [`CALL_SITE_REGS`], by index.
+const CALL_SITE_REGISTERS: [Register; 5] = [
+    Register::RBX,
+    Register::R12,
+    Register::R13,
+    Register::R14,
+    Register::R15,
+];
+
+/// `lea disp(%rbp),%rdi`: the displacement.
+fn frame_slot(i: &Instruction) -> Option<i32> {
+    let lea = i.code() == Code::Lea_r64_m
+        && i.op0_register() == Register::RDI
+        && i.memory_base() == Register::RBP
+        && i.memory_index() == Register::None;
+    lea.then(|| i.memory_displacement64() as i64 as i32)
+}
+
+/// `mov %reg,%rdx` from a register of [`CALL_SITE_REGISTERS`]: its index.
+fn saved_source(i: &Instruction) -> Option<u8> {
+    if !matches!(i.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64)
+        || i.op0_register() != Register::RDX
+        || i.op1_kind() != OpKind::Register
+    {
+        return None;
+    }
+    let at = CALL_SITE_REGISTERS
+        .iter()
+        .position(|r| *r == i.op1_register())?;
+    Some(at as u8)
+}
+
+/// Whether `i` writes memory.
+fn writes_memory(info: &mut InstructionInfoFactory, i: &Instruction) -> bool {
+    info.info(i).used_memory().iter().any(|m| {
+        matches!(
+            m.access(),
+            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+        )
+    })
+}
+
 /// Instructions the x86 uprobe code emulates instead of single-stepping.
 fn is_emulated(i: &Instruction) -> bool {
     let push_reg =
@@ -74,18 +199,27 @@ fn is_emulated(i: &Instruction) -> bool {
 
 /// Whether `i` writes one of `args` (any width) or the stack pointer.
 fn writes_any(info: &mut InstructionInfoFactory, i: &Instruction, args: &[Register]) -> bool {
+    writes(info, i, args) || writes(info, i, &[Register::RSP])
+}
+
+/// Whether `i` writes one of `regs` (any width).
+fn writes(info: &mut InstructionInfoFactory, i: &Instruction, regs: &[Register]) -> bool {
     info.info(i).used_registers().iter().any(|u| {
         let written = matches!(
             u.access(),
             OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
         );
-        let reg = u.register().full_register();
-        written && (reg == Register::RSP || args.contains(&reg))
+        written && regs.contains(&u.register().full_register())
     })
 }
 
 /// Whether any direct branch in `code` lands strictly inside (addr, addr + offset].
 fn jumps_into(code: &[u8], addr: u64, offset: u64) -> bool {
+    jumps_between(code, addr, addr, addr + offset)
+}
+
+/// Whether any direct branch in `code` (loaded at `addr`) lands strictly inside (from, to].
+fn jumps_between(code: &[u8], addr: u64, from: u64, to: u64) -> bool {
     let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
     decoder.iter().any(|i| {
         let direct = matches!(
@@ -96,7 +230,7 @@ fn jumps_into(code: &[u8], addr: u64, offset: u64) -> bool {
             OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
         );
         let t = i.near_branch_target();
-        direct && t > addr && t <= addr + offset
+        direct && t > from && t <= to
     })
 }
 
@@ -152,6 +286,63 @@ mod tests {
         // sub $0x58,%rsp ; push %rbx
         let code = [0x48, 0x83, 0xec, 0x58, 0x53, 0xc3];
         assert_eq!(choose(&code, 0x1000, RDI).offset, 0);
+    }
+
+    /// `c10::alloc_cpu` of the PyTorch 2.11 wheel, up to the branch on posix_memalign's result.
+    const ALLOC_CPU: &str = "55 48 89 e5 41 57 41 56 41 55 41 54 53 48 81 ec a8 02 00 00 48 8b 05 \
+        c5 2c 09 00 48 8d 48 18 48 8b 05 92 2b 09 00 66 48 0f 6e c9 48 89 8d a0 fd ff ff 48 83 c0 \
+        10 66 48 0f 6e d0 66 0f 6c ca 0f 29 8d 90 fd ff ff 48 85 ff 0f 84 61 08 00 00 48 89 fb 0f \
+        88 00 0a 00 00 e8 f3 cc f9 ff 48 8d bd b8 fd ff ff 48 89 da 48 89 c6 e8 41 c7 f9 ff 41 89 \
+        c5 85 c0 0f 84 2e 03 00 00";
+    const ALLOC_CPU_AT: u64 = 0x91fd0;
+    const POSIX_MEMALIGN_PLT: u64 = 0x2e780;
+
+    fn bytes(hex: &str) -> Vec<u8> {
+        hex.split_whitespace()
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn alloc_cpu_is_probed_at_the_branch_after_posix_memalign() {
+        let code = bytes(ALLOC_CPU);
+        let (offset, site) = after_call(&code, ALLOC_CPU_AT, &[POSIX_MEMALIGN_PLT]).unwrap();
+        // 0x92044: je after `call posix_memalign; mov %eax,%r13d; test %eax,%eax`
+        assert_eq!(offset, 0x92044 - ALLOC_CPU_AT);
+        assert_eq!(
+            site,
+            CallSite {
+                size_reg: 0,
+                slot_disp: -0x248
+            }
+        ); // rbx, -0x248(%rbp)
+        assert_eq!(CallSite::of_cookie(site.cookie()), site);
+    }
+
+    #[test]
+    fn alloc_cpu_without_the_callee_keeps_entry_and_return() {
+        let code = bytes(ALLOC_CPU);
+        assert_eq!(after_call(&code, ALLOC_CPU_AT, &[0x2e790]), None);
+    }
+
+    #[test]
+    fn result_register_changed_after_the_call_keeps_entry_and_return() {
+        let mut code = bytes(ALLOC_CPU);
+        // `mov %eax,%r13d` becomes `mov %ebx,%eax` then `nop`: the result is lost
+        let at = code.len() - 11;
+        assert_eq!(&code[at..at + 3], &[0x41, 0x89, 0xc5]);
+        code[at..at + 3].copy_from_slice(&[0x89, 0xd8, 0x90]);
+        assert_eq!(after_call(&code, ALLOC_CPU_AT, &[POSIX_MEMALIGN_PLT]), None);
+    }
+
+    #[test]
+    fn size_register_changed_before_the_call_keeps_entry_and_return() {
+        let mut code = bytes(ALLOC_CPU);
+        // `mov %rax,%rsi` before the call becomes `mov %rax,%rbx`: n's register overwritten
+        let at = code.len() - 19;
+        assert_eq!(&code[at..at + 3], &[0x48, 0x89, 0xc6]);
+        code[at + 2] = 0xc3;
+        assert_eq!(after_call(&code, ALLOC_CPU_AT, &[POSIX_MEMALIGN_PLT]), None);
     }
 
     #[test]

@@ -14,6 +14,16 @@ pub(super) struct ProbeFn {
     pub(super) args: &'static [Register],
     /// For multi-attach programs (one link per library and program): the function's cookie.
     pub(super) cookie: Option<u64>,
+    /// One probe for the entry and the return where the function's code allows it (see
+    /// `placement::after_call`).
+    pub(super) after_call: Option<AfterCall>,
+}
+
+/// A probe right after the function's call to `callee`, running `program` with the call's
+/// [`tracer_common::CallSite`] as its cookie.
+pub(super) struct AfterCall {
+    pub(super) callee: &'static str,
+    pub(super) program: &'static str,
 }
 
 const fn heap_fn(
@@ -28,6 +38,7 @@ const fn heap_fn(
         ret: if returns { Some("alloc_return") } else { None },
         args,
         cookie: None,
+        after_call: None,
     }
 }
 
@@ -39,6 +50,7 @@ const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
         ret: Some("cuda_return"),
         args: &[],
         cookie: Some(func as u64),
+        after_call: None,
     }
 }
 
@@ -137,6 +149,10 @@ pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
             ret: Some("c10_alloc_return"),
             args: RDI,
             cookie: None,
+            after_call: Some(AfterCall {
+                callee: "posix_memalign",
+                program: "c10_alloc_site",
+            }),
         },
         // Counts only where the malloc family is untraced (`--heap auto` before it is needed);
         // elsewhere the `free` it calls does.
@@ -146,6 +162,7 @@ pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
             ret: None,
             args: RDI,
             cookie: None,
+            after_call: None,
         },
     ],
 };
@@ -163,6 +180,7 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
             ret: Some("torch_cuda_return"),
             args: &[],
             cookie: None,
+            after_call: None,
         },
         ProbeFn {
             name: "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::get_allocated_block",
@@ -170,6 +188,7 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
             ret: None,
             args: &[],
             cookie: None,
+            after_call: None,
         },
     ],
 };
