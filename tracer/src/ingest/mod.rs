@@ -2,6 +2,7 @@
 //! processes live: their executable mappings (maps.rs) and command lines; turns raw kernel stacks
 //! into interned [`StackId`]s of (module, file offset) frames before anything leaves this module.
 
+mod copier;
 mod event;
 mod heap;
 mod leaf;
@@ -32,7 +33,7 @@ pub use stacks::MAX_STACKS as STACK_CAPACITY;
 use crate::{
     hold::{HoldReason, HoldRequest},
     model::{Frame, StackId},
-    probes::{self, KernelChannels, prober::ProbeRequest},
+    probes::{KernelChannels, prober::ProbeRequest},
     procfs,
 };
 
@@ -55,7 +56,7 @@ pub async fn run(
         sampled,
         mut stops,
     } = ch;
-    let mut ring = register(events)?;
+    let mut copier = copier::Copier::spawn(events)?;
     let mut logs = match logger {
         Some(l) => Some(register(l)?),
         None => None,
@@ -66,19 +67,10 @@ pub async fn run(
         sampled: sampled::SampledBlocks::new(sampled),
         ..Decoder::default()
     };
-    // Data records never wake us (DATA_FLAGS in tracer-ebpf); only process events do. Poll: rarely
-    // enough that the records have left the producing CPU's cache when they are read (reading them
-    // hot slows the traced program measurably), often enough that the ring never fills.
-    let mut poll = tokio::time::interval(Duration::from_millis(50));
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                decoder.drain(guard.get_inner_mut(), &tx).await?;
-                guard.clear_ready();
-            }
+            Some(chunk) = copier.next() => decoder.decode_chunks(vec![chunk], &tx).await?,
             guard = readable(&mut logs) => {
                 let mut guard = guard?;
                 guard.get_inner_mut().flush();
@@ -90,7 +82,7 @@ pub async fn run(
                     decoder.maps.refresh(req.tgid);
                 }
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
-                decoder.drain(ring.get_mut(), &tx).await?;
+                decoder.decode_chunks(copier.take_all(), &tx).await?;
                 // The kernel's own record of its stop decides; the marked record may have been
                 // lost to a full ring (counted), and then the library is probed late.
                 let marked = decoder.stopped.remove(&req.tid);
@@ -101,7 +93,6 @@ pub async fn run(
             // `serve` adopts a running process: its mappings are read now, while it lives (a
             // short one may be gone before its events are decoded).
             Some(pid) = adopted.recv() => decoder.maps.refresh(pid),
-            _ = poll.tick() => decoder.drain(ring.get_mut(), &tx).await?,
             _ = tick.tick() => {
                 tx.send(vec![Input::Kernel(KernelChannels::counters(&stats))]).await?;
                 decoder.report_losses(&tx).await?;
@@ -110,7 +101,11 @@ pub async fn run(
             _ = stop.changed() => break,
         }
     }
-    decoder.drain(ring.get_mut(), &tx).await?;
+    decoder.decode_chunks(copier.take_all(), &tx).await?;
+    tracing::debug!(
+        bytes = copier.peak_waiting(),
+        "records waiting in user memory at most"
+    );
     // The final report's table fill: counted once more, after the last events.
     tx.send(vec![Input::Fill(decoder.fill())]).await?;
     if let Some(l) = logs.as_mut() {
@@ -183,23 +178,24 @@ impl Decoder {
         }
     }
 
-    async fn drain(
+    /// Decodes the records of `chunks`, in order, sending the ledger a batch per [`BATCH`].
+    async fn decode_chunks(
         &mut self,
-        ring: &mut probes::Ring,
+        chunks: Vec<copier::Chunk>,
         tx: &mpsc::Sender<Batch>,
     ) -> anyhow::Result<()> {
-        loop {
-            let mut batch = Vec::with_capacity(BATCH);
-            let n = ring.read(BATCH, |record| self.decode(record, &mut batch));
-            // The space goes back to the kernel once per batch, before waiting on the ledger.
-            ring.publish();
-            if !batch.is_empty() {
-                tx.send(batch).await?;
-            }
-            if n < BATCH {
-                return Ok(());
+        let mut batch = Vec::with_capacity(BATCH);
+        for record in chunks.iter().flat_map(copier::Chunk::records) {
+            self.decode(record, &mut batch);
+            if batch.len() >= BATCH {
+                tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                    .await?;
             }
         }
+        if !batch.is_empty() {
+            tx.send(batch).await?;
+        }
+        Ok(())
     }
 
     async fn report_losses(&self, tx: &mpsc::Sender<Batch>) -> anyhow::Result<()> {

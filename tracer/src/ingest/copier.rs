@@ -1,0 +1,243 @@
+//! The kernel's event ring emptied into user memory by a thread of its own. Decoding a record
+//! (unwinding a copied stack, interning it, reading a new Python code object from the process)
+//! costs more than the kernel side takes to write one, and a burst (libtorch's start-up under
+//! `--heap full`, about a million allocator calls) outran the decoder: the ring filled and records
+//! were lost. Copied out as they come, they wait in user memory instead, for as long as the
+//! decoder needs; the kernel ring only has to hold what arrives between two copies.
+//!
+//! The thread waits on the ring for a wakeup (process events ask for one) or 50 ms, as the
+//! decoder did: records are read once they have left the producing CPU's cache.
+
+use std::{
+    os::fd::{AsRawFd, RawFd},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use tokio::sync::mpsc;
+
+use crate::probes::Ring;
+
+/// How long the thread waits for a wakeup before looking at the ring anyway.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Records copied out of the ring, in order: each a little-endian u32 length, then its bytes.
+#[derive(Default)]
+pub struct Chunk(Vec<u8>);
+
+impl Chunk {
+    /// The records, in the order the kernel committed them.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let mut rest = &self.0[..];
+        std::iter::from_fn(move || {
+            let (len, tail) = rest.split_first_chunk::<4>()?;
+            let len = u32::from_le_bytes(*len) as usize;
+            let (record, tail) = tail.split_at_checked(len)?;
+            rest = tail;
+            Some(record)
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The copying thread and the chunks it sends.
+pub struct Copier {
+    ring: Arc<Mutex<Ring>>,
+    chunks: mpsc::UnboundedReceiver<Chunk>,
+    stop: Arc<AtomicBool>,
+    /// Bytes copied out and not yet taken by the decoder, and the most there were at once.
+    waiting: Arc<AtomicU64>,
+    peak: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Copier {
+    pub fn spawn(ring: Ring) -> std::io::Result<Self> {
+        let epoll = Epoll::new(ring.as_raw_fd())?;
+        let ring = Arc::new(Mutex::new(ring));
+        let (tx, chunks) = mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (waiting, peak) = (Arc::default(), Arc::default());
+        let worker = Worker {
+            ring: ring.clone(),
+            tx,
+            stop: stop.clone(),
+            waiting: Arc::clone(&waiting),
+            peak: Arc::clone(&peak),
+        };
+        let thread = std::thread::Builder::new()
+            .name("ring-copier".into())
+            .spawn(move || worker.run(epoll))?;
+        Ok(Self {
+            ring,
+            chunks,
+            stop,
+            waiting,
+            peak,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next chunk the thread copied.
+    pub async fn next(&mut self) -> Option<Chunk> {
+        let chunk = self.chunks.recv().await?;
+        self.taken(&chunk);
+        Some(chunk)
+    }
+
+    /// Every record committed so far, in order: the chunks the thread sent and not yet taken,
+    /// then what is in the ring now.
+    pub fn take_all(&mut self) -> Vec<Chunk> {
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        // The thread sends under the lock: every chunk it copied is in the channel now.
+        let mut all = Vec::new();
+        while let Ok(chunk) = self.chunks.try_recv() {
+            self.taken(&chunk);
+            all.push(chunk);
+        }
+        let rest = copy(&mut ring, |full| all.push(full));
+        if !rest.is_empty() {
+            all.push(rest);
+        }
+        all
+    }
+
+    /// The most bytes of records that waited in user memory at once.
+    pub fn peak_waiting(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    fn taken(&self, chunk: &Chunk) {
+        self.waiting
+            .fetch_sub(chunk.0.len() as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker {
+    ring: Arc<Mutex<Ring>>,
+    tx: mpsc::UnboundedSender<Chunk>,
+    stop: Arc<AtomicBool>,
+    waiting: Arc<AtomicU64>,
+    peak: Arc<AtomicU64>,
+}
+
+impl Worker {
+    fn run(self, epoll: Epoll) {
+        while !self.stop.load(Ordering::Relaxed) {
+            epoll.wait(POLL);
+            let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            let last = copy(&mut ring, |full| self.send(full));
+            if !last.is_empty() {
+                self.send(last);
+            }
+        }
+    }
+
+    /// Sends a chunk (under the ring's lock, so that the decoder taking all finds it there).
+    fn send(&self, chunk: Chunk) {
+        let len = chunk.0.len() as u64;
+        let now = self.waiting.fetch_add(len, Ordering::Relaxed) + len;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        // A send fails only once the decoder is gone, and then nothing is read any more.
+        let _ = self.tx.send(chunk);
+    }
+}
+
+/// Records copied between two returns of their space to the kernel: while producers keep
+/// writing, the copy goes on, and the space it read must go back as it goes.
+const RECORDS_PER_PUBLISH: usize = 4096;
+
+/// A chunk's bytes: one allocation, never grown (growing a large one copies it, while the
+/// ring waits).
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Copies every committed record out of the ring, giving the space back as it goes, and hands
+/// each full chunk to `send` (the last one, maybe empty, is returned).
+fn copy(ring: &mut Ring, mut send: impl FnMut(Chunk)) -> Chunk {
+    let mut out = Vec::with_capacity(CHUNK_BYTES);
+    loop {
+        let n = ring.read(RECORDS_PER_PUBLISH, |record| {
+            if out.len() + 4 + record.len() > out.capacity() && !out.is_empty() {
+                let full = std::mem::replace(&mut out, Vec::with_capacity(CHUNK_BYTES));
+                send(Chunk(full));
+            }
+            out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+            out.extend_from_slice(record);
+        });
+        ring.publish();
+        if n < RECORDS_PER_PUBLISH {
+            return Chunk(out);
+        }
+    }
+}
+
+/// An edge-triggered epoll instance watching the ring: it returns on the kernel's wakeups, not
+/// whenever records are waiting (the ring's descriptor is readable as long as any are).
+struct Epoll(RawFd);
+
+impl Epoll {
+    fn new(ring: RawFd) -> std::io::Result<Self> {
+        // SAFETY: plain syscalls; the descriptor is owned by the value returned.
+        unsafe {
+            let fd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let epoll = Self(fd);
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: 0,
+            };
+            if libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, ring, &mut ev) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(epoll)
+        }
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: one event into a local; a failure (EINTR) is a wait cut short.
+        unsafe { libc::epoll_wait(self.0, &mut ev, 1, timeout.as_millis() as i32) };
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this value's.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chunk;
+
+    #[test]
+    fn a_chunk_gives_back_its_records_in_order() {
+        let mut bytes = Vec::new();
+        for r in [&b"abc"[..], b"", b"0123456789"] {
+            bytes.extend_from_slice(&(r.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(r);
+        }
+        let chunk = Chunk(bytes);
+        let got: Vec<&[u8]> = chunk.records().collect();
+        assert_eq!(got, vec![&b"abc"[..], b"", b"0123456789"]);
+    }
+}
