@@ -70,7 +70,11 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
-            Some(chunk) = copier.next() => decoder.decode_chunks(vec![chunk], &tx).await?,
+            Some(chunk) = copier.next() => {
+                let chunks = vec![chunk];
+                decoder.decode_chunks(&chunks, &tx).await?;
+                copier.recycle(chunks);
+            }
             guard = readable(&mut logs) => {
                 let mut guard = guard?;
                 guard.get_inner_mut().flush();
@@ -82,7 +86,9 @@ pub async fn run(
                     decoder.maps.refresh(req.tgid);
                 }
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
-                decoder.decode_chunks(copier.take_all(), &tx).await?;
+                let chunks = copier.take_all();
+                decoder.decode_chunks(&chunks, &tx).await?;
+                copier.recycle(chunks);
                 // The kernel's own record of its stop decides; the marked record may have been
                 // lost to a full ring (counted), and then the library is probed late.
                 let marked = decoder.stopped.remove(&req.tid);
@@ -101,7 +107,7 @@ pub async fn run(
             _ = stop.changed() => break,
         }
     }
-    decoder.decode_chunks(copier.take_all(), &tx).await?;
+    decoder.decode_chunks(&copier.take_all(), &tx).await?;
     tracing::debug!(
         bytes = copier.peak_waiting(),
         "records waiting in user memory at most"
@@ -181,7 +187,7 @@ impl Decoder {
     /// Decodes the records of `chunks`, in order, sending the ledger a batch per [`BATCH`].
     async fn decode_chunks(
         &mut self,
-        chunks: Vec<copier::Chunk>,
+        chunks: &[copier::Chunk],
         tx: &mpsc::Sender<Batch>,
     ) -> anyhow::Result<()> {
         let mut batch = Vec::with_capacity(BATCH);

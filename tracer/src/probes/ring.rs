@@ -106,6 +106,11 @@ impl Ring {
         })
     }
 
+    /// The bytes the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
     /// Calls `f` with each committed record, at most `max` of them (discarded ones are skipped and
     /// not counted), and returns how many it passed. Stops early at a record still being written.
     /// What was read is released to the kernel only by [`Ring::publish`].
