@@ -403,9 +403,14 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
     // rest. The kernel's own table of those stops still tells the hold they are the tracer's, so
     // the process goes on (taken for a user's SIGSTOP, it stayed stopped for good). A hang is cut
     // short by `timeout`, which then fails the exit code.
+    // The ring is copied every 300 ms, so that it fills between two copies.
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
     let py = python();
     let path = script("arena_growth");
-    let Some(r) = run_with(
+    let t = fixture::trace_with_env(
         &["--no-store", "--ring-mb", "1", "--heap", "full"],
         &[
             "timeout",
@@ -417,9 +422,16 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
             &py,
             path.to_str().unwrap(),
         ],
-    ) else {
-        return;
-    };
+        &[("LEAKTRACER_RING_POLL_MS", "300")],
+    )
+    .expect("leaktracer run");
+    assert_eq!(
+        t.output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&t.output.stderr)
+    );
+    let r = t.last();
     let lost = r.losses()["ringbuf_full"].as_u64().unwrap();
     assert!(lost > 0, "the 1 MiB ring overflowed: {lost} records lost");
 }

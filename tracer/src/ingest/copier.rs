@@ -168,7 +168,8 @@ impl Worker {
         // SAFETY: plain syscalls on this thread. Failing (without the privilege) leaves the
         // thread at the default priority.
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
-        let (mut wait, mut since) = (POLL, std::time::Instant::now());
+        let fixed = fixed_wait();
+        let (mut wait, mut since) = (fixed.unwrap_or(POLL), std::time::Instant::now());
         while !self.stop.load(Ordering::Relaxed) {
             epoll.wait(wait);
             let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
@@ -181,7 +182,7 @@ impl Worker {
             if !last.is_empty() {
                 self.send(last);
             }
-            wait = next_wait(copied, since.elapsed(), ring.capacity());
+            wait = fixed.unwrap_or_else(|| next_wait(copied, since.elapsed(), ring.capacity()));
             since = std::time::Instant::now();
         }
     }
@@ -194,6 +195,16 @@ impl Worker {
         // A send fails only once the decoder is gone, and then nothing is read any more.
         let _ = self.tx.send(chunk);
     }
+}
+
+/// `LEAKTRACER_RING_POLL_MS=N` copies every N ms whatever the rate: a slow reader, so that the
+/// tests of what a full ring loses can fill one.
+fn fixed_wait() -> Option<Duration> {
+    let ms = std::env::var("LEAKTRACER_RING_POLL_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms))
 }
 
 /// How long to wait before the next copy, after one of `copied` bytes, made `elapsed` after
