@@ -250,6 +250,10 @@ impl Analysis {
             // to be above the others when it was sampled (a scratch buffer of a spike), not a
             // growth; a leak moves it window after window.
             Kind::Brk if last_step_only(&evidence) => evidence.verdict = Verdict::Steady,
+            // The top of a heap holding tens of MiB floats with its padding and trimming (glibc
+            // keeps up to twice its mmap threshold above the last block): a rise of less than a
+            // tenth of where its floors started is that, not a leak.
+            Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
             // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
             // blocks is reported on the blocks, at their line) or stay cached when the blocks go.
             Kind::Device if self.caching.contains(&key.pid) => {
@@ -336,6 +340,15 @@ fn last_step_only(evidence: &Evidence) -> bool {
     let tol = verdict::tolerance(&floors);
     let rose: Vec<bool> = floors.windows(2).map(|f| f[1] > f[0] + tol).collect();
     rose.last() == Some(&true) && rose.iter().filter(|&&r| r).count() == 1
+}
+
+/// Whether a series' window floors stay within a tenth above the first one (that is not 0).
+fn within_a_tenth(evidence: &Evidence) -> bool {
+    let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
+    let (Some(&first), Some(&most)) = (floors.first(), floors.iter().max()) else {
+        return false;
+    };
+    first > 0 && (most - first).saturating_mul(10) < first
 }
 
 /// The activity count of a group's stack, for the kinds whose every allocation and free the
@@ -500,6 +513,38 @@ mod tests {
         // Moving up in every window, it is a leak of pages.
         let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
         assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    }
+
+    #[test]
+    fn a_large_heap_top_floating_by_less_than_a_tenth_is_not_a_leak_of_pages() {
+        // The spike control's brk stack: a 16 MiB scratch buffer, its heap's top floating from
+        // 16 to 17.5 MiB in steps between the spikes.
+        let m = |n: u64| n << 20;
+        let bytes = |i: u64| match i % 2 {
+            1 => m(48),
+            _ => m(16) + (i / 5) * m(1) / 2,
+        };
+        let (pages, heap) = (key(1, Kind::Brk), key(1, Kind::Heap));
+        let run = |f: &dyn Fn(u64) -> u64| {
+            let mut ledger = Ledger::default();
+            ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+            let mut analysis = Analysis::default();
+            for i in 0..20u64 {
+                analysis.sample(i as f64, &ledger, &[(pages, f(i))]);
+            }
+            analysis.judge(&pages, 0.0).unwrap().verdict
+        };
+        assert_eq!(run(&bytes), Verdict::Steady);
+        // Rising by a MiB a window from 4 MiB: growth, whatever its size.
+        assert_eq!(run(&|i| m(4) + (i / 5) * m(1)), Verdict::Leak);
+        // The heap kind keeps the classifier's rule.
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            analysis.sample(i as f64, &ledger, &[(heap, bytes(i))]);
+        }
+        assert_ne!(analysis.judge(&heap, 0.0).unwrap().verdict, Verdict::Steady);
     }
 
     #[test]
