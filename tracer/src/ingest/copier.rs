@@ -31,10 +31,6 @@ const POLL: Duration = Duration::from_millis(10);
 /// waits (a copy of a burst took 100 ms with it), and more than this many are rarely in use.
 const SPARE_CHUNKS: usize = 16;
 
-/// The copying thread's scheduling priority (nice): it runs briefly, and a copy delayed behind
-/// the traced program and the decoder is a ring that fills.
-const NICE: i32 = -10;
-
 /// Records copied out of the ring, in order: each a little-endian u32 length, then its bytes.
 #[derive(Default)]
 pub struct Chunk(Vec<u8>);
@@ -165,9 +161,6 @@ struct Worker {
 
 impl Worker {
     fn run(self, epoll: Epoll) {
-        // SAFETY: plain syscalls on this thread. Failing (without the privilege) leaves the
-        // thread at the default priority.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
         let fixed = fixed_wait();
         let (mut wait, mut since) = (fixed.unwrap_or(POLL), std::time::Instant::now());
         while !self.stop.load(Ordering::Relaxed) {
