@@ -77,14 +77,11 @@ pub const MAPPED_BY_ALLOCATOR: u64 = 1 << 63;
 /// frame pointer. Carried as the attach cookie of the probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallSite {
-    /// Index in [`CALL_SITE_REGS`].
+    /// The size's register: 0 rbx, 1 r12, 2 r13, 3 r14, 4 r15 (x86-64's callee-saved ones but
+    /// the frame pointer, which locates the slot).
     pub size_reg: u8,
     pub slot_disp: i32,
 }
-
-/// The registers a [`CallSite`] may find the size in, by index (x86-64's callee-saved ones but
-/// the frame pointer, which locates the slot).
-pub const CALL_SITE_REGS: [&str; 5] = ["rbx", "r12", "r13", "r14", "r15"];
 
 impl CallSite {
     pub const fn cookie(self) -> u64 {

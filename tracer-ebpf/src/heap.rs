@@ -334,19 +334,26 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     let rv: u64 = ctx.ret();
-    let regs = probe_regs(ctx.regs);
     if rv != 0 {
-        flush_frees(p);
-        let mut ev = event(EventKind::Alloc, p.func, id);
-        (ev.addr, ev.size) = (rv, p.size);
-        if sampling::interval() != 0 {
-            sampling::remember((id >> 32) as u32, rv); // tensors are all recorded
-        }
-        let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
-        emit_deep(&regs, &ev, python);
+        let size = p.size;
+        emit_tensor(p, id, rv, size, &probe_regs(ctx.regs));
     }
     flush_by(&ctx, &C10_FLUSH, p);
     0
+}
+
+/// Sends a tensor of `size` bytes at `addr` made by thread `id` (entry `p`), with the stack
+/// walked from `caller` (alloc_cpu's caller, just returned to): the thread's unsent frees first.
+#[inline(always)]
+fn emit_tensor(p: &mut Pending, id: u64, addr: u64, size: u64, caller: &UserRegs) {
+    flush_frees(p);
+    let mut ev = event(EventKind::Alloc, AllocFn::C10AllocCpu as u32, id);
+    (ev.addr, ev.size) = (addr, size);
+    if sampling::interval() != 0 {
+        sampling::remember((id >> 32) as u32, addr); // tensors are all recorded
+    }
+    let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
+    emit_deep(caller, &ev, python);
 }
 
 /// `c10::alloc_cpu` probed right after its call `posix_memalign(&slot, align, n)`: one probe
@@ -400,19 +407,12 @@ pub fn c10_alloc_site(ctx: ProbeContext) -> u32 {
     if addr == 0 {
         return 0;
     }
-    flush_frees(p);
-    let mut ev = event(EventKind::Alloc, AllocFn::C10AllocCpu as u32, id);
-    (ev.addr, ev.size) = (addr, size);
-    if sampling::interval() != 0 {
-        sampling::remember((id >> 32) as u32, addr); // tensors are all recorded
-    }
-    let python = settings(p, (id >> 32) as u32) & WALKS_PYTHON != 0;
     let caller = UserRegs {
         ip: frame[1],
         sp: r.rbp + 16,
         bp: frame[0],
     };
-    emit_deep(&caller, &ev, python);
+    emit_tensor(p, id, addr, size, &caller);
     0
 }
 

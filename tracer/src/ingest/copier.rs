@@ -55,42 +55,44 @@ impl Chunk {
 
 /// The copying thread and the chunks it sends.
 pub struct Copier {
-    ring: Arc<Mutex<Ring>>,
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+    shared: Arc<Shared>,
     chunks: mpsc::UnboundedReceiver<Chunk>,
-    stop: Arc<AtomicBool>,
-    /// Bytes copied out and not yet taken by the decoder, and the most there were at once.
-    waiting: Arc<AtomicU64>,
-    peak: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the copying thread and the decoder's side both hold.
+struct Shared {
+    /// Locked while the thread copies and sends (see [`Copier::take_all`]).
+    ring: Mutex<Ring>,
+    /// Decoded chunks' memory, for the next copies.
+    spare: Mutex<Vec<Vec<u8>>>,
+    stop: AtomicBool,
+    /// Bytes copied out and not yet taken by the decoder, and the most there were at once.
+    waiting: AtomicU64,
+    peak: AtomicU64,
 }
 
 impl Copier {
     pub fn spawn(ring: Ring) -> std::io::Result<Self> {
         let epoll = Epoll::new(ring.as_raw_fd())?;
-        let ring = Arc::new(Mutex::new(ring));
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(ring),
+            spare: Mutex::default(),
+            stop: AtomicBool::new(false),
+            waiting: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        });
         let (tx, chunks) = mpsc::unbounded_channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (waiting, peak) = (Arc::default(), Arc::default());
-        let spare = Arc::new(Mutex::new(Vec::new()));
         let worker = Worker {
-            ring: ring.clone(),
-            spare: spare.clone(),
+            shared: shared.clone(),
             tx,
-            stop: stop.clone(),
-            waiting: Arc::clone(&waiting),
-            peak: Arc::clone(&peak),
         };
         let thread = std::thread::Builder::new()
             .name("ring-copier".into())
             .spawn(move || worker.run(epoll))?;
         Ok(Self {
-            ring,
-            spare,
+            shared,
             chunks,
-            stop,
-            waiting,
-            peak,
             thread: Some(thread),
         })
     }
@@ -105,14 +107,15 @@ impl Copier {
     /// Every record committed so far, in order: the chunks the thread sent and not yet taken,
     /// then what is in the ring now.
     pub fn take_all(&mut self) -> Vec<Chunk> {
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = self.shared.clone();
+        let mut ring = shared.ring.lock().unwrap_or_else(|e| e.into_inner());
         // The thread sends under the lock: every chunk it copied is in the channel now.
         let mut all = Vec::new();
         while let Ok(chunk) = self.chunks.try_recv() {
             self.taken(&chunk);
             all.push(chunk);
         }
-        let rest = copy(&mut ring, &self.spare, |full| all.push(full));
+        let rest = copy(&mut ring, &shared.spare, |full| all.push(full));
         if !rest.is_empty() {
             all.push(rest);
         }
@@ -121,7 +124,7 @@ impl Copier {
 
     /// Gives decoded chunks' memory back for the next copies.
     pub fn recycle(&self, chunks: Vec<Chunk>) {
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.shared.spare.lock().unwrap_or_else(|e| e.into_inner());
         for Chunk(mut bytes) in chunks {
             if spare.len() < SPARE_CHUNKS && bytes.capacity() == CHUNK_BYTES {
                 bytes.clear();
@@ -132,18 +135,18 @@ impl Copier {
 
     /// The most bytes of records that waited in user memory at once.
     pub fn peak_waiting(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
+        self.shared.peak.load(Ordering::Relaxed)
     }
 
     fn taken(&self, chunk: &Chunk) {
-        self.waiting
-            .fetch_sub(chunk.0.len() as u64, Ordering::Relaxed);
+        let len = chunk.0.len() as u64;
+        self.shared.waiting.fetch_sub(len, Ordering::Relaxed);
     }
 }
 
 impl Drop for Copier {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -151,23 +154,20 @@ impl Drop for Copier {
 }
 
 struct Worker {
-    ring: Arc<Mutex<Ring>>,
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+    shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<Chunk>,
-    stop: Arc<AtomicBool>,
-    waiting: Arc<AtomicU64>,
-    peak: Arc<AtomicU64>,
 }
 
 impl Worker {
     fn run(self, epoll: Epoll) {
         let fixed = fixed_wait();
         let (mut wait, mut since) = (fixed.unwrap_or(POLL), std::time::Instant::now());
-        while !self.stop.load(Ordering::Relaxed) {
+        let shared = self.shared.clone();
+        while !shared.stop.load(Ordering::Relaxed) {
             epoll.wait(wait);
-            let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            let mut ring = shared.ring.lock().unwrap_or_else(|e| e.into_inner());
             let mut copied = 0;
-            let last = copy(&mut ring, &self.spare, |full| {
+            let last = copy(&mut ring, &shared.spare, |full| {
                 copied += full.0.len();
                 self.send(full)
             });
@@ -183,8 +183,8 @@ impl Worker {
     /// Sends a chunk (under the ring's lock, so that the decoder taking all finds it there).
     fn send(&self, chunk: Chunk) {
         let len = chunk.0.len() as u64;
-        let now = self.waiting.fetch_add(len, Ordering::Relaxed) + len;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        let now = self.shared.waiting.fetch_add(len, Ordering::Relaxed) + len;
+        self.shared.peak.fetch_max(now, Ordering::Relaxed);
         // A send fails only once the decoder is gone, and then nothing is read any more.
         let _ = self.tx.send(chunk);
     }

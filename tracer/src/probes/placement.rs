@@ -87,54 +87,18 @@ pub fn after_call(code: &[u8], addr: u64, callee: &[u64]) -> Option<(u64, CallSi
     if !frame {
         return None;
     }
-    let (mut slot, mut size) = (None, None); // (disp, ip of the write) of rdi; (reg, ip) of rdx
-    let mut call = None;
-    for instr in decoder.iter().take(MAX_TO_CALL) {
-        if instr.is_call_near() && callee.contains(&instr.near_branch_target()) {
-            call = Some(instr);
-            break;
-        }
-        if matches!(
-            instr.flow_control(),
-            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
-        ) || writes(&mut info, &instr, &[Register::RBP])
-        {
-            return None;
-        }
-        if instr.flow_control() != FlowControl::Next
-            && instr.flow_control() != FlowControl::ConditionalBranch
-        {
-            (slot, size) = (None, None); // another call: rdi and rdx are the callee's to change
-            continue;
-        }
-        if writes(&mut info, &instr, &[Register::RDI]) {
-            slot = frame_slot(&instr).map(|d| (d, instr.ip()));
-        }
-        if writes(&mut info, &instr, &[Register::RDX]) {
-            size = saved_source(&instr).map(|r| (r, instr.ip()));
-        } else if let Some((r, _)) = size
-            && writes(&mut info, &instr, &[CALL_SITE_REGISTERS[r as usize]])
-        {
-            size = None;
-        }
-    }
-    let (_, (disp, slot_ip), (reg, size_ip)) = (call?, slot?, size?);
+    let (site, set_up) = arguments_of_call(&mut decoder, &mut info, callee)?;
     let kept = [
         Register::RAX,
         Register::RBP,
         Register::RSP,
-        CALL_SITE_REGISTERS[reg as usize],
+        CALL_SITE_REGISTERS[site.size_reg as usize],
     ];
     for instr in decoder.iter().take(MAX_PROLOGUE) {
         if is_emulated(&instr) {
-            let first = slot_ip.min(size_ip);
-            if jumps_between(code, addr, first, instr.ip()) {
+            if jumps_between(code, addr, set_up, instr.ip()) {
                 return None;
             }
-            let site = CallSite {
-                size_reg: reg,
-                slot_disp: disp,
-            };
             return Some((instr.ip() - addr, site));
         }
         if instr.flow_control() != FlowControl::Next
@@ -147,7 +111,57 @@ pub fn after_call(code: &[u8], addr: u64, callee: &[u64]) -> Option<(u64, CallSi
     None
 }
 
-/// The x86-64 registers of [`CALL_SITE_REGS`], by index.
+/// Decodes on to the first call to one of `callee`, and reads from the straight-line code before
+/// it the slot (`lea disp(%rbp),%rdi`) and the size's register (`mov %reg,%rdx`) it is passed:
+/// the call site, and the address of the first of the two instructions that set them up. None
+/// at a return, a jump or a write of the frame pointer first.
+fn arguments_of_call(
+    decoder: &mut Decoder<'_>,
+    info: &mut InstructionInfoFactory,
+    callee: &[u64],
+) -> Option<(CallSite, u64)> {
+    // Each with the ip of the instruction that set it up.
+    let mut slot: Option<(i32, u64)> = None; // rdi's displacement from rbp
+    let mut size: Option<(u8, u64)> = None; // the register rdx came from
+    for instr in decoder.iter().take(MAX_TO_CALL) {
+        if instr.is_call_near() && callee.contains(&instr.near_branch_target()) {
+            let ((slot_disp, slot_ip), (size_reg, size_ip)) = (slot?, size?);
+            return Some((
+                CallSite {
+                    size_reg,
+                    slot_disp,
+                },
+                slot_ip.min(size_ip),
+            ));
+        }
+        if matches!(
+            instr.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) || writes(info, &instr, &[Register::RBP])
+        {
+            return None;
+        }
+        if instr.flow_control() != FlowControl::Next
+            && instr.flow_control() != FlowControl::ConditionalBranch
+        {
+            (slot, size) = (None, None); // another call: rdi and rdx are the callee's to change
+            continue;
+        }
+        if writes(info, &instr, &[Register::RDI]) {
+            slot = frame_slot(&instr).map(|d| (d, instr.ip()));
+        }
+        if writes(info, &instr, &[Register::RDX]) {
+            size = saved_source(&instr).map(|r| (r, instr.ip()));
+        } else if let Some((r, _)) = size
+            && writes(info, &instr, &[CALL_SITE_REGISTERS[r as usize]])
+        {
+            size = None;
+        }
+    }
+    None
+}
+
+/// The registers a [`CallSite`]'s `size_reg` names, by index.
 const CALL_SITE_REGISTERS: [Register; 5] = [
     Register::RBX,
     Register::R12,
