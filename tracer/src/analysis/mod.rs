@@ -254,6 +254,11 @@ impl Analysis {
             // keeps up to twice its mmap threshold above the last block): a rise of less than a
             // tenth of where its floors started is that, not a leak.
             Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
+            // Pages a tensor's allocation grew, whose tensors did not grow with them (made and
+            // freed every step): the allocator keeps them, no tensor of that line holds them.
+            Kind::Brk | Kind::Mmap if self.outlived_their_tensors(key, &evidence, warmup_s) => {
+                evidence.verdict = Verdict::Retention
+            }
             // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
             // blocks is reported on the blocks, at their line) or stay cached when the blocks go.
             Kind::Device if self.caching.contains(&key.pid) => {
@@ -282,6 +287,20 @@ impl Analysis {
         };
         classify(&same_span(&s.tensors, pages), span_start(pages, warmup_s))
             .is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
+    }
+
+    /// Whether a page-level stack that has tensors of its own (the pages were grown for them, see
+    /// `Process::pages_to_tensor`) grew by more than twice what those tensors did over its span.
+    fn outlived_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
+        let tensors = GroupKey {
+            kind: Kind::Tensor,
+            ..*pages
+        };
+        let Some(t) = self.groups.get(&tensors) else {
+            return false;
+        };
+        classify(&same_span(&t.series, e), span_start(e, warmup_s))
+            .is_some_and(|t| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over
@@ -545,6 +564,29 @@ mod tests {
             analysis.sample(i as f64, &ledger, &[(heap, bytes(i))]);
         }
         assert_ne!(analysis.judge(&heap, 0.0).unwrap().verdict, Verdict::Steady);
+    }
+
+    #[test]
+    fn pages_kept_after_their_stacks_tensors_were_freed_are_retention() {
+        // The spike control as CI once saw it: a 16 MiB tensor made and freed every step, and
+        // the heap's top held higher window after window by something small allocated above
+        // its pages. The tensors of that line hold 0 or 16 MiB, never more.
+        let m = |n: u64| n << 20;
+        let run = |tensors: &dyn Fn(u64) -> u64| {
+            let mut ledger = Ledger::default();
+            ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+            let mut analysis = Analysis::default();
+            let (pages, blocks) = (key(5, Kind::Brk), key(5, Kind::Tensor));
+            for i in 0..20u64 {
+                let held = m(16) + (i / 5) * m(8);
+                let groups = [(pages, held + (i % 2) * m(16)), (blocks, tensors(i))];
+                analysis.sample(i as f64, &ledger, &groups);
+            }
+            analysis.judge(&pages, 0.0).unwrap().verdict
+        };
+        assert_eq!(run(&|i| (i % 2) * m(16)), Verdict::Retention);
+        // Tensors of that line kept as the pages grow: the pages are theirs (judged under them).
+        assert_eq!(run(&|i| (i / 5) * m(8)), Verdict::UnderTensors);
     }
 
     #[test]
