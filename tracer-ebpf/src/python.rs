@@ -62,8 +62,14 @@ fn word(addr: u64) -> u64 {
 
 /// Sends the Python frames of the calling thread (`id` = pid_tgid) when its process runs a
 /// CPython leaktracer knows; nothing otherwise.
+///
+/// A global function (exported, so its BTF linkage is global): the verifier checks it once per
+/// program, on its own, where a static one is checked again at every call site and on every path
+/// that reaches one. page_send took 0.69 s to load with it static, 0.12 s global; heap_flush
+/// 1.2 s and 0.19 s. Its cost when it runs is the same (a call either way).
 #[inline(never)]
-pub fn emit_frames(id: u64) -> u32 {
+#[unsafe(no_mangle)]
+pub extern "C" fn emit_frames(id: u64) -> u32 {
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     // SAFETY: the value is copied out at once.
     let Some(cfg) = (unsafe { PY_CONFIG.get(&tgid) }).copied() else {

@@ -139,8 +139,39 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
     let buf = RECORD.get_ptr_mut(0)?;
     // SAFETY: a field of this CPU's record buffer.
     let record = unsafe { &raw mut (*buf).record };
-    let buf = STACK_COPY.get_ptr_mut(0)?;
-    let w = WALK.get_ptr_mut(0)?;
+    let n = walk_stack(regs.ip, regs.sp, regs.bp, len);
+    let w = WALK.get_ptr(0)?;
+    if n == 0 {
+        return None;
+    }
+    Some(Stack {
+        record,
+        n: n as usize,
+        // SAFETY: this CPU's walk state, written by the walk just made.
+        extent: get(unsafe { &raw const (*w).extent }),
+    })
+}
+
+/// The walk of [`capture`]: the number of frames in this CPU's record buffer (0 when a buffer is
+/// missing), and in the walk state the bytes of a copy it needed (`extent`).
+///
+/// A global function (exported: global BTF linkage), which the verifier checks once per program,
+/// not again at each call site and on each path to one (see `python::emit_frames`).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn walk_stack(ip: u64, sp: u64, bp: u64, len: u64) -> u64 {
+    let Some(buf) = RECORD.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a field of this CPU's record buffer.
+    let record = unsafe { &raw mut (*buf).record };
+    let Some(buf) = STACK_COPY.get_ptr_mut(0) else {
+        return 0;
+    };
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    let regs = UserRegs { ip, sp, bp };
     // SAFETY: per-CPU scratch buffers, used only while this program runs on this CPU.
     let (out, buf, w) = unsafe { (&mut (*record).frames, &mut *buf, &mut *w) };
     out[0] = regs.ip;
@@ -207,11 +238,8 @@ pub fn capture(regs: &UserRegs, len: u64) -> Option<Stack> {
         }
         set(&mut w.fp, next);
     }
-    Some(Stack {
-        record,
-        n: get(&w.n) as usize,
-        extent: get(&w.extent).max(get(&w.last)),
-    })
+    set(&mut w.extent, get(&w.extent).max(get(&w.last)));
+    get(&w.n)
 }
 
 /// How many outermost frames of `stack` are the thread's previous heap record's (`prev`,

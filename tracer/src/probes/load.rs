@@ -1,5 +1,5 @@
-//! Loading the programs into the kernel and attaching them. The verifier takes up to about 0.7 s
-//! for the largest (heap_flush), 0.4 s for page_send and 0.1–0.25 s for several others, so
+//! Loading the programs into the kernel and attaching them. The verifier takes 0.1–0.25 s for
+//! each of the largest (alloc_return, heap_flush, page_send, the CUDA and PyTorch returns), so
 //! programs needed together are loaded together, each on its own thread: at start, the
 //! tracepoints' with those the command will need first (the malloc family's for a native command;
 //! for a Python one, the CUDA and PyTorch sets it maps while it imports torch: a process is held
