@@ -195,7 +195,14 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
         }
         0 if sig == libc::SIGSTOP => {
             let tgid = crate::procfs::tgid_of(tid).unwrap_or(tid);
+            let t = std::time::Instant::now();
             let ours = ask(tid, tgid, HoldReason::Stop, requests);
+            tracing::debug!(
+                tid,
+                ours,
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "thread held"
+            );
             (libc::PTRACE_CONT, if ours { 0 } else { sig })
         }
         0 => (libc::PTRACE_CONT, sig), // signal-delivery stop: deliver it

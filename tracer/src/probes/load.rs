@@ -83,16 +83,18 @@ impl Probes {
             .collect()
     }
 
-    pub(super) fn attach_points<'p>(
+    /// Attaches `prog` at `points` of `library`: (file offset, cookie) each. By file offset,
+    /// which the symbol look-up found: by symbol, the attach would look every name up again.
+    pub(super) fn attach_points(
         &mut self,
         library: &Path,
         prog: &str,
-        points: impl Iterator<Item = (&'p str, u64, Option<u64>)>,
+        points: impl Iterator<Item = (u64, Option<u64>)>,
         scope: UProbeScope,
     ) -> Result<UProbeLinkId, Error> {
-        let points: Vec<UProbeAttachPoint<'p>> = points
-            .map(|(sym, offset, cookie)| UProbeAttachPoint {
-                location: UProbeAttachLocation::SymbolOffset(sym, offset),
+        let points: Vec<UProbeAttachPoint<'static>> = points
+            .map(|(offset, cookie)| UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie,
             })
             .collect();

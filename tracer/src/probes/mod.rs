@@ -384,7 +384,7 @@ impl Probes {
         if let Some(step) = self.step_symbol.clone()
             && let Some(f) = elf.function(&step)
         {
-            let at = std::iter::once((&*f.symbol, 0, None));
+            let at = std::iter::once((f.file_offset, None));
             self.attach_points(path, "step_enter", at, UProbeScope::AllProcesses)?;
             self.attached.push(AttachedFn {
                 function: step,
@@ -414,8 +414,8 @@ impl Probes {
         scope: UProbeScope,
     ) -> Result<Vec<AttachedLink>, Error> {
         let mut seen_addrs = Vec::new();
-        // (program, symbol, offset, cookie)
-        let mut points: Vec<(&'static str, String, u64, Option<u64>)> = Vec::new();
+        // (program, file offset, cookie)
+        let mut points: Vec<(&'static str, u64, Option<u64>)> = Vec::new();
         let names: Vec<&str> = set.fns.iter().map(|f| f.name).collect();
         for (f, func) in set.fns.iter().zip(elf.functions(&names)) {
             let Some(func) = func else {
@@ -428,7 +428,7 @@ impl Probes {
             }
             seen_addrs.push(func.addr);
             if let Some((offset, prog, cookie)) = self.after_call(elf, f, &func) {
-                points.push((prog, func.symbol.clone(), offset, Some(cookie)));
+                points.push((prog, func.file_offset + offset, Some(cookie)));
                 self.attached.push(AttachedFn {
                     function: f.name.into(),
                     library: library.to_path_buf(),
@@ -461,7 +461,7 @@ impl Probes {
                 Mode::Bare => ("bare_enter", f.ret.map(|_| "bare_return")),
             };
             for prog in std::iter::once(entry).chain(ret) {
-                points.push((prog, func.symbol.clone(), place.offset, f.cookie));
+                points.push((prog, func.file_offset + place.offset, f.cookie));
             }
             self.attached.push(AttachedFn {
                 function: f.name.into(),
@@ -480,7 +480,7 @@ impl Probes {
         let mut links = Vec::with_capacity(progs.len());
         for prog in progs {
             let mine = points.iter().filter(|p| p.0 == prog);
-            let id = self.attach_points(library, prog, mine.map(|p| (&*p.1, p.2, p.3)), scope)?;
+            let id = self.attach_points(library, prog, mine.map(|p| (p.1, p.2)), scope)?;
             links.push((prog, id));
         }
         Ok(links)
