@@ -512,9 +512,12 @@ pub struct Pending {
     pub n_prev: u64,
     pub prev_ns: u64,
     pub prev: [u64; MAX_FRAMES],
+    /// The address of the thread's CPython thread state, as its last Python walk found it (0:
+    /// none yet), tried first by the next (tracer-ebpf's `python::emit_frames`).
+    pub py_tstate: u64,
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 48 + 8 * MAX_FRAMES);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 48 + 8 * MAX_FRAMES + 8);
 
 /// A heap record shares frames only with a record of its thread at most this old: user space
 /// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space

@@ -215,5 +215,5 @@ fn allocated(ctx: &RetProbeContext, p: &Pending, id: u64, code: u32) {
     }
     // The callers of device allocations are in libraries built without frame pointers (libtorch,
     // the CUDA libraries): the raw stack goes to user space, which unwinds it.
-    emit_deep(&probe_regs(ctx.regs), &ev, false);
+    emit_deep(&probe_regs(ctx.regs), &ev, false, &mut 0);
 }

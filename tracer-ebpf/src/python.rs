@@ -38,12 +38,16 @@ struct PyWalk {
     /// Where the window starts in the thread's memory (0: no window) and its bytes.
     base: u64,
     len: u64,
+    /// The thread state's words between its owner and frame fields, read at once.
+    ts: [u64; TSTATE_WORDS],
     /// The data stack below the innermost frame, read at once: CPython 3.11+ pushes a Python
     /// call's frame right above its caller's, so most of a thread's chain is in it, and one
     /// read of it costs about what two reads of single frames do.
     window: [u64; WINDOW_WORDS + 16],
 }
 
+/// The thread state's words read at once at most; a power of two.
+const TSTATE_WORDS: usize = 32;
 /// The window's largest read, in words; a power of two.
 const WINDOW_WORDS: usize = 1024;
 /// The window read first: this many bytes below the innermost frame's end.
@@ -61,7 +65,13 @@ fn word(addr: u64) -> u64 {
 }
 
 /// Sends the Python frames of the calling thread (`id` = pid_tgid) when its process runs a
-/// CPython leaktracer knows; nothing otherwise.
+/// CPython leaktracer knows; nothing otherwise. `hint`: the thread state this thread's last walk
+/// found (0: none), tried first; returns the one found (0: none).
+///
+/// The hint saves the search: the GIL holder's state and the check that it is this thread's (two
+/// reads) when the thread holds the GIL, the walk of the interpreter's thread list (three or more)
+/// when it does not, as in a CPU training step's backward pass, where PyTorch's autograd engine
+/// runs with the GIL released. A state freed with its thread and reused fails the check.
 ///
 /// A global function (exported, so its BTF linkage is global): the verifier checks it once per
 /// program, on its own, where a static one is checked again at every call site and on every path
@@ -69,7 +79,7 @@ fn word(addr: u64) -> u64 {
 /// 1.2 s and 0.19 s. Its cost when it runs is the same (a call either way).
 #[inline(never)]
 #[unsafe(no_mangle)]
-pub extern "C" fn emit_frames(id: u64) -> u32 {
+pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     // SAFETY: the value is copied out at once.
     let Some(cfg) = (unsafe { PY_CONFIG.get(&tgid) }).copied() else {
@@ -84,17 +94,36 @@ pub extern "C" fn emit_frames(id: u64) -> u32 {
         unsafe { bpf_probe_read_kernel((task + cfg.task_fsbase) as *const u64) }.unwrap_or(0)
     };
     let owner = |t: u64| word(t + cfg.tstate_native_id) == me;
-    let mut tstate = if cfg.runtime_tstate_current == PY_NONE {
-        0
-    } else {
-        word(cfg.runtime + cfg.runtime_tstate_current)
-    };
     let Some(w) = PY_WALK.get_ptr_mut(0) else {
         return 0;
     };
     // SAFETY: this CPU's scratch entry, used only while this program runs.
     let w = unsafe { &mut *w };
-    if tstate == 0 || !owner(tstate) {
+    // The thread state and its frame field: the hint's, or the GIL holder's, when this thread
+    // owns it (one read for both fields), else the one found in the thread list.
+    let mut tstate = 0;
+    let mut frame = 0;
+    let holder = || {
+        if cfg.runtime_tstate_current == PY_NONE {
+            0
+        } else {
+            word(cfg.runtime + cfg.runtime_tstate_current)
+        }
+    };
+    let first = if hint != 0 { hint } else { holder() };
+    if first != 0 {
+        let (id, f) = tstate_fields(w, &cfg, first);
+        if id == me {
+            (tstate, frame) = (first, f);
+        }
+    }
+    if tstate == 0 && hint != 0 {
+        let t = holder();
+        if t != 0 && t != hint && owner(t) {
+            (tstate, frame) = (t, word(t + cfg.tstate_cframe));
+        }
+    }
+    if tstate == 0 {
         set(
             &mut w.tstate,
             word(word(cfg.runtime + cfg.runtime_main_interp) + cfg.interp_threads_head),
@@ -115,16 +144,16 @@ pub extern "C" fn emit_frames(id: u64) -> u32 {
         if tstate == 0 || get(&w.n) == 0 {
             return 0;
         }
+        frame = word(tstate + cfg.tstate_cframe);
     }
-    let mut frame = word(tstate + cfg.tstate_cframe);
     if cfg.cframe_frame != PY_NONE {
         frame = word(frame + cfg.cframe_frame);
     }
     if frame == 0 {
-        return 0;
+        return tstate;
     }
     let Some(rec) = PY_RECORD.get_ptr_mut(0) else {
-        return 0;
+        return tstate;
     };
     // Word indexes of the fields in a frame's first 128 bytes, read at once (one probe read a
     // frame, not four: each read costs about 100 ns).
@@ -180,7 +209,23 @@ pub extern "C" fn emit_frames(id: u64) -> u32 {
     if EVENTS.output(used, DATA_FLAGS).is_err() {
         count(tracer_common::Counter::RingbufFull);
     }
-    0
+    tstate
+}
+
+/// The thread state `t`'s owner (native id or pthread_t) and frame field (its cframe, or 3.13's
+/// current frame), in one read when both are aligned words within [`TSTATE_WORDS`] words.
+#[inline(always)]
+fn tstate_fields(w: &mut PyWalk, cfg: &PyConfig, t: u64) -> (u64, u64) {
+    let (a, b) = (cfg.tstate_native_id, cfg.tstate_cframe);
+    let lo = if a < b { a } else { b };
+    let len = (if a > b { a } else { b }) + 8 - lo;
+    let aligned = a % 8 == 0 && b % 8 == 0;
+    if aligned && len <= TSTATE_WORDS as u64 * 8 && read_user(w.ts.as_mut_ptr(), len, t + lo) {
+        let at = |off: u64| w.ts[((off - lo) / 8) as usize & (TSTATE_WORDS - 1)];
+        (at(a), at(b))
+    } else {
+        (word(t + a), word(t + b))
+    }
 }
 
 /// Reads the window ending at the innermost frame's end: [`WINDOW_BYTES`] below it, or, where

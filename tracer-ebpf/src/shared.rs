@@ -190,7 +190,7 @@ pub fn emit(ev: &Event) {
 /// the frames, and only the header and the used frames are copied into the ring buffer.
 #[inline(always)]
 pub fn emit_with_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
-    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid), 0);
     send_stack(stack, ev, leaf_caller);
 }
 
@@ -205,7 +205,7 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending, leaf: Option<&User
     const FRAMES: usize = size_of::<StackEvent>() - 8 * MAX_FRAMES;
     const WORDS: usize = MAX_FRAMES + FREES_PER_RECORD;
     if settings(p, ev.tgid) & WALKS_PYTHON != 0 {
-        crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+        python_frames(ev, &mut p.py_tstate);
     }
     if ev.ts_ns > p.prev_ns.saturating_add(SHARE_NS) {
         p.n_prev = 0; // user space may have let this thread's last stack go
@@ -327,15 +327,22 @@ fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
     }
 }
 
+/// Sends the Python frames of `ev`'s thread, its thread state found from `tstate` (the one its
+/// last walk found; kept for the next).
+#[inline(always)]
+fn python_frames(ev: &Event, tstate: &mut u64) {
+    *tstate = crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid), *tstate);
+}
+
 /// Sends a deep record (raw stack, for user-space unwinding) when the stack can be read, else a
 /// record with the frame-pointer walk's frames. `python_only`: a record with the return address
 /// alone as its native stack, beside the Python frames (a Python process's tensors: their line is
 /// the interpreter's, and the copy of libtorch's stack costs most of the record).
 #[inline(always)]
-pub fn emit_deep(regs: &UserRegs, ev: &Event, python_only: bool) {
+pub fn emit_deep(regs: &UserRegs, ev: &Event, python_only: bool, tstate: &mut u64) {
     // The Python frames first, from one verifier state (after the raw-stack copy, each of its
     // loop's exits would have the verifier walk them again: over its instruction limit).
-    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    python_frames(ev, tstate);
     if python_only {
         // No frame record to follow: the walk ends at the first frame.
         let leaf = UserRegs { bp: 0, ..*regs };
@@ -352,7 +359,7 @@ pub fn emit_deep(regs: &UserRegs, ev: &Event, python_only: bool) {
 /// walk's frames.
 #[inline(always)]
 pub fn emit_deep_heap(regs: &UserRegs, ev: &Event, p: &mut Pending) {
-    crate::python::emit_frames(u64::from(ev.tgid) << 32 | u64::from(ev.tid));
+    python_frames(ev, &mut p.py_tstate);
     match deep_heap(regs, ev, &p.frees, p.n_frees) {
         Some(bytes) => {
             p.n_frees = 0;
