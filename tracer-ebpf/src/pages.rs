@@ -8,7 +8,8 @@
 //!
 //! The stack walk (native and Python) lives in one program, [`page_send`], which the exits reach
 //! by tail call: the verifier checks it once instead of once per exit (~0.5 s each here, most of
-//! the tracer's start-up when every exit carried it).
+//! the tracer's start-up, when every exit carried it and the walks were not yet global functions,
+//! see `python::emit_frames`).
 
 use aya_ebpf::{
     bindings::pt_regs,

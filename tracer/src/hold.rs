@@ -181,7 +181,9 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
             // Only the whole process's exit matters: other threads go at once.
             let tgid = crate::procfs::tgid_of(tid);
             if tgid == Some(tid) {
+                let t = std::time::Instant::now();
                 ask(tid, tid, HoldReason::Exit, requests);
+                tracing::debug!(tid, ms = t.elapsed().as_secs_f64() * 1e3, "held at exit");
             }
             (libc::PTRACE_CONT, 0)
         }
