@@ -4,8 +4,8 @@
 //!
 //! A process that maps a library waits while it is looked at, and libtorch_cpu's tables hold
 //! 600,000 symbols (76 MB of names): walking them all took 50–60 ms. So the names wanted are
-//! first searched for in the tables' strings (~3 ms for 72 MB a name); only the symbols whose names hold one
-//! are looked at (most tables hold none, and the look ends there).
+//! first searched for in the tables' strings (~3 ms for 72 MB a name); only the symbols whose
+//! names hold one are looked at (most tables hold none, and the look ends there).
 
 use std::{fs::File, path::Path};
 
