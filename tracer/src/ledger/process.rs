@@ -8,7 +8,7 @@ use super::{
     Kind, Origin,
     blocks::{Block, Blocks},
     device::Device,
-    regions::Regions,
+    regions::{Regions, Spans},
 };
 use crate::{ingest::What, model::StackId};
 
@@ -51,6 +51,8 @@ pub struct Process {
     pub execs: u32,
     pub heap: Blocks,
     pub mmaps: Regions,
+    /// File-backed mappings (not memory leaktracer counts; see [`Spans`]).
+    pub files: Spans,
     pub brk: Brk,
     /// CUDA memory (not inherited at fork).
     pub device: Device,
@@ -114,6 +116,7 @@ impl Process {
             started_ns: ts_ns,
             heap,
             mmaps: parent.mmaps.inherited(),
+            files: parent.files.clone(),
             brk: Brk {
                 base: parent.brk.base,
                 top: parent.brk.top,
@@ -176,6 +179,7 @@ impl Process {
         self.heap.clear();
         self.displaced.clear();
         self.mmaps = Regions::default();
+        self.files = Spans::default();
         self.brk = Brk::default();
         self.device = Device::default();
         self.malloc_seen = false;
@@ -278,6 +282,9 @@ impl Process {
         origin: Origin,
     ) {
         let end = addr.saturating_add(page_up(len));
+        if anonymous {
+            self.files.remove(addr, end);
+        }
         if anonymous && no_access && by_allocator {
             self.mmaps.insert_arena(addr, end, origin);
         } else if anonymous {
@@ -285,6 +292,7 @@ impl Process {
             self.last_growth = (!no_access).then_some((addr, end, false));
         } else {
             self.mmaps.remove(addr, end);
+            self.files.insert(addr, end);
         }
     }
 
@@ -296,7 +304,8 @@ impl Process {
 
     pub fn munmap(&mut self, addr: u64, len: u64) {
         let len = page_up(len);
-        let removed = self.mmaps.remove(addr, addr.saturating_add(len));
+        let end = addr.saturating_add(len);
+        let removed = self.mmaps.remove(addr, end) + self.files.remove(addr, end);
         self.mismatches.unmatched_unmap_bytes += len - removed.min(len);
     }
 

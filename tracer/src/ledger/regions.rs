@@ -158,6 +158,44 @@ impl Regions {
     }
 }
 
+/// Address ranges of file-backed mappings (libraries, data files), without origins: leaktracer
+/// does not count them as memory, but their unmapping is not memory that was never seen mapped
+/// (`Mismatches::unmatched_unmap_bytes`: every Python run counted ~150 KiB of it, the loader's
+/// and the interpreter's files).
+#[derive(Clone, Debug, Default)]
+pub struct Spans(BTreeMap<u64, u64>);
+
+impl Spans {
+    /// Adds [start, end), replacing whatever overlapped it.
+    pub fn insert(&mut self, start: u64, end: u64) {
+        self.remove(start, end);
+        self.0.insert(start, end);
+    }
+
+    /// Removes [start, end) and returns the bytes of it that were there.
+    pub fn remove(&mut self, start: u64, end: u64) -> u64 {
+        let hit: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .rev()
+            .take_while(|(_, e)| **e > start)
+            .map(|(s, e)| (*s, *e))
+            .collect();
+        let mut removed = 0;
+        for (s, e) in hit {
+            self.0.remove(&s);
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+            removed += e.min(end) - s.max(start);
+        }
+        removed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -214,6 +214,41 @@ fn arena_reservation_counts_only_what_mprotect_opens() {
     assert_eq!(l.procs[&PID].mismatches.unmatched_unmap_bytes, 0);
 }
 
+/// A file's mapping (a library, read-only data) is not memory the ledger counts, and unmapping it
+/// is no mismatch; unmapping what was never mapped is, and so is a file mapped over by anonymous
+/// memory, then unmapped twice.
+#[test]
+fn unmapping_a_file_is_no_mismatch() {
+    let base = 0x7f00_0000_0000u64;
+    let file = |addr, len| {
+        let what = What::Mmap {
+            addr,
+            len,
+            anonymous: false,
+            no_access: false,
+            by_allocator: false,
+        };
+        Input::Event(ev(AllocFn::Mmap, what))
+    };
+    let l = ledger(vec![
+        file(base, 5 << 12),
+        munmap(base + (1 << 12), 2 << 12),
+        munmap(base, 5 << 12),
+        munmap(base + (64 << 12), 1 << 12),
+    ]);
+    assert_eq!(of(&l, Kind::Mmap, 1), (0, 0));
+    // The file's five pages are matched once each: the two unmapped first count again when the
+    // whole file is, and one page was never mapped.
+    assert_eq!(l.procs[&PID].mismatches.unmatched_unmap_bytes, 3 << 12);
+    let l = ledger(vec![
+        file(base, 4 << 12),
+        mmap(base, 4 << 12, RW, 1),
+        munmap(base, 4 << 12),
+        munmap(base, 4 << 12),
+    ]);
+    assert_eq!(l.procs[&PID].mismatches.unmatched_unmap_bytes, 4 << 12);
+}
+
 /// The same reservation made by malloc (a thread's first allocation makes its arena): what
 /// mprotect opens is the allocator's heap, counted as its brk heap is, at the allocating stack;
 /// a large block malloc maps with access stays a mapping.
