@@ -181,9 +181,7 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
             // Only the whole process's exit matters: other threads go at once.
             let tgid = crate::procfs::tgid_of(tid);
             if tgid == Some(tid) {
-                let t = std::time::Instant::now();
                 ask(tid, tid, HoldReason::Exit, requests);
-                tracing::debug!(tid, ms = t.elapsed().as_secs_f64() * 1e3, "held at exit");
             }
             (libc::PTRACE_CONT, 0)
         }
@@ -197,14 +195,7 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
         }
         0 if sig == libc::SIGSTOP => {
             let tgid = crate::procfs::tgid_of(tid).unwrap_or(tid);
-            let t = std::time::Instant::now();
             let ours = ask(tid, tgid, HoldReason::Stop, requests);
-            tracing::debug!(
-                tid,
-                ours,
-                ms = t.elapsed().as_secs_f64() * 1e3,
-                "thread held"
-            );
             (libc::PTRACE_CONT, if ours { 0 } else { sig })
         }
         0 => (libc::PTRACE_CONT, sig), // signal-delivery stop: deliver it
@@ -214,8 +205,17 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
     unsafe { libc::ptrace(request, tid as libc::pid_t, 0, data as libc::c_long) };
 }
 
-/// Sends a request and waits for its answer (at most [`MAX_HOLD`]).
+/// Sends a request and waits for its answer (at most [`MAX_HOLD`]); logs how long the thread
+/// was held.
 fn ask(tid: u32, tgid: u32, reason: HoldReason, requests: &mpsc::Sender<HoldRequest>) -> bool {
+    let t = std::time::Instant::now();
+    let ours = answer(tid, tgid, reason, requests);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(tid, ?reason, ours, ms, "thread held");
+    ours
+}
+
+fn answer(tid: u32, tgid: u32, reason: HoldReason, requests: &mpsc::Sender<HoldRequest>) -> bool {
     let (done, rx) = std_mpsc::channel();
     let req = HoldRequest {
         tid,

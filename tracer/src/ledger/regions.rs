@@ -71,42 +71,18 @@ impl Regions {
     }
 
     fn overlapping(&self, start: u64, end: u64) -> Vec<u64> {
-        self.map
-            .range(..end)
-            .rev()
-            .take_while(|(_, r)| r.end > start)
-            .map(|(s, _)| *s)
-            .collect()
+        overlapping(&self.map, start, end, |r| r.end)
     }
 
     /// Removes [start, end), splitting regions that straddle its edges. Returns the bytes removed.
     pub fn remove(&mut self, start: u64, end: u64) -> u64 {
-        let mut removed = 0;
-        for s in self.overlapping(start, end) {
-            let Some(r) = self.map.remove(&s) else {
-                continue;
-            };
-            if s < start {
-                self.map.insert(
-                    s,
-                    Region {
-                        end: start,
-                        ..r.clone()
-                    },
-                );
-            }
-            if r.end > end {
-                self.map.insert(
-                    end,
-                    Region {
-                        end: r.end,
-                        ..r.clone()
-                    },
-                );
-            }
-            removed += r.end.min(end) - s.max(start);
-        }
-        removed
+        cut(
+            &mut self.map,
+            start,
+            end,
+            |r| r.end,
+            |r, end| Region { end, ..r.clone() },
+        )
     }
 
     /// Gives the region starting at `start` the stack `stack`.
@@ -174,26 +150,49 @@ impl Spans {
 
     /// Removes [start, end) and returns the bytes of it that were there.
     pub fn remove(&mut self, start: u64, end: u64) -> u64 {
-        let hit: Vec<(u64, u64)> = self
-            .0
-            .range(..end)
-            .rev()
-            .take_while(|(_, e)| **e > start)
-            .map(|(s, e)| (*s, *e))
-            .collect();
-        let mut removed = 0;
-        for (s, e) in hit {
-            self.0.remove(&s);
-            if s < start {
-                self.0.insert(s, start);
-            }
-            if e > end {
-                self.0.insert(end, e);
-            }
-            removed += e.min(end) - s.max(start);
-        }
-        removed
+        cut(&mut self.0, start, end, |e| *e, |_, end| end)
     }
+}
+
+/// The starts of the ranges of `map` (keyed by start; `end_of` a value's end) that overlap
+/// [start, end).
+fn overlapping<V>(
+    map: &BTreeMap<u64, V>,
+    start: u64,
+    end: u64,
+    end_of: impl Fn(&V) -> u64,
+) -> Vec<u64> {
+    map.range(..end)
+        .rev()
+        .take_while(|(_, v)| end_of(v) > start)
+        .map(|(s, _)| *s)
+        .collect()
+}
+
+/// Removes [start, end) from the ranges of `map`, splitting those that straddle its edges
+/// (`ending(v, e)`: `v` ending at `e` instead). Returns the bytes removed.
+fn cut<V>(
+    map: &mut BTreeMap<u64, V>,
+    start: u64,
+    end: u64,
+    end_of: impl Fn(&V) -> u64,
+    ending: impl Fn(&V, u64) -> V,
+) -> u64 {
+    let mut removed = 0;
+    for s in overlapping(map, start, end, &end_of) {
+        let Some(v) = map.remove(&s) else {
+            continue;
+        };
+        let e = end_of(&v);
+        if s < start {
+            map.insert(s, ending(&v, start));
+        }
+        if e > end {
+            map.insert(end, ending(&v, e));
+        }
+        removed += e.min(end) - s.max(start);
+    }
+    removed
 }
 
 #[cfg(test)]
