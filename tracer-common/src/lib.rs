@@ -118,6 +118,15 @@ pub const TRACED_NO_HEAP: u32 = 16;
 /// The malloc family is traced for this process alone (`--heap auto`): its probes were attached
 /// for its address space, which a forked child does not share, so the child starts without.
 pub const TRACED_HEAP_LOCAL: u32 = 32;
+/// CPython's object allocator is traced, sampled, for this process (`--heap auto`, for a bounded
+/// window once its arenas grow): its `PyObject_*` and `PyMem_*` probes were attached for its
+/// address space alone.
+pub const TRACED_OBJECTS: u32 = 64;
+/// The mean sampling interval of CPython's object allocator, in bytes: Python objects are small
+/// (most under 512 bytes) and the window they are sampled in is short (a pure-Python program runs
+/// some fifty times slower in it, every call a probe trap), so a leak of a few hundred KiB there
+/// gets dozens of samples. A sample costs a few microseconds, each trap one.
+pub const OBJECT_SAMPLE_BYTES: u64 = 2 << 10;
 
 impl EventKind {
     /// Decodes the wire value.
@@ -197,6 +206,15 @@ pub enum AllocFn {
     /// PyTorch's CUDA caching allocator: a block handed out, and a block given back.
     TorchCudaMalloc = 38,
     TorchCudaFree = 39,
+    /// CPython's object allocator (pymalloc): objects, and the memory the interpreter takes
+    /// through `PyMem_*`, both served from its arenas (sampled, while a process's objects are
+    /// engaged: [`TRACED_OBJECTS`]).
+    PyObjectMalloc = 40,
+    PyObjectCalloc = 41,
+    PyObjectRealloc = 42,
+    PyMemMalloc = 43,
+    PyMemCalloc = 44,
+    PyMemRealloc = 45,
 }
 
 impl AllocFn {
@@ -248,6 +266,12 @@ impl AllocFn {
             37 => C10AllocCpu,
             38 => TorchCudaMalloc,
             39 => TorchCudaFree,
+            40 => PyObjectMalloc,
+            41 => PyObjectCalloc,
+            42 => PyObjectRealloc,
+            43 => PyMemMalloc,
+            44 => PyMemCalloc,
+            45 => PyMemRealloc,
             _ => return None,
         })
     }
@@ -255,6 +279,19 @@ impl AllocFn {
     /// A CUDA runtime or driver function (device, managed or pinned host memory).
     pub fn is_cuda(self) -> bool {
         (AllocFn::CudaMalloc as u32..=AllocFn::CuMemUnmap as u32).contains(&(self as u32))
+    }
+
+    /// A call of CPython's object allocator (Python objects in its arenas).
+    pub fn is_object(self) -> bool {
+        (Self::PyObjectMalloc as u32..=Self::PyMemRealloc as u32).contains(&(self as u32))
+    }
+
+    /// A call that may move a block: its event is a [`EventKind::Realloc`].
+    pub fn is_realloc(self) -> bool {
+        matches!(
+            self,
+            Self::Realloc | Self::Reallocarray | Self::PyObjectRealloc | Self::PyMemRealloc
+        )
     }
 
     /// A call of PyTorch's CUDA caching allocator (blocks inside the segments it reserved).
@@ -305,6 +342,12 @@ impl AllocFn {
             C10AllocCpu => "c10::alloc_cpu",
             TorchCudaMalloc => "NativeCachingAllocator::malloc",
             TorchCudaFree => "NativeCachingAllocator::get_allocated_block",
+            PyObjectMalloc => "PyObject_Malloc",
+            PyObjectCalloc => "PyObject_Calloc",
+            PyObjectRealloc => "PyObject_Realloc",
+            PyMemMalloc => "PyMem_Malloc",
+            PyMemCalloc => "PyMem_Calloc",
+            PyMemRealloc => "PyMem_Realloc",
         }
     }
 }

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocFn, CallSite, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED,
-    Pending,
+    OBJECT_SAMPLE_BYTES, Pending,
 };
 
 use crate::{
@@ -19,9 +19,10 @@ use crate::{
     pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, HEAP_OFF, STEP, UserRegs, WALKS_PYTHON, capture, count, emit,
-        emit_alloc, emit_deep, emit_deep_heap, event, flush_frees, next_hint, outermost_return,
-        probe_regs, read_len, send_frees, settings, tick_ns, traced_current, untimed_event,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, OBJECTS_ON, STEP, UserRegs, WALKS_PYTHON, capture, count,
+        emit, emit_alloc, emit_deep, emit_deep_heap, event, flush_frees, next_hint,
+        outermost_return, probe_regs, read_len, send_frees, settings, tick_ns, traced_current,
+        untimed_event,
     },
 };
 
@@ -29,18 +30,21 @@ use crate::{
 /// flight deeper on the stack (realloc → malloc, reallocarray → realloc) only bumps the depth:
 /// the outer call's return accounts for it.
 #[inline(always)]
-fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
+pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     // A thread with an entry is traced (entries are made only for traced threads and go away with
     // the thread): one per-thread lookup and no hash on the hot path.
     // SAFETY: `regs` is the probe's register block.
     let sp = unsafe { (*ctx.regs).rsp };
     if let Some((p, id)) = entries::of_probe(ctx.regs) {
-        if heap_off(func, p, id) {
-            return 0;
-        }
+        // Nested first: a call inside a Python object's (PyObject_Malloc of more than 512 bytes
+        // calls malloc) is counted by the depth even when its own kind is off, so that its
+        // return does not close the outer call.
         if p.depth > 0 && sp <= p.sp {
             p.depth += 1;
             count(Counter::Nested);
+            return 0;
+        }
+        if heap_off(func, p, id) {
             return 0;
         }
         // The thread's entry is idle (or stale after a longjmp): reuse it in place.
@@ -56,7 +60,11 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
                 return 0;
             }
             // A new thread's first sample point.
-            let mean = sampling::interval();
+            let mean = if func.is_object() {
+                OBJECT_SAMPLE_BYTES
+            } else {
+                sampling::interval()
+            };
             if mean != 0 {
                 p.countdown = sampling::draw(mean);
             }
@@ -68,11 +76,22 @@ fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
 }
 
 /// Whether `func` is of the malloc family and the process of entry `p` (`id`) has it untraced
-/// ([`HEAP_OFF`]): then neither its entry nor its return records anything. CPU tensors are
+/// ([`HEAP_OFF`]), or of CPython's object allocator and its objects are not sampled now
+/// ([`OBJECTS_ON`]): then neither its entry nor its return records anything. CPU tensors are
 /// recorded in every process.
 #[inline(always)]
 fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
-    func != AllocFn::C10AllocCpu && settings(p, (id >> 32) as u32) & HEAP_OFF != 0
+    let s = settings(p, (id >> 32) as u32);
+    if func.is_object() {
+        return s & OBJECTS_ON == 0;
+    }
+    func != AllocFn::C10AllocCpu && s & HEAP_OFF != 0
+}
+
+/// Whether the call open in `p` is one of CPython's object allocator.
+#[inline(always)]
+pub fn object_call(p: &Pending) -> bool {
+    (AllocFn::PyObjectMalloc as u32..=AllocFn::PyMemRealloc as u32).contains(&p.func)
 }
 
 /// Opens a call in the thread's entry; only the header is written (the parked events are not).
@@ -82,14 +101,14 @@ fn start(p: &mut Pending, func: AllocFn, sp: u64, arg0: u64, size: u64) {
 }
 
 #[inline(always)]
-fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+pub fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
 /// nmemb * size. On overflow the call fails and records nothing, so wrapping is harmless; an
 /// overflow check would need a 128-bit multiply helper that BPF does not have.
 #[inline(always)]
-fn mul(a: u64, b: u64) -> u64 {
+pub fn mul(a: u64, b: u64) -> u64 {
     a.wrapping_mul(b)
 }
 
@@ -171,8 +190,11 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let mut entry = entries::of_probe(ctx.regs);
+    // A process whose malloc family is off returns here only from a Python object's call, or
+    // from a call nested in one.
     if let Some((p, id)) = entry.as_mut()
         && settings(p, (*id >> 32) as u32) & HEAP_OFF != 0
+        && !(p.depth > 0 && object_call(p))
     {
         return 0;
     }
@@ -192,7 +214,11 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 /// sampling test holding an undefined register, which the verifier rejects.
 #[inline(always)]
 fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
-    let mean = sampling::interval();
+    let mean = if object_call(p) {
+        OBJECT_SAMPLE_BYTES
+    } else {
+        sampling::interval()
+    };
     let ev = if mean != 0 {
         sample(p, ev, mean, id)
     } else {
@@ -478,7 +504,10 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
             ev.addr = addr;
             ev
         }
-        AllocFn::Realloc | AllocFn::Reallocarray => {
+        AllocFn::Realloc
+        | AllocFn::Reallocarray
+        | AllocFn::PyObjectRealloc
+        | AllocFn::PyMemRealloc => {
             // NULL with a non-zero size is a failure: the old block is untouched.
             if rv == 0 && p.size != 0 {
                 return None;
@@ -585,7 +614,7 @@ fn free_sampled(ctx: &ProbeContext, sp: u64, ptr: u64) {
 
 /// Sends one free in a record of its own.
 #[inline(always)]
-fn send_free(tgid: u32, addr: u64) {
+pub fn send_free(tgid: u32, addr: u64) {
     let mut ev = FreesEvent {
         kind: EventKind::Frees as u32,
         tgid,

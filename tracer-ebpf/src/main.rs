@@ -11,6 +11,8 @@ mod gpu;
 #[cfg(target_arch = "bpf")]
 mod heap;
 #[cfg(target_arch = "bpf")]
+mod objects;
+#[cfg(target_arch = "bpf")]
 mod pages;
 #[cfg(target_arch = "bpf")]
 mod process;

@@ -121,7 +121,9 @@ pub fn flush(stack: Option<&Stack>, p: &mut Pending) {
 /// the stack walked from `regs`, the call's, when it needs one).
 #[inline(always)]
 fn defer_or_send(ctx: &TracePointContext, ev: &Event, regs: &pt_regs) {
-    let Some(p) = entries::current().filter(|p| p.depth > 0) else {
+    // An arena a Python object's call maps is not parked: it is the object allocator's page
+    // event, with the stack of the mmap it makes (`_PyObject_ArenaMmap`).
+    let Some(p) = entries::current().filter(|p| p.depth > 0 && !crate::heap::object_call(p)) else {
         if needs_stack(ev) {
             // The caller of a frameless libc wrapper, which the frame-pointer walk skips.
             hand_off(ctx, ev, regs, leaf_caller_at(regs.rsp), 0);

@@ -2,6 +2,7 @@
 //! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
 //! at each sample tick; read by the report.
 
+mod objects;
 pub mod series;
 pub mod verdict;
 
@@ -36,6 +37,8 @@ pub struct Analysis {
     /// are tensors alone (`--heap auto` before the malloc family is traced, `--heap off`), and its
     /// brk growth cannot be told from a leak: it is not judged retention.
     heap_seen: FxHashMap<u32, f64>,
+    /// Per process: its window of sampled Python objects, once closed.
+    objects: FxHashMap<u32, objects::ObjectWindow>,
     /// Samples taken so far.
     round: u64,
 }
@@ -97,6 +100,7 @@ impl Default for Analysis {
             caching: Default::default(),
             procs: FxHashMap::default(),
             heap_seen: FxHashMap::default(),
+            objects: FxHashMap::default(),
             round: 0,
         }
     }
@@ -213,6 +217,9 @@ impl Analysis {
     /// memory of a process whose CUDA memory goes through PyTorch's caching allocator. A heap-level
     /// stack whose growth its process's heap-level bytes do not show has memory moved to it.
     pub fn judge(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
+        if key.kind == Kind::Object {
+            return self.judge_objects(key, warmup_s);
+        }
         let evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
         self.explain(key, evidence, warmup_s)
     }
@@ -224,6 +231,9 @@ impl Analysis {
     /// (what the program held all along went); a cache flushed on its usual beat just before the
     /// end does not.
     pub fn judge_final(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
+        if key.kind == Kind::Object {
+            return self.judge_objects(key, warmup_s);
+        }
         let series = &self.groups.get(key)?.series;
         let held = judge_released(series, warmup_s)?;
         let floor = held.windows.last().map_or(0, |w| w.floor);
@@ -246,6 +256,8 @@ impl Analysis {
         };
         match key.kind {
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
+            // Arenas of Python objects whose keeping stacks the objects' window found.
+            Kind::Mmap if self.under_objects(key) => evidence.verdict = Verdict::UnderObjects,
             // The allocator's heap top moved up once, in the last window: a block that happened
             // to be above the others when it was sampled (a scratch buffer of a spike), not a
             // growth; a leak moves it window after window.
@@ -328,7 +340,7 @@ impl Analysis {
         let mut out: Vec<(GroupKey, Evidence)> = self
             .groups
             .iter()
-            .filter(|(k, _)| !outstanding.contains(k))
+            .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k))
             .filter_map(|(k, t)| {
                 let e = judge_released(&t.series, warmup_s)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))

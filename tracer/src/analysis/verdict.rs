@@ -35,6 +35,10 @@ pub enum Verdict {
     /// blocks): the pages hold the tensors or their Python objects, whose leak, if it is one, is
     /// reported on the tensor stacks at their lines.
     UnderTensors,
+    /// Not from the series alone: arenas of CPython's object allocator in a process whose
+    /// objects were sampled, and whose window found the stacks that keep them: the leak is
+    /// reported on those stacks (kind `object`), at their lines.
+    UnderObjects,
 }
 
 impl Verdict {
@@ -48,6 +52,7 @@ impl Verdict {
             Self::Retention => "retention",
             Self::Moved => "moved",
             Self::UnderTensors => "under_tensors",
+            Self::UnderObjects => "under_objects",
         }
     }
 }

@@ -120,8 +120,8 @@ impl Decoder {
         let words = u64_words(bytes.get(at..).unwrap_or_default());
         let (n, m) = (usize::from(h.n_frames), usize::from(h.n_frees));
         let kind = match AllocFn::from_u32(u32::from(h.func)) {
-            Some(AllocFn::Realloc | AllocFn::Reallocarray) => Some(EventKind::Realloc),
-            Some(f) if f.is_heap_alloc() => Some(EventKind::Alloc),
+            Some(f) if f.is_realloc() => Some(EventKind::Realloc),
+            Some(f) if f.is_heap_alloc() || f.is_object() => Some(EventKind::Alloc),
             _ => None,
         };
         let shared = usize::from(h.shared);

@@ -23,7 +23,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, OBJECT_SAMPLE_BYTES,
+    STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use crate::probes::KernelCounters;
@@ -378,16 +379,23 @@ impl Decoder {
         };
         let func = AllocFn::from_u32(ev.func);
         let heap = func.is_some_and(AllocFn::is_heap_alloc);
-        if self.heap_sampling != 0
-            && (heap || matches!(func, Some(AllocFn::Free | AllocFn::C10AllocCpu)))
+        let object = func.is_some_and(AllocFn::is_object);
+        if object
+            || (self.heap_sampling != 0
+                && (heap || matches!(func, Some(AllocFn::Free | AllocFn::C10AllocCpu))))
         {
             self.sampled.observe(kind, ev);
         }
-        let sampled = self.heap_sampling != 0
-            && heap
-            && matches!(kind, EventKind::Alloc | EventKind::Realloc);
-        let size = if sampled {
-            unsampled(ev.size, self.heap_sampling)
+        // Python objects are always sampled, at their own interval.
+        let mean = if object {
+            OBJECT_SAMPLE_BYTES
+        } else if heap {
+            self.heap_sampling
+        } else {
+            0
+        };
+        let size = if matches!(kind, EventKind::Alloc | EventKind::Realloc) {
+            unsampled(ev.size, mean)
         } else {
             ev.size
         };

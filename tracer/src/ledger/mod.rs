@@ -3,6 +3,7 @@
 
 mod blocks;
 mod device;
+mod objects;
 mod process;
 mod regions;
 mod stacks;
@@ -15,6 +16,7 @@ use serde::Serialize;
 use tracer_common::AllocFn;
 
 pub use device::{Device, Failure};
+pub use objects::KeptLine;
 pub use process::{Mismatches, Process, page_up};
 pub use stacks::StackTable;
 
@@ -111,6 +113,14 @@ pub struct Ledger {
 
 impl Ledger {
     /// Registers a root process (the launched command or the attached pid).
+    /// Opens the window of `pid`'s Python objects (probes/objects.rs), in two halves of `half_ns`
+    /// from its first object.
+    pub fn open_objects(&mut self, pid: u32, half_ns: u64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.objects = Some(objects::ObjectWindow::new(half_ns));
+        }
+    }
+
     pub fn add_root(&mut self, pid: u32, command: String, env: Vec<(String, String)>, now_ns: u64) {
         let p = self.procs.entry(pid).or_insert_with(|| Process {
             allocator_env: env,

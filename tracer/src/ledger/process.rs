@@ -71,6 +71,8 @@ pub struct Process {
     /// posix_memalign call, so nothing holds the event back for the tensor's stack); the tensor
     /// that lands in those pages gives them its stack, as the report's folding expects.
     pub last_growth: Option<(u64, u64, bool)>,
+    /// The window its Python objects are sampled in, once opened (`Ledger::open_objects`).
+    pub objects: Option<super::objects::ObjectWindow>,
 }
 
 impl Process {
@@ -183,6 +185,7 @@ impl Process {
         self.brk = Brk::default();
         self.device = Device::default();
         self.malloc_seen = false;
+        self.objects = None;
         self.execs += 1;
         if let Some(c) = command {
             self.command = c;
@@ -200,6 +203,9 @@ impl Process {
             size
         };
         let func = origin.func;
+        if let Some(w) = &mut self.objects {
+            w.made(size, &origin);
+        }
         if func == Some(AllocFn::C10AllocCpu) {
             self.pages_to_tensor(addr, size, &origin);
         }
@@ -263,7 +269,7 @@ impl Process {
     pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) -> Option<StackId> {
         // The caller holds `old`: the outstanding block's, whatever frees are to come.
         let released = if old != 0 { self.release(old) } else { None };
-        self.malloc_seen = true;
+        self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         if new != 0 {
             self.alloc(new, size, origin);
         }

@@ -27,6 +27,9 @@ pub enum Kind {
     /// reserved (which are `Device`): device minus these is what the cache holds.
     #[serde(alias = "torchblock")]
     TorchBlock,
+    /// Python objects from CPython's object allocator (pymalloc), inside its arenas (which are
+    /// `Mmap`): sampled in a bounded window, estimated bytes.
+    Object,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             Some(CudaMallocManaged) => Self::Managed,
             Some(CudaMallocHost | CudaHostAlloc | CuMemAllocHost | CuMemHostAlloc) => Self::Pinned,
             Some(f) if f.is_cuda() => Self::Device,
+            Some(f) if f.is_object() => Self::Object,
             _ => Self::Heap,
         }
     }
@@ -54,11 +58,12 @@ impl Kind {
             Kind::Managed => "managed",
             Kind::Pinned => "pinned",
             Kind::TorchBlock => "torch_block",
+            Kind::Object => "object",
         }
     }
 
     /// Every kind, in report order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Heap,
         Kind::Mmap,
         Kind::Brk,
@@ -67,6 +72,7 @@ impl Kind {
         Kind::Managed,
         Kind::Pinned,
         Kind::TorchBlock,
+        Kind::Object,
     ];
 }
 

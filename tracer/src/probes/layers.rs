@@ -118,6 +118,7 @@ impl Probes {
     /// `pid` has exited (or exec'd): when it was the last native process, the malloc family
     /// attached for every process is detached [`NATIVE_GONE_S`] later.
     pub fn process_gone(&mut self, pid: u32) {
+        self.objects_gone(pid);
         self.layers.pythons.remove(&pid);
         if self.layers.natives.remove(&pid) && self.layers.natives.is_empty() {
             self.layers.none_since = Some(Instant::now());

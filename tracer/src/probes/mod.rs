@@ -7,6 +7,7 @@ pub mod elf;
 pub mod frames;
 mod layers;
 mod load;
+mod objects;
 pub mod placement;
 pub mod prober;
 mod ring;
@@ -31,7 +32,7 @@ pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
 
 use crate::{error::Error, model::HeapUnwind};
-use sets::{HEAP, PROBE_SETS, ProbeSet, TRACEPOINTS};
+use sets::{HEAP, OBJECTS, PROBE_SETS, ProbeSet, TRACEPOINTS};
 
 /// A program's link: what detaches it.
 type AttachedLink = (&'static str, UProbeLinkId);
@@ -123,6 +124,8 @@ pub struct Probes {
     heap_deferred: Option<Vec<(PathBuf, &'static ProbeSet, u32)>>,
     /// `--heap auto`: the malloc family as a second layer for Python processes.
     layers: layers::HeapLayers,
+    /// `--heap auto`: CPython's object allocator, sampled in a window per process.
+    objects: objects::ObjectLayer,
 }
 
 impl Probes {
@@ -280,6 +283,7 @@ impl Probes {
             switch_out: false,
             heap_deferred: None,
             layers: Default::default(),
+            objects: Default::default(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints(first)?;
@@ -365,6 +369,13 @@ impl Probes {
                 .zip(&defined)
                 .any(|(&m, &d)| d && m == set.marker);
             if found {
+                if set.role == OBJECTS.role {
+                    // Only ever attached for one process, in its window.
+                    if self.layers.on {
+                        self.objects.found.push(path.to_path_buf());
+                    }
+                    continue;
+                }
                 if heap && let Some(deferred) = &mut self.heap_deferred {
                     deferred.push((path.to_path_buf(), set, lib_pid));
                     continue;
@@ -474,7 +485,10 @@ impl Probes {
         // CUDA entry) gets one link for all its points, and a link is what costs a grace period
         // to detach; the others get one uprobe per point as before.
         let mut progs: Vec<&'static str> = points.iter().map(|p| p.0).collect();
-        progs.sort_unstable();
+        // Return programs last: in a process already running, a return whose entry program was
+        // not in yet would be a return without an entry.
+        let is_return = |prog: &str| set.fns.iter().any(|f| f.ret == Some(prog));
+        progs.sort_unstable_by_key(|p| (is_return(p), *p));
         progs.dedup();
         self.load_all(&progs)?;
         let mut links = Vec::with_capacity(progs.len());

@@ -48,6 +48,11 @@ pub enum ProbeRequest {
     /// `--heap auto`: trace the malloc family of `tgid` from now on, `after_s` seconds into
     /// tracing, if it is a layered process whose malloc family is not traced yet.
     EngageHeap { tgid: u32, after_s: f64 },
+    /// `--heap auto`: sample the Python objects of `tgid` from now on, `after_s` seconds into
+    /// tracing (its arenas grow), until [`ProbeRequest::DisengageObjects`].
+    EngageObjects { tgid: u32, after_s: f64 },
+    /// The window of `tgid`'s Python objects is over.
+    DisengageObjects { tgid: u32 },
     /// `serve`: probe the code a running process has mapped, then trace it; answers with the pid
     /// and whether it worked.
     Adopt {
@@ -173,6 +178,12 @@ fn handle(
             let _ = done.send(ours);
         }
         ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
+        ProbeRequest::EngageObjects { tgid, after_s } => {
+            if probes.engage_objects(tgid, after_s) {
+                info.send_replace(Arc::new(info_of(probes)));
+            }
+        }
+        ProbeRequest::DisengageObjects { tgid } => probes.disengage_objects(tgid),
         ProbeRequest::StartHeap => {
             probes.start_heap(started.elapsed().as_secs_f64());
             info.send_replace(Arc::new(info_of(probes)));

@@ -196,8 +196,43 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
 const TORCH_CUDA_MALLOC: &str =
     "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
 
-pub(super) const PROBE_SETS: &[&ProbeSet] =
-    &[&HEAP, &CUDA_RUNTIME, &CUDA_DRIVER, &TORCH_CPU, &TORCH_CUDA];
+/// CPython's object allocator (libpython, or an interpreter linked statically): attached for one
+/// process at a time, for a window (probes/objects.rs). The `PyMem_*` functions serve from the
+/// same arenas.
+pub(super) const OBJECTS: ProbeSet = ProbeSet {
+    role: "python-objects",
+    marker: "PyObject_Malloc",
+    file_prefix: None,
+    placed: false,
+    fns: &[
+        object_fn("PyObject_Malloc", "object_malloc_enter", RDI, true),
+        object_fn("PyObject_Calloc", "object_calloc_enter", RDI_RSI, true),
+        object_fn("PyObject_Realloc", "object_realloc_enter", RDI_RSI, true),
+        object_fn("PyObject_Free", "object_free_enter", RDI, false),
+        object_fn("PyMem_Malloc", "mem_malloc_enter", RDI, true),
+        object_fn("PyMem_Calloc", "mem_calloc_enter", RDI_RSI, true),
+        object_fn("PyMem_Realloc", "mem_realloc_enter", RDI_RSI, true),
+        object_fn("PyMem_Free", "object_free_enter", RDI, false),
+    ],
+};
+
+const fn object_fn(
+    name: &'static str,
+    entry: &'static str,
+    args: &'static [Register],
+    returns: bool,
+) -> ProbeFn {
+    heap_fn(name, entry, args, returns)
+}
+
+pub(super) const PROBE_SETS: &[&ProbeSet] = &[
+    &HEAP,
+    &CUDA_RUNTIME,
+    &CUDA_DRIVER,
+    &TORCH_CPU,
+    &TORCH_CUDA,
+    &OBJECTS,
+];
 
 /// (program, category, tracepoint)
 pub(super) const TRACEPOINTS: &[(&str, &str, &str)] = &[

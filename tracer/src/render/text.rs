@@ -153,6 +153,7 @@ fn verdict(e: &Evidence, per: &str) -> String {
         Verdict::Retention => "allocator retention (not a leak)",
         Verdict::Moved => "moved here from other stacks (not a leak)",
         Verdict::UnderTensors => "pages under tensors (a leak is on the tensors)",
+        Verdict::UnderObjects => "arenas under Python objects (a leak is on the objects)",
     };
     let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let unit = if per == "step" { "step" } else { "s" };

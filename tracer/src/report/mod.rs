@@ -43,6 +43,9 @@ pub struct KindTotals {
     pub managed: Amount,
     pub pinned: Amount,
     pub torch_block: Amount,
+    /// Python objects sampled in their window (estimated).
+    #[serde(default)]
+    pub object: Amount,
 }
 
 impl KindTotals {
@@ -61,6 +64,7 @@ impl KindTotals {
             Kind::Managed => &mut self.managed,
             Kind::Pinned => &mut self.pinned,
             Kind::TorchBlock => &mut self.torch_block,
+            Kind::Object => &mut self.object,
         }
     }
 

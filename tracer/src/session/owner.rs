@@ -2,6 +2,8 @@
 //! [`trace`] wires the tasks (ingest, prober, hold, API) to it; its loop only dispatches, each
 //! event to one method.
 
+mod objects;
+
 use std::{collections::HashSet, sync::Arc, time::Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -61,6 +63,8 @@ struct Owner {
     /// `--heap auto`: the processes whose malloc family the prober was asked to trace, and when
     /// the verdicts were last looked at for it.
     engaged: Option<(HashSet<u32>, f64)>,
+    /// `--heap auto`: the windows of Python objects asked for and open.
+    objects: objects::ObjectWindows,
     /// `serve`: what to adopt, the pids asked about, and where ingest and the prober are told.
     adopt: Option<Adopt>,
 }
@@ -131,6 +135,7 @@ pub(super) async fn trace(
         out: Output::open(config.output.as_deref())?,
         heap_after: config.heap.after,
         engaged: (config.heap.mode == HeapMode::Auto).then(|| (HashSet::new(), 0.0)),
+        objects: Default::default(),
         started,
         ledger,
         analysis: Analysis::default(),
@@ -321,34 +326,28 @@ impl Owner {
     /// page-level stack judged a leak (the prober leaves out all but the layered processes whose
     /// malloc family is not traced yet). Looked at once a second at most.
     fn engage_heap(&mut self, at_s: f64) {
-        let Some((asked, last)) = &mut self.engaged else {
+        let Some((_, last)) = &mut self.engaged else {
             return;
         };
         if at_s - *last < ENGAGE_EVERY_S {
             return;
         }
         *last = at_s;
+        self.object_windows(at_s);
         let warmup = self.config.warmup;
         let grown = self
             .analysis
             .growing_pages(warmup, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
         // Arenas of Python objects grow without a malloc call: tracing the malloc family would
         // cost its traps and tell nothing of them.
-        let (ledger, sym) = (&self.ledger, &mut self.sym);
         let pids: Vec<u32> = grown
             .into_iter()
-            .filter(|k| {
-                let frames = k.stack.and_then(|id| ledger.stacks.get(id));
-                !frames.is_some_and(|(frames, _)| {
-                    let symbolized: Vec<_> = frames.iter().map(|f| sym.frames(f)).collect();
-                    crate::symbolize::python_arenas(
-                        k.kind,
-                        symbolized.iter().flat_map(|s| s.iter()),
-                    )
-                })
-            })
+            .filter(|k| !self.is_arena(k))
             .map(|k| k.pid)
             .collect();
+        let Some((asked, _)) = &mut self.engaged else {
+            return;
+        };
         for tgid in pids {
             if asked.insert(tgid) {
                 let ask = ProbeRequest::EngageHeap {
@@ -358,6 +357,15 @@ impl Owner {
                 let _ = self.prober.requests.send(ask);
             }
         }
+    }
+
+    /// Whether `key`'s stack maps arenas of CPython's object allocator.
+    fn is_arena(&mut self, key: &crate::model::GroupKey) -> bool {
+        let Some((frames, _)) = key.stack.and_then(|id| self.ledger.stacks.get(id)) else {
+            return false;
+        };
+        let symbolized: Vec<_> = frames.iter().map(|f| self.sym.frames(f)).collect();
+        crate::symbolize::python_arenas(key.kind, symbolized.iter().flat_map(|s| s.iter()))
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {

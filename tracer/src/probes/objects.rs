@@ -1,0 +1,116 @@
+//! `--heap auto`: CPython's object allocator as a layer of its own. Small Python objects come from
+//! pymalloc's arenas, which the page level sees only as arenas, named by the line whose object
+//! needed a new one; what keeps the objects is not seen. When a process's arenas grow, its
+//! `PyObject_*` and `PyMem_*` functions are probed for its address space alone, sampled, for a
+//! bounded window ([`Probes::engage_objects`]), then detached ([`Probes::disengage_objects`]):
+//! every call is a probe trap (a pure-Python service makes millions a second), so they are not
+//! left on.
+
+use std::{collections::HashMap, num::NonZeroU32, path::PathBuf};
+
+use aya::programs::{UProbe, uprobe::UProbeScope};
+use tracer_common::TRACED_OBJECTS;
+
+use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program, sets::OBJECTS};
+
+/// The object layer's state, owned by [`Probes`].
+#[derive(Default)]
+pub(super) struct ObjectLayer {
+    /// Files with CPython's object allocator (libpython, a statically linked interpreter).
+    pub(super) found: Vec<PathBuf>,
+    /// Processes whose objects are sampled now, and their links.
+    engaged: HashMap<u32, Vec<AttachedLink>>,
+}
+
+impl Probes {
+    /// Samples the Python objects of the layered process `pid` from now on (`after_s` seconds
+    /// into tracing). False when it cannot be: `--heap auto` is off, the process is not traced
+    /// or already engaged, or no interpreter with its functions was found.
+    pub fn engage_objects(&mut self, pid: u32, after_s: f64) -> bool {
+        let Some(one) = NonZeroU32::new(pid) else {
+            return false;
+        };
+        if !self.layers.on || self.objects.engaged.contains_key(&pid) {
+            return false;
+        }
+        let Ok(flags) = self.traced.get(&pid, 0) else {
+            return false;
+        };
+        // The entries the programs keep are per-CPU while their thread runs (as the heap's).
+        if let Err(e) = self.attach_switch_out() {
+            tracing::warn!(pid, error = %e, "Python objects not probed");
+            return false;
+        }
+        let mut links = Vec::new();
+        for path in self.objects.found.clone() {
+            let attached = elf::ElfFile::open(&path)
+                .map_err(|e| crate::error::Error::Other(e.into()))
+                .and_then(|elf| {
+                    self.attach_set(&path, &elf, &OBJECTS, UProbeScope::OneProcess(one))
+                });
+            match attached {
+                Ok(l) => links.extend(l),
+                Err(e) => {
+                    tracing::warn!(pid, library = %path.display(), error = %e, "Python objects not probed");
+                    continue;
+                }
+            }
+            self.libraries.push(Library {
+                path,
+                roles: vec![OBJECTS.role.into()],
+                timing: Timing::Engaged { after_s },
+                pid,
+            });
+        }
+        if links.is_empty() {
+            return false;
+        }
+        self.objects.engaged.insert(pid, links);
+        if self
+            .traced
+            .insert(&pid, &(flags | TRACED_OBJECTS), BPF_EXIST)
+            .is_err()
+        {
+            self.disengage_objects(pid); // exited meanwhile
+            return false;
+        }
+        tracing::info!(
+            pid,
+            after_s,
+            "Python objects sampled: the process's arenas grow"
+        );
+        let _ = self.settings_changed();
+        true
+    }
+
+    /// Ends the window of `pid`'s objects: its blocks recorded and still allocated stay as they
+    /// are now (their frees are no longer seen), and its probes go.
+    pub fn disengage_objects(&mut self, pid: u32) {
+        let Some(links) = self.objects.engaged.remove(&pid) else {
+            return;
+        };
+        if let Ok(flags) = self.traced.get(&pid, 0) {
+            let _ = self
+                .traced
+                .insert(&pid, &(flags & !TRACED_OBJECTS), BPF_EXIST);
+            let _ = self.settings_changed();
+        }
+        let mut taken = Vec::new();
+        for (prog, id) in links {
+            let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
+            if let Ok(link) =
+                up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into()))
+            {
+                taken.push(link);
+            }
+        }
+        // Each unregistration waits for a grace period: not on the prober's path.
+        std::thread::spawn(move || drop(taken));
+        tracing::info!(pid, "Python objects no longer sampled: the window closed");
+    }
+
+    /// The process has exited or exec'd: its links go with its address space.
+    pub(super) fn objects_gone(&mut self, pid: u32) {
+        self.disengage_objects(pid);
+    }
+}

@@ -1,0 +1,119 @@
+//! `--heap auto`: the window of a process's Python objects. When a process's pymalloc arenas grow
+//! as a leak does, its object allocator is sampled for [`WINDOW_S`] (probes/objects.rs), once; at
+//! the window's end, what each stack made in its first half and still holds is handed to the
+//! analysis, which reports the leak on the stacks that keep their objects.
+
+use std::collections::HashSet;
+
+use super::Owner;
+use crate::{
+    analysis::Verdict,
+    model::{GroupKey, Kind, monotonic_ns},
+    probes::prober::ProbeRequest,
+};
+
+/// How long a process's objects are sampled: every call of its object allocator is a probe trap
+/// meanwhile (a pure-Python service runs about fifteen times slower), so the window is short and
+/// comes once. Objects made in its first half and still held at its end are kept.
+pub const WINDOW_S: f64 = 1.0;
+/// A window whose probes never recorded an object (they could not be attached) is given up after
+/// this.
+const GIVE_UP_S: f64 = 10.0;
+/// Arena growth that calls for the window, over how long at least.
+const MIN_BYTES: i64 = 2 << 20;
+const SPAN_S: f64 = 1.0;
+
+/// The windows asked for, and those open: (pid, when it is given up without an object).
+#[derive(Default)]
+pub(super) struct ObjectWindows {
+    asked: HashSet<u32>,
+    open: Vec<(u32, u64)>,
+    /// Processes whose window was judged: their arena stacks are looked for at each look.
+    judged: Vec<u32>,
+}
+
+impl Owner {
+    /// Opens a window for each process whose arenas leak (judged so, not explained by its
+    /// tensors), and closes those due. Looked at with the malloc family's engagement.
+    pub(super) fn object_windows(&mut self, at_s: f64) {
+        let now = monotonic_ns();
+        let ledger = &self.ledger;
+        let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.objects.open)
+            .into_iter()
+            .partition(|&(pid, give_up)| {
+                let window = ledger.procs.get(&pid).and_then(|p| p.objects.as_ref());
+                match window.and_then(|w| w.end_ns()) {
+                    Some(end) => end <= now,
+                    None => give_up <= now,
+                }
+            });
+        self.objects.open = open;
+        for (pid, _) in due {
+            self.close_objects(pid);
+        }
+        for pid in self.objects.judged.clone() {
+            let arenas = self.arenas_of(pid);
+            self.analysis.more_arenas(pid, arenas);
+        }
+        let warmup = self.config.warmup;
+        let grown: Vec<GroupKey> = self
+            .analysis
+            .growing_pages(warmup, SPAN_S, MIN_BYTES)
+            .into_iter()
+            .filter(|k| k.kind == Kind::Mmap && !self.objects.asked.contains(&k.pid))
+            .filter(|k| {
+                let e = self.analysis.judge(k, warmup);
+                e.is_some_and(|e| e.verdict == Verdict::Leak)
+            })
+            .collect();
+        for key in grown {
+            if self.objects.asked.contains(&key.pid) || !self.is_arena(&key) {
+                continue;
+            }
+            self.objects.asked.insert(key.pid);
+            // Opened in the ledger first: the first samples may come before the probes answer.
+            self.ledger
+                .open_objects(key.pid, (WINDOW_S / 2.0 * 1e9) as u64);
+            let give_up = now + (GIVE_UP_S * 1e9) as u64;
+            self.objects.open.push((key.pid, give_up));
+            let ask = ProbeRequest::EngageObjects {
+                tgid: key.pid,
+                after_s: at_s,
+            };
+            let _ = self.prober.requests.send(ask);
+        }
+    }
+
+    /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
+    /// the process ended meanwhile (an interpreter's exit frees what its modules held, which is
+    /// not what the program did).
+    fn close_objects(&mut self, pid: u32) {
+        let _ = self
+            .prober
+            .requests
+            .send(ProbeRequest::DisengageObjects { tgid: pid });
+        let Some(p) = self
+            .ledger
+            .procs
+            .get(&pid)
+            .filter(|p| p.exited_ns.is_none())
+        else {
+            tracing::info!(
+                pid,
+                "Python objects' window not judged: the process ended in it"
+            );
+            return;
+        };
+        let lines = p.kept_objects();
+        let arenas = self.arenas_of(pid);
+        tracing::info!(pid, stacks = lines.len(), arenas = arenas.len(), made = lines.iter().map(|l| l.made).sum::<u64>(), kept = lines.iter().map(|l| l.kept).sum::<u64>(), top = ?lines.first(), "Python objects' window closed");
+        self.analysis.objects_sampled(pid, arenas, lines);
+        self.objects.judged.push(pid);
+    }
+
+    /// The arena stacks of `pid` with a series.
+    fn arenas_of(&mut self, pid: u32) -> Vec<GroupKey> {
+        let mmaps = self.analysis.tracked(pid, Kind::Mmap);
+        mmaps.into_iter().filter(|k| self.is_arena(k)).collect()
+    }
+}
