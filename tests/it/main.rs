@@ -11,6 +11,7 @@ mod exports;
 mod gpu;
 mod heap;
 mod history;
+mod objects;
 mod oracle;
 mod pages;
 mod python;

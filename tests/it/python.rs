@@ -57,7 +57,7 @@ fn run(argv: &[&str]) -> Option<Report> {
 }
 
 /// Under the default options.
-fn run_default(argv: &[&str]) -> Option<Report> {
+pub(crate) fn run_default(argv: &[&str]) -> Option<Report> {
     run_with(&["--no-store"], argv)
 }
 
@@ -472,86 +472,18 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
 }
 
-/// Python objects kept by a loop come from pymalloc's arenas, which no malloc probe sees: `check`
-/// fails at their line whatever the heap mode, also where every malloc is traced; the same
-/// objects dropped each step pass.
-#[test]
-fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
-    if !fixture::bpf_available() {
-        return;
-    }
-    let _x = fixture::exclusive();
-    let site = format!(
-        "record (objects_leak.py:{})",
-        line("objects_leak", "# OBJECTS")
-    );
-    let check = |py: &str, mode: &str, args: &[&str]| {
-        let o = check_python(py, "objects_leak", &["--heap", mode], args);
-        let out = String::from_utf8_lossy(&o.stdout).to_string();
-        (o.status.code(), out)
-    };
-    // pyenv's interpreter has its symbols; the distribution's, when there is one, is stripped.
-    let distribution = std::path::Path::new("/usr/bin/python3").exists();
-    let pythons = [
-        Some(python()),
-        distribution.then(|| "/usr/bin/python3".to_string()),
-    ];
-    for py in pythons.iter().flatten() {
-        // Every malloc traced, and the default layers.
-        for mode in ["full", "auto"] {
-            let (code, out) = check(py, mode, &["40"]);
-            assert_eq!(code, Some(1), "{py} {mode}: {out}");
-            assert!(
-                out.lines()
-                    .any(|l| l.contains("LEAK mmap") && l.ends_with(&site)),
-                "{py} {mode}: {out}"
-            );
-            let (code, out) = check(py, mode, &["40", "fixed"]);
-            assert_eq!(code, Some(0), "{py} {mode}: {out}");
-        }
-    }
-}
-
-/// Arenas of Python objects grow without a malloc call: under the default layers, growing for
-/// longer than it takes to engage the malloc family elsewhere (10 s), they are judged a leak at
-/// their line and the malloc family stays out (its traps would tell nothing of them).
-#[test]
-fn python_objects_growing_for_long_do_not_engage_the_malloc_family() {
-    let (py, path) = (python(), script("objects_leak"));
-    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "130"]) else {
-        return;
-    };
-    let pid = r.root_pid();
-    assert_eq!(r.process(pid)["malloc_traced"], false);
-    assert!(
-        r.0["libraries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|l| l["timing"]["when"] != "engaged"),
-        "{}",
-        r.0["libraries"]
-    );
-    let objects = line("objects_leak", "# OBJECTS");
-    let leaks = r
-        .stacks()
-        .iter()
-        .filter(|s| {
-            s["kind"] == "mmap"
-                && s["verdict"]["verdict"] == "leak"
-                && python_top(s).is_some_and(|(f, _, l)| f == "record" && l == objects)
-        })
-        .count();
-    assert!(leaks >= 1, "no arena leak at line {objects}");
-}
-
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.
 fn check_script(options: &[&str], args: &[&str]) -> std::process::Output {
     check_python(&python(), "request_log", options, args)
 }
 
 /// `leaktracer check --sample 0.1 OPTIONS -- PY NAME.py ARGS…`.
-fn check_python(py: &str, name: &str, options: &[&str], args: &[&str]) -> std::process::Output {
+pub(crate) fn check_python(
+    py: &str,
+    name: &str,
+    options: &[&str],
+    args: &[&str],
+) -> std::process::Output {
     fixture::leaktracer_cmd()
         .args(["check", "--sample", "0.1", "--no-store"])
         .args(options)

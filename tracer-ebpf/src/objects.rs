@@ -4,7 +4,12 @@
 //! sample points fall every [`tracer_common::OBJECT_SAMPLE_BYTES`] on average, and a free is sent
 //! only for a recorded block.
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::uprobe, programs::ProbeContext};
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie},
+    macros::uprobe,
+    programs::ProbeContext,
+};
 use tracer_common::{AllocFn, TRACED_OBJECTS};
 
 use crate::{
@@ -13,50 +18,28 @@ use crate::{
     shared::traced_flags,
 };
 
-#[uprobe]
-pub fn object_malloc_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, AllocFn::PyObjectMalloc, 0, arg(&ctx, 0))
-}
-
-#[uprobe]
-pub fn object_calloc_enter(ctx: ProbeContext) -> u32 {
-    enter(
-        &ctx,
-        AllocFn::PyObjectCalloc,
-        0,
-        mul(arg(&ctx, 0), arg(&ctx, 1)),
-    )
-}
-
-#[uprobe]
-pub fn object_realloc_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, AllocFn::PyObjectRealloc, arg(&ctx, 0), arg(&ctx, 1))
-}
-
-#[uprobe]
-pub fn mem_malloc_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, AllocFn::PyMemMalloc, 0, arg(&ctx, 0))
-}
-
-#[uprobe]
-pub fn mem_calloc_enter(ctx: ProbeContext) -> u32 {
-    enter(
-        &ctx,
-        AllocFn::PyMemCalloc,
-        0,
-        mul(arg(&ctx, 0), arg(&ctx, 1)),
-    )
-}
-
-#[uprobe]
-pub fn mem_realloc_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, AllocFn::PyMemRealloc, arg(&ctx, 0), arg(&ctx, 1))
+/// The entry of every allocating function of the object allocator: one multi-attach link per
+/// interpreter (a window's probes are detached at its end, a grace period per link), the
+/// function told by its cookie.
+#[uprobe(multi)]
+pub fn object_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: helper on the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(func) = AllocFn::from_u32(cookie as u32) else {
+        return 0;
+    };
+    let (old, size) = match func {
+        AllocFn::PyObjectCalloc | AllocFn::PyMemCalloc => (0, mul(arg(&ctx, 0), arg(&ctx, 1))),
+        AllocFn::PyObjectRealloc | AllocFn::PyMemRealloc => (arg(&ctx, 0), arg(&ctx, 1)),
+        _ => (0, arg(&ctx, 0)),
+    };
+    enter(&ctx, func, old, size)
 }
 
 /// `PyObject_Free` and `PyMem_Free`: most blocks were not recorded and go first, on one lookup;
 /// a recorded one is released while the process's objects are still sampled (after the window,
 /// its blocks stay as they were when it closed).
-#[uprobe]
+#[uprobe(multi)]
 pub fn object_free_enter(ctx: ProbeContext) -> u32 {
     let ptr = arg(&ctx, 0);
     if ptr == 0 {

@@ -48,6 +48,19 @@ impl Analysis {
         self.objects.insert(pid, ObjectWindow { arenas, lines });
     }
 
+    /// What `pid`'s window sampled, the stacks that keep first, then the most made: each
+    /// stack's bytes made and kept, and whether it keeps them. None before its window closed.
+    pub fn object_lines(&self, pid: u32) -> Option<Vec<(KeptLine, bool)>> {
+        let w = self.objects.get(&pid)?;
+        let mut lines: Vec<(KeptLine, bool)> = w
+            .lines
+            .values()
+            .map(|l| (*l, ObjectWindow::keeps(l)))
+            .collect();
+        lines.sort_by_key(|(l, keeps)| (!keeps, std::cmp::Reverse(l.made), l.stack));
+        Some(lines)
+    }
+
     /// Arena stacks of `pid` found since its window closed (a leak goes on making arenas, each
     /// with the stack of the object that needed it).
     pub fn more_arenas(&mut self, pid: u32, arenas: impl IntoIterator<Item = GroupKey>) {
@@ -126,5 +139,111 @@ impl Analysis {
         all.growth_bytes = leaks.iter().map(|e| e.growth_bytes).sum();
         all.slope_bytes_per_s = leaks.iter().map(|e| e.slope_bytes_per_s).sum();
         Some(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KEPT_MIN;
+    use crate::{
+        analysis::{Analysis, Verdict},
+        ledger::{KeptLine, Ledger},
+        model::{GroupKey, Kind, StackId},
+    };
+
+    fn key(s: u32, kind: Kind) -> GroupKey {
+        GroupKey {
+            pid: 1,
+            stack: Some(StackId::new(s)),
+            kind,
+            inherited: false,
+        }
+    }
+
+    fn line(s: u32, made: u64, kept: u64) -> KeptLine {
+        KeptLine {
+            stack: Some(StackId::new(s)),
+            made,
+            kept,
+        }
+    }
+
+    /// 20 samples a second apart of two arena stacks (3 and 4) that grow by 1 and 3 MiB a
+    /// second (`grow`), or hold 4 MiB each.
+    fn arenas(grow: bool) -> Analysis {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 service.py".into(), Vec::new(), 0);
+        let mut a = Analysis::default();
+        for i in 0..20u64 {
+            let (x, y) = if grow { (i + 1, 3 * (i + 1)) } else { (4, 4) };
+            let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
+            a.sample(i as f64, &ledger, &groups);
+        }
+        a
+    }
+
+    #[test]
+    fn the_stacks_that_keep_their_objects_carry_the_arenas_leak_by_share() {
+        let mut a = arenas(true);
+        let arena = key(3, Kind::Mmap);
+        assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::Leak);
+        let whole = a.judge(&key(4, Kind::Mmap), 0.0).unwrap().slope_bytes_per_s
+            + a.judge(&arena, 0.0).unwrap().slope_bytes_per_s;
+        let lines = vec![
+            // Kept three quarters, and a quarter: 3 : 1 of the kept bytes.
+            line(1, 4 * KEPT_MIN, 3 * KEPT_MIN),
+            line(2, KEPT_MIN, KEPT_MIN),
+            // Temporaries: made the most, kept little.
+            line(5, 100 * KEPT_MIN, KEPT_MIN),
+            // Kept all it made, but too few samples to tell.
+            line(6, KEPT_MIN / 2, KEPT_MIN / 2),
+        ];
+        a.objects_sampled(1, vec![arena, key(4, Kind::Mmap)], lines);
+        let judge = |s| a.judge(&key(s, Kind::Object), 0.0).unwrap();
+        let (one, two) = (judge(1), judge(2));
+        assert_eq!((one.verdict, two.verdict), (Verdict::Leak, Verdict::Leak));
+        assert!(
+            (one.slope_bytes_per_s - whole * 0.75).abs() < 1.0,
+            "{one:?}"
+        );
+        assert!(
+            (two.slope_bytes_per_s - whole * 0.25).abs() < 1.0,
+            "{two:?}"
+        );
+        assert_eq!(judge(5).verdict, Verdict::Steady);
+        assert_eq!(judge(6).verdict, Verdict::Steady);
+        assert!(a.judge(&key(9, Kind::Object), 0.0).is_none(), "not sampled");
+        assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::UnderObjects);
+        let order: Vec<u32> = a
+            .object_lines(1)
+            .unwrap()
+            .iter()
+            .map(|(l, _)| l.stack.unwrap().get())
+            .collect();
+        assert_eq!(
+            order,
+            vec![1, 2, 5, 6],
+            "those that keep first, then by bytes made"
+        );
+    }
+
+    #[test]
+    fn objects_kept_while_the_arenas_hold_are_no_leak_and_nothing_kept_leaves_the_arenas_leak() {
+        let mut flat = arenas(false);
+        flat.objects_sampled(
+            1,
+            vec![key(3, Kind::Mmap)],
+            vec![line(1, KEPT_MIN, KEPT_MIN)],
+        );
+        let v = flat.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
+        assert_eq!(v, Verdict::Steady, "a cache filled before the window");
+        let mut none = arenas(true);
+        none.objects_sampled(1, vec![key(3, Kind::Mmap)], vec![line(5, 9 * KEPT_MIN, 0)]);
+        let v = none.judge(&key(3, Kind::Mmap), 0.0).unwrap().verdict;
+        assert_eq!(
+            v,
+            Verdict::Leak,
+            "no stack kept: the arenas are the leak, at their line"
+        );
     }
 }

@@ -81,3 +81,73 @@ impl Process {
         lines
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::AllocFn;
+
+    use super::KeptLine;
+    use crate::{
+        ingest::{Event, Input, What},
+        ledger::Ledger,
+        model::StackId,
+    };
+
+    const PID: u32 = 7;
+
+    fn ev(func: AllocFn, ts_ns: u64, stack: u32, what: What) -> Input {
+        Input::Event(Event {
+            tgid: PID,
+            ts_ns,
+            func: Some(func),
+            stack: Some(StackId::new(stack)),
+            what,
+        })
+    }
+
+    fn alloc(func: AllocFn, ts_ns: u64, stack: u32, addr: u64, size: u64) -> Input {
+        ev(func, ts_ns, stack, What::Alloc { addr, size })
+    }
+
+    fn free(ts_ns: u64, addr: u64) -> Input {
+        ev(AllocFn::Free, ts_ns, 9, What::Free { addr })
+    }
+
+    #[test]
+    fn a_window_counts_objects_made_in_its_first_half_and_what_of_them_is_still_held() {
+        let mut l = Ledger::default();
+        l.add_root(PID, "python3".into(), Vec::new(), 0);
+        assert!(l.procs[&PID].kept_objects().is_empty(), "no window");
+        l.open_objects(PID, 1000);
+        // The first object opens the first half: [5000, 6000].
+        l.apply(alloc(AllocFn::PyObjectMalloc, 5000, 1, 0x10, 100));
+        l.apply(alloc(AllocFn::PyObjectMalloc, 5500, 1, 0x20, 50));
+        l.apply(alloc(AllocFn::PyMemMalloc, 5600, 2, 0x30, 400));
+        l.apply(alloc(AllocFn::PyObjectMalloc, 5700, 2, 0x40, 300));
+        // A malloc block and an object of the second half count in neither.
+        l.apply(alloc(AllocFn::Malloc, 5800, 1, 0x50, 7000));
+        l.apply(alloc(AllocFn::PyObjectMalloc, 6500, 2, 0x60, 9000));
+        // Stack 2's objects go; one of stack 1's too.
+        l.apply(free(6600, 0x30));
+        l.apply(free(6700, 0x40));
+        l.apply(free(6800, 0x20));
+        let (s1, s2) = (Some(StackId::new(1)), Some(StackId::new(2)));
+        let w = l.procs[&PID].objects.as_ref().unwrap();
+        assert_eq!(w.end_ns(), Some(7000));
+        assert_eq!(
+            l.procs[&PID].kept_objects(),
+            vec![
+                KeptLine {
+                    stack: s1,
+                    made: 150,
+                    kept: 100
+                },
+                KeptLine {
+                    stack: s2,
+                    made: 700,
+                    kept: 0
+                },
+            ]
+        );
+    }
+}

@@ -36,6 +36,7 @@ impl Probes {
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return false;
         };
+        let started = std::time::Instant::now();
         // The entries the programs keep are per-CPU while their thread runs (as the heap's).
         if let Err(e) = self.attach_switch_out() {
             tracing::warn!(pid, error = %e, "Python objects not probed");
@@ -65,6 +66,11 @@ impl Probes {
         if links.is_empty() {
             return false;
         }
+        tracing::debug!(
+            pid,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "Python objects' probes in"
+        );
         self.objects.engaged.insert(pid, links);
         if self
             .traced

@@ -205,24 +205,40 @@ pub(super) const OBJECTS: ProbeSet = ProbeSet {
     file_prefix: None,
     placed: false,
     fns: &[
-        object_fn("PyObject_Malloc", "object_malloc_enter", RDI, true),
-        object_fn("PyObject_Calloc", "object_calloc_enter", RDI_RSI, true),
-        object_fn("PyObject_Realloc", "object_realloc_enter", RDI_RSI, true),
-        object_fn("PyObject_Free", "object_free_enter", RDI, false),
-        object_fn("PyMem_Malloc", "mem_malloc_enter", RDI, true),
-        object_fn("PyMem_Calloc", "mem_calloc_enter", RDI_RSI, true),
-        object_fn("PyMem_Realloc", "mem_realloc_enter", RDI_RSI, true),
-        object_fn("PyMem_Free", "object_free_enter", RDI, false),
+        object_fn("PyObject_Malloc", AllocFn::PyObjectMalloc),
+        object_fn("PyObject_Calloc", AllocFn::PyObjectCalloc),
+        object_fn("PyObject_Realloc", AllocFn::PyObjectRealloc),
+        object_free("PyObject_Free"),
+        object_fn("PyMem_Malloc", AllocFn::PyMemMalloc),
+        object_fn("PyMem_Calloc", AllocFn::PyMemCalloc),
+        object_fn("PyMem_Realloc", AllocFn::PyMemRealloc),
+        object_free("PyMem_Free"),
     ],
 };
 
-const fn object_fn(
-    name: &'static str,
-    entry: &'static str,
-    args: &'static [Register],
-    returns: bool,
-) -> ProbeFn {
-    heap_fn(name, entry, args, returns)
+/// An allocating function of CPython's object allocator: the shared multi-attach entry, told by
+/// its cookie, and the malloc family's return program.
+const fn object_fn(name: &'static str, func: AllocFn) -> ProbeFn {
+    ProbeFn {
+        name,
+        entry: "object_enter",
+        ret: Some("alloc_return"),
+        args: &[],
+        cookie: Some(func as u64),
+        after_call: None,
+    }
+}
+
+/// A freeing function of CPython's object allocator (one multi-attach program for both).
+const fn object_free(name: &'static str) -> ProbeFn {
+    ProbeFn {
+        name,
+        entry: "object_free_enter",
+        ret: None,
+        args: &[],
+        cookie: Some(0),
+        after_call: None,
+    }
 }
 
 pub(super) const PROBE_SETS: &[&ProbeSet] = &[

@@ -91,6 +91,7 @@ pub fn text(r: &Report) -> String {
         for (k, v) in &p.allocator_env {
             let _ = writeln!(s, "      {k}={}", one_line(v));
         }
+        objects(&mut s, p.objects.as_deref().unwrap_or_default());
     }
     failures(&mut s, r);
     let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
@@ -162,6 +163,28 @@ fn verdict(e: &Evidence, per: &str) -> String {
         human(e.slope_bytes_per_s.abs() as u64),
         e.confidence
     )
+}
+
+/// A process's window of Python objects: what the stacks that keep kept, and the most made of
+/// the others (at most four lines in all).
+fn objects(s: &mut String, lines: &[crate::report::ObjectLine]) {
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "      Python objects sampled in a window (made in its first half, still held at its end):"
+    );
+    for l in lines.iter().take(4) {
+        let _ = writeln!(
+            s,
+            "        {} of {} kept{}: {}",
+            human(l.kept_bytes),
+            human(l.made_bytes),
+            if l.keeps { " (keeps)" } else { "" },
+            l.site
+        );
+    }
 }
 
 fn frames(s: &mut String, frames: &[SymFrame]) {
@@ -251,6 +274,12 @@ fn libraries(s: &mut String, r: &Report) {
             }
             Timing::HeapAfter { after_s } => {
                 format!("probed {after_s:.1} s into tracing (--heap-after): calls before not seen")
+            }
+            Timing::Engaged { after_s } if lib.roles.iter().any(|r| r == "python-objects") => {
+                format!(
+                    "sampled for pid {} in a window from {after_s:.1} s into tracing, its arenas growing",
+                    lib.pid
+                )
             }
             Timing::Engaged { after_s } => format!(
                 "probed for pid {} {after_s:.1} s into tracing, its pages growing: calls before not seen",

@@ -96,7 +96,25 @@ pub struct ProcReport {
     /// whose pages never called for it, and under `--heap off`: its heap is seen as pages only.
     #[serde(default = "malloc_traced_before")]
     pub malloc_traced: bool,
+    /// Its Python objects' window (`--heap auto`, its arenas grew): the stacks sampled, most made
+    /// first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<Vec<ObjectLine>>,
 }
+
+/// A stack's Python objects in its process's window: bytes made in the window's first half and,
+/// of those, bytes still held at its end (estimates from samples), and whether it keeps them
+/// (half or more, and enough samples): the leak of the arenas is reported on those that keep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ObjectLine {
+    pub site: String,
+    pub made_bytes: u64,
+    pub kept_bytes: u64,
+    pub keeps: bool,
+}
+
+/// The stacks shown of a window, at most.
+const OBJECT_LINES: usize = 12;
 
 /// Reports stored before `malloc_traced` traced every process's malloc family, or none.
 fn malloc_traced_before() -> bool {
@@ -278,6 +296,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         .values()
         .map(|p| ProcReport {
             retention: cx.analysis.retention(p.pid, cx.warmup_s),
+            objects: object_lines(ledger, sym, cx, p.pid),
             ..proc_report(p)
         })
         .collect();
@@ -378,6 +397,36 @@ fn outstanding_stacks(
         .collect()
 }
 
+/// `pid`'s window of Python objects, its stacks named by their sites.
+fn object_lines(
+    ledger: &Ledger,
+    sym: &mut Symbolizer,
+    cx: &Context<'_>,
+    pid: u32,
+) -> Option<Vec<ObjectLine>> {
+    let lines = cx.analysis.object_lines(pid)?;
+    let site = |sym: &mut Symbolizer, stack| {
+        let key = GroupKey {
+            pid,
+            stack,
+            kind: Kind::Object,
+            inherited: false,
+        };
+        stack_report(ledger, sym, &Group::empty(key, cx.now_ns), cx.now_ns).site()
+    };
+    let lines = lines.into_iter().take(OBJECT_LINES);
+    Some(
+        lines
+            .map(|(l, keeps)| ObjectLine {
+                site: site(sym, l.stack),
+                made_bytes: l.made,
+                kept_bytes: l.kept,
+                keeps,
+            })
+            .collect(),
+    )
+}
+
 fn proc_report(p: &Process) -> ProcReport {
     ProcReport {
         pid: p.pid,
@@ -392,6 +441,7 @@ fn proc_report(p: &Process) -> ProcReport {
         retention: None,
         allocator_env: p.allocator_env.clone(),
         malloc_traced: p.malloc_seen,
+        objects: None,
     }
 }
 

@@ -318,6 +318,7 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
+        self.close_object_windows();
         self.engage_heap(at_s);
         t.elapsed()
     }

@@ -33,9 +33,12 @@ pub(super) struct ObjectWindows {
 }
 
 impl Owner {
-    /// Opens a window for each process whose arenas leak (judged so, not explained by its
-    /// tensors), and closes those due. Looked at with the malloc family's engagement.
-    pub(super) fn object_windows(&mut self, at_s: f64) {
+    /// Closes the windows due: looked at every sample, so that a window lasts no longer than it
+    /// must (the program runs slowly meanwhile).
+    pub(super) fn close_object_windows(&mut self) {
+        if self.objects.open.is_empty() {
+            return;
+        }
         let now = monotonic_ns();
         let ledger = &self.ledger;
         let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.objects.open)
@@ -51,6 +54,13 @@ impl Owner {
         for (pid, _) in due {
             self.close_objects(pid);
         }
+    }
+
+    /// Opens a window for each process whose arenas leak (judged so, not explained by its
+    /// tensors), and finds the arena stacks made since in those judged. Looked at with the
+    /// malloc family's engagement.
+    pub(super) fn object_windows(&mut self, at_s: f64) {
+        let now = monotonic_ns();
         for pid in self.objects.judged.clone() {
             let arenas = self.arenas_of(pid);
             self.analysis.more_arenas(pid, arenas);

@@ -1,0 +1,215 @@
+//! Python objects: small ones come from pymalloc's arenas, which no malloc probe sees. By default
+//! a process whose arenas grow as a leak has its object allocator sampled for a short window, and
+//! the leak is reported at the line whose objects stayed (kind `object`), not at the line whose
+//! object happened to need a new arena; the arenas are `under_objects`. The real CPython runs
+//! unchanged scripts; the oracle is the interpreter's own tracemalloc.
+
+use std::process::Command;
+
+use tests::{fixture, report::Report};
+
+use crate::python::{check_python, line, python, python_top, run_default, script};
+
+/// The 1-based lines of fixture `name` holding `marker`.
+fn line_all(name: &str, marker: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string(script(name)).unwrap();
+    let lines = text.lines().enumerate();
+    lines
+        .filter(|(_, l)| l.contains(marker))
+        .map(|(i, _)| i as u64 + 1)
+        .collect()
+}
+
+/// The first line `check` printed for a stack over budget.
+fn first_leak(out: &str) -> &str {
+    out.lines()
+        .find(|l| l.trim_start().starts_with("LEAK "))
+        .unwrap_or("")
+}
+
+/// tracemalloc's answer, untraced: the line whose memory grew most between a third and two
+/// thirds of a run of `responses.py`.
+fn tracemalloc_line(py: &str) -> u64 {
+    let out = Command::new(py)
+        .arg(script("responses"))
+        .args(["3", "oracle"])
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let at = text
+        .lines()
+        .find_map(|l| l.strip_prefix("oracle "))
+        .unwrap_or_else(|| panic!("no oracle line: {text}"));
+    let place = at.split_whitespace().next().unwrap();
+    assert!(
+        place.starts_with(&script("responses").display().to_string()),
+        "{at}"
+    );
+    place.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A service keeps each response (a bytes object of a few hundred bytes) and makes and drops far
+/// more temporaries on other lines. Its arenas grow wherever an object needs room; `check` names
+/// the line that keeps the responses, the one tracemalloc names, and the temporaries' lines were
+/// sampled and are not leaks. Keeping the last 256 responses passes, and no window opens.
+#[test]
+fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let py = python();
+    let kept = line("responses", "# KEPT");
+    assert_eq!(
+        tracemalloc_line(&py),
+        kept,
+        "the oracle names the kept line"
+    );
+    let _x = fixture::exclusive();
+    let json = std::env::temp_dir().join(format!("lt-responses-{}.json", std::process::id()));
+    let opts = ["--json", "-o", json.to_str().unwrap()];
+    let o = check_python(&py, "responses", &opts, &["6"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let leak = first_leak(&out);
+    assert!(
+        leak.contains("LEAK object") && leak.ends_with(&format!("handle (responses.py:{kept})")),
+        "{out}"
+    );
+    let r = Report::parse(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // The window's account: the responses' line kept what it made; the temporaries' lines
+    // (json.loads, json.dumps) made more and kept next to nothing (the request in flight).
+    let lines = r.process(r.root_pid())["objects"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no window: {out}"))
+        .clone();
+    let at = |l: u64| {
+        let site = format!("handle (responses.py:{l})");
+        lines.iter().filter(move |x| x["site"] == site.as_str())
+    };
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert!(
+        at(kept).any(|x| x["keeps"] == true && n(x, "kept_bytes") * 2 >= n(x, "made_bytes")),
+        "{lines:?}"
+    );
+    let temps: Vec<_> = line_all("responses", "# TEMP")
+        .into_iter()
+        .flat_map(|l| at(l).cloned().collect::<Vec<_>>())
+        .collect();
+    assert!(!temps.is_empty(), "temporaries sampled: {lines:?}");
+    for t in &temps {
+        assert!(
+            t["keeps"] == false && n(t, "kept_bytes") * 4 < n(t, "made_bytes"),
+            "{t}"
+        );
+    }
+    let temp_made: u64 = temps.iter().map(|t| n(t, "made_bytes")).sum();
+    let kept_made: u64 = at(kept).map(|x| n(x, "made_bytes")).sum();
+    assert!(temp_made > kept_made, "{temp_made} {kept_made}");
+    // No arena stack is a leak of its own: they are under the objects.
+    let arena_leaks = r
+        .stacks()
+        .iter()
+        .filter(|s| s["kind"] == "mmap" && s["verdict"]["verdict"] == "leak")
+        .count();
+    assert_eq!(arena_leaks, 0, "{out}");
+    let objects_probed = r.0["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["roles"][0] == "python-objects")
+        .count();
+    assert_eq!(objects_probed, 1);
+
+    let o = check_python(&py, "responses", &opts, &["6", "fixed"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let r = Report::parse(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(
+        r.0["libraries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["roles"][0] != "python-objects"),
+        "arenas that do not grow open no window: {}",
+        r.0["libraries"]
+    );
+}
+
+/// Python objects kept by a loop: `check` fails at their line in every heap mode: under the
+/// default layers on the objects (their window), with every malloc traced on the arenas (the
+/// objects are not sampled there); the same objects dropped each step pass. Also in the
+/// distribution's interpreter, where there is one (stripped, built with link-time optimization).
+#[test]
+fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let site = format!(
+        "record (objects_leak.py:{})",
+        line("objects_leak", "# OBJECTS")
+    );
+    let check = |py: &str, mode: &str, args: &[&str]| {
+        let o = check_python(py, "objects_leak", &["--heap", mode], args);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        (o.status.code(), out)
+    };
+    let distribution = std::path::Path::new("/usr/bin/python3").exists();
+    let pythons = [
+        Some(python()),
+        distribution.then(|| "/usr/bin/python3".to_string()),
+    ];
+    for py in pythons.iter().flatten() {
+        for (mode, kind) in [("full", "mmap"), ("auto", "object")] {
+            let (code, out) = check(py, mode, &["40"]);
+            assert_eq!(code, Some(1), "{py} {mode}: {out}");
+            let leak = first_leak(&out);
+            assert!(
+                leak.contains(&format!("LEAK {kind} ")) && leak.ends_with(&site),
+                "{py} {mode}: {out}"
+            );
+            let (code, out) = check(py, mode, &["40", "fixed"]);
+            assert_eq!(code, Some(0), "{py} {mode}: {out}");
+        }
+    }
+}
+
+/// Arenas of Python objects grow without a malloc call: under the default layers, growing for
+/// longer than it takes to engage the malloc family elsewhere (10 s), they open the objects'
+/// window once, and the malloc family stays out (its traps would tell nothing of them). The leak
+/// is the objects', at their line.
+#[test]
+fn python_objects_growing_for_long_sample_objects_not_the_malloc_family() {
+    let (py, path) = (python(), script("objects_leak"));
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "130"]) else {
+        return;
+    };
+    let pid = r.root_pid();
+    assert_eq!(r.process(pid)["malloc_traced"], false);
+    let engaged: Vec<&serde_json::Value> = r.0["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["timing"]["when"] == "engaged")
+        .collect();
+    assert_eq!(engaged.len(), 1, "{engaged:?}");
+    assert_eq!(engaged[0]["roles"][0], "python-objects");
+    assert_eq!(engaged[0]["pid"], pid);
+    let objects = line("objects_leak", "# OBJECTS");
+    let at_line = |kind: &str, verdict: &str| {
+        r.stacks()
+            .iter()
+            .filter(|s| {
+                s["kind"] == kind
+                    && s["verdict"]["verdict"] == verdict
+                    && python_top(s).is_some_and(|(f, _, l)| f == "record" && l == objects)
+            })
+            .count()
+    };
+    assert!(
+        at_line("object", "leak") >= 1,
+        "no object leak at line {objects}"
+    );
+    assert_eq!(at_line("mmap", "leak"), 0, "arenas are under the objects");
+    assert!(at_line("mmap", "under_objects") >= 1);
+}
