@@ -126,7 +126,7 @@ pub const TRACED_OBJECTS: u32 = 64;
 /// (most under 512 bytes) and the window they are sampled in is short (a pure-Python program runs
 /// some fifty times slower in it, every call a probe trap), so a leak of a few hundred KiB there
 /// gets dozens of samples. A sample costs a few microseconds, each trap one.
-pub const OBJECT_SAMPLE_BYTES: u64 = 2 << 10;
+pub const OBJECT_SAMPLE_BYTES: u64 = 1 << 10;
 
 impl EventKind {
     /// Decodes the wire value.

@@ -5,7 +5,7 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
-use tracer_common::{Counter, EventKind, TRACED_HEAP_LOCAL, TRACED_NO_HEAP};
+use tracer_common::{Counter, EventKind, TRACED_HEAP_LOCAL, TRACED_NO_HEAP, TRACED_OBJECTS};
 
 use crate::shared::{
     TRACED, count, emit_now, event, flush_frees, stop_for_probes, traced_current, traced_flags,
@@ -40,12 +40,12 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // The child is held like its parent (ptrace follows forks). Heap probes attached for the
-    // parent's address space alone do not fire in the child's.
+    // parent's address space alone do not fire in the child's, nor do its objects' window's.
     let child_flags = if parent_flags & TRACED_HEAP_LOCAL != 0 {
         (parent_flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL
     } else {
         parent_flags
-    };
+    } & !TRACED_OBJECTS;
     if TRACED.insert(&pid, &child_flags, 0).is_err() {
         count(Counter::TracedFull);
         warn!(

@@ -52,6 +52,10 @@ struct ProcSeries {
     pages: Series,
     /// Tensors: CPU tensors and the blocks of PyTorch's CUDA caching allocator.
     tensors: Series,
+    /// Arenas of CPython's object allocator, all its stacks together (`Analysis::sample_arenas`):
+    /// a leak of objects makes arenas at whichever line needs one, so no one arena stack
+    /// shows it whole.
+    arenas: Series,
 }
 
 /// A process's bytes in one sample, summed for its [`ProcSeries`].
@@ -184,10 +188,7 @@ impl Analysis {
             .filter(|(k, _)| !self.groups.contains_key(&tensor(k)))
             .filter_map(|(k, t)| {
                 let e = classify(&t.series, warmup_s)?;
-                let span = match (e.windows.first(), e.windows.last()) {
-                    (Some(a), Some(b)) => b.t1_s - a.t0_s,
-                    _ => 0.0,
-                };
+                let span = span(&e);
                 let grows =
                     e.verdict == Verdict::Leak && e.growth_bytes >= min_bytes && span >= span_s;
                 if grows {
@@ -257,7 +258,9 @@ impl Analysis {
         match key.kind {
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
             // Arenas of Python objects whose keeping stacks the objects' window found.
-            Kind::Mmap if self.under_objects(key) => evidence.verdict = Verdict::UnderObjects,
+            Kind::Mmap if self.under_objects(key, warmup_s) => {
+                evidence.verdict = Verdict::UnderObjects
+            }
             // The allocator's heap top moved up once, in the last window: a block that happened
             // to be above the others when it was sampled (a scratch buffer of a spike), not a
             // growth; a leak moves it window after window.
@@ -340,7 +343,7 @@ impl Analysis {
         let mut out: Vec<(GroupKey, Evidence)> = self
             .groups
             .iter()
-            .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k))
+            .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
             .filter_map(|(k, t)| {
                 let e = judge_released(&t.series, warmup_s)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
@@ -389,6 +392,14 @@ fn activity(ledger: &Ledger, key: &GroupKey) -> u32 {
     match key.kind {
         Kind::Mmap | Kind::Brk => 0,
         _ => ledger.activity(key.stack),
+    }
+}
+
+/// The seconds (or steps) a verdict's windows cover.
+fn span(e: &Evidence) -> f64 {
+    match (e.windows.first(), e.windows.last()) {
+        (Some(a), Some(b)) => b.t1_s - a.t0_s,
+        _ => 0.0,
     }
 }
 

@@ -6,46 +6,80 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Analysis, Evidence, Verdict, judge_released, verdict::Window};
+use super::{Analysis, Evidence, Verdict, classify, judge_released, span, verdict::Window};
 use crate::{
     ledger::KeptLine,
     model::{GroupKey, StackId},
 };
 
-/// Kept bytes a stack needs to count as keeping its objects (eight sample intervals: fewer
+/// Kept bytes a site needs to count as keeping its objects (eight sample intervals: fewer
 /// samples than that may be chance).
 pub const KEPT_MIN: u64 = 8 * tracer_common::OBJECT_SAMPLE_BYTES;
 
-/// A process's closed window: its arena stacks, and each stack's objects made and kept.
+/// A process's closed window: its arena stacks, each stack's objects made and kept with its site
+/// (the stacks of one site: the objects of several types one line makes), and each site's sums.
 #[derive(Clone, Debug, Default)]
 pub struct ObjectWindow {
     arenas: Vec<GroupKey>,
-    lines: FxHashMap<Option<StackId>, KeptLine>,
+    lines: FxHashMap<Option<StackId>, (KeptLine, u32)>,
+    sites: FxHashMap<u32, (u64, u64)>,
 }
 
 impl ObjectWindow {
-    /// Whether a stack kept its objects: half of what it made early in the window or more, and
-    /// [`KEPT_MIN`] at least.
-    fn keeps(line: &KeptLine) -> bool {
-        line.kept >= KEPT_MIN && line.kept.saturating_mul(2) >= line.made
+    /// Whether a stack's site kept its objects: a quarter of what it made early in the window or
+    /// more, and [`KEPT_MIN`] at least. Not half: a line that keeps objects in a container that
+    /// grows also makes the container's array again and again (a list's is reallocated as it
+    /// grows, the old one freed), while temporaries keep next to nothing (the request in flight).
+    fn keeps(&self, site: u32) -> bool {
+        let (made, kept) = self.sites.get(&site).copied().unwrap_or_default();
+        kept >= KEPT_MIN && kept.saturating_mul(4) >= made
     }
 
-    /// Bytes kept by the stacks that keep.
+    /// Bytes kept by the stacks whose site keeps.
     fn kept(&self) -> u64 {
         self.lines
             .values()
-            .filter(|l| Self::keeps(l))
-            .map(|l| l.kept)
+            .filter(|(_, site)| self.keeps(*site))
+            .map(|(l, _)| l.kept)
             .sum()
     }
 }
 
+/// Where a process's arenas are judged from: the later half of what was sampled (from
+/// `warmup_s` at least). An interpreter's start-up maps most of its arenas at once (importing
+/// torch: about 100 MiB in two seconds); a leak of objects then adds them a few at a time, which
+/// the whole series would read as a cache that filled at the start.
+fn recent_half(arenas: &super::series::Series, warmup_s: f64) -> f64 {
+    let (first, last) = match arenas.points() {
+        [a, .., b] => (a.t0, b.t1),
+        _ => return warmup_s,
+    };
+    warmup_s.max((first + last) / 2.0)
+}
+
 impl Analysis {
     /// The window of `pid`'s Python objects closed: `arenas`, its arena stacks; `lines`, what
-    /// each stack made and kept.
-    pub fn objects_sampled(&mut self, pid: u32, arenas: Vec<GroupKey>, lines: Vec<KeptLine>) {
-        let lines = lines.into_iter().map(|l| (l.stack, l)).collect();
-        self.objects.insert(pid, ObjectWindow { arenas, lines });
+    /// each stack made and kept, with its site (stacks of one site share the number).
+    pub fn objects_sampled(
+        &mut self,
+        pid: u32,
+        arenas: Vec<GroupKey>,
+        lines: Vec<(KeptLine, u32)>,
+    ) {
+        let mut sites: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        for (l, site) in &lines {
+            let s = sites.entry(*site).or_default();
+            (s.0, s.1) = (s.0 + l.made, s.1 + l.kept);
+        }
+        let lines = lines.into_iter().map(|(l, s)| (l.stack, (l, s))).collect();
+        self.objects.insert(
+            pid,
+            ObjectWindow {
+                arenas,
+                lines,
+                sites,
+            },
+        );
     }
 
     /// What `pid`'s window sampled, the stacks that keep first, then the most made: each
@@ -55,7 +89,7 @@ impl Analysis {
         let mut lines: Vec<(KeptLine, bool)> = w
             .lines
             .values()
-            .map(|l| (*l, ObjectWindow::keeps(l)))
+            .map(|(l, site)| (*l, w.keeps(*site)))
             .collect();
         lines.sort_by_key(|(l, keeps)| (!keeps, std::cmp::Reverse(l.made), l.stack));
         Some(lines)
@@ -82,12 +116,12 @@ impl Analysis {
             .collect()
     }
 
-    /// Whether `key` is an arena stack of a process whose window found the stacks that keep its
-    /// objects: the leak, if any, is reported on those.
-    pub(super) fn under_objects(&self, key: &GroupKey) -> bool {
-        self.objects
-            .get(&key.pid)
-            .is_some_and(|w| w.arenas.contains(key) && w.kept() > 0)
+    /// Whether `key` is an arena stack of a process whose arenas leak and whose window found the
+    /// stacks that keep its objects: the leak is reported on those.
+    pub(super) fn under_objects(&self, key: &GroupKey, warmup_s: f64) -> bool {
+        self.objects.get(&key.pid).is_some_and(|w| {
+            w.arenas.contains(key) && w.kept() > 0 && self.arenas_leak(key.pid, warmup_s).is_some()
+        })
     }
 
     /// The verdict of a stack of Python objects: a leak where it kept its objects and its
@@ -95,8 +129,8 @@ impl Analysis {
     /// (temporaries, or arenas that do not grow). None before its window closed.
     pub(super) fn judge_objects(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
         let w = self.objects.get(&key.pid)?;
-        let line = w.lines.get(&key.stack)?;
-        let arenas = self.arenas_leak(w, warmup_s);
+        let (line, site) = w.lines.get(&key.stack)?;
+        let arenas = self.arenas_leak(key.pid, warmup_s);
         let steady = || Evidence {
             verdict: Verdict::Steady,
             confidence: 1.0,
@@ -104,7 +138,7 @@ impl Analysis {
             slope_bytes_per_s: 0.0,
             windows: Vec::new(),
         };
-        let Some(arenas) = arenas.filter(|_| ObjectWindow::keeps(line)) else {
+        let Some(arenas) = arenas.filter(|_| w.keeps(*site)) else {
             return Some(steady());
         };
         let share = line.kept as f64 / w.kept().max(1) as f64;
@@ -126,19 +160,42 @@ impl Analysis {
         })
     }
 
-    /// The process's leaking arena stacks as one: the evidence of the one that grew most, with
-    /// the growth and slope of them all. None when none leaks.
-    fn arenas_leak(&self, w: &ObjectWindow, warmup_s: f64) -> Option<Evidence> {
-        let leaks: Vec<Evidence> = w
-            .arenas
+    /// One sample of each process's arena bytes (`arenas`: per process, the bytes of its arena
+    /// stacks; the others hold none), taken with [`Analysis::sample`] at the same `t_s`.
+    pub fn sample_arenas(&mut self, t_s: f64, arenas: &FxHashMap<u32, u64>) {
+        for (pid, s) in self.procs.iter_mut() {
+            s.arenas.push(t_s, arenas.get(pid).copied().unwrap_or(0));
+        }
+    }
+
+    /// Processes whose arenas, all together, leak from `warmup_s` on over `span_s` seconds at
+    /// least and grew by `min_bytes` at least, and not under their tensors (the Python objects of
+    /// a tensor leak fill arenas too): where Python objects are to be sampled.
+    pub fn growing_arenas(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .procs
             .iter()
-            .filter_map(|k| judge_released(&self.groups.get(k)?.series, warmup_s))
-            .filter(|e| e.verdict == Verdict::Leak)
+            .filter(|(pid, s)| {
+                classify(&s.arenas, recent_half(&s.arenas, warmup_s)).is_some_and(|e| {
+                    e.verdict == Verdict::Leak
+                        && e.growth_bytes >= min_bytes
+                        && span(&e) >= span_s
+                        && !self.under_tensors(**pid, &e, warmup_s)
+                })
+            })
+            .map(|(pid, _)| *pid)
             .collect();
-        let mut all = leaks.iter().max_by_key(|e| e.growth_bytes)?.clone();
-        all.growth_bytes = leaks.iter().map(|e| e.growth_bytes).sum();
-        all.slope_bytes_per_s = leaks.iter().map(|e| e.slope_bytes_per_s).sum();
-        Some(all)
+        pids.sort_unstable();
+        pids
+    }
+
+    /// The process's arenas, all together, when they leak (judged on what they held before the
+    /// interpreter's exit gave them back).
+    fn arenas_leak(&self, pid: u32, warmup_s: f64) -> Option<Evidence> {
+        let arenas = &self.procs.get(&pid)?.arenas;
+        let leak = |from| judge_released(arenas, from).filter(|e| e.verdict == Verdict::Leak);
+        // The whole run where it reads as a leak (its slope is the run's), else its later half.
+        leak(warmup_s).or_else(|| leak(recent_half(&arenas.before_fall(), warmup_s)))
     }
 }
 
@@ -178,6 +235,8 @@ mod tests {
             let (x, y) = if grow { (i + 1, 3 * (i + 1)) } else { (4, 4) };
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
+            let all = [(1, (x + y) << 20)].into_iter().collect();
+            a.sample_arenas(i as f64, &all);
         }
         a
     }
@@ -189,15 +248,25 @@ mod tests {
         assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::Leak);
         let whole = a.judge(&key(4, Kind::Mmap), 0.0).unwrap().slope_bytes_per_s
             + a.judge(&arena, 0.0).unwrap().slope_bytes_per_s;
+        assert_eq!(a.growing_arenas(0.0, 5.0, 2 << 20), vec![1]);
+        assert!(
+            a.growing_arenas(0.0, 5.0, 64 << 20).is_empty(),
+            "grew 76 MiB in its later half"
+        );
         let lines = vec![
-            // Kept three quarters, and a quarter: 3 : 1 of the kept bytes.
+            // Kept three quarters, and a quarter (a growing container's arrays made again and
+            // again): 3 : 1 of the kept bytes.
             line(1, 4 * KEPT_MIN, 3 * KEPT_MIN),
-            line(2, KEPT_MIN, KEPT_MIN),
+            line(2, 4 * KEPT_MIN, KEPT_MIN),
             // Temporaries: made the most, kept little.
             line(5, 100 * KEPT_MIN, KEPT_MIN),
             // Kept all it made, but too few samples to tell.
             line(6, KEPT_MIN / 2, KEPT_MIN / 2),
         ];
+        let lines = lines
+            .into_iter()
+            .map(|l| (l, l.stack.unwrap().get()))
+            .collect();
         a.objects_sampled(1, vec![arena, key(4, Kind::Mmap)], lines);
         let judge = |s| a.judge(&key(s, Kind::Object), 0.0).unwrap();
         let (one, two) = (judge(1), judge(2));
@@ -233,12 +302,17 @@ mod tests {
         flat.objects_sampled(
             1,
             vec![key(3, Kind::Mmap)],
-            vec![line(1, KEPT_MIN, KEPT_MIN)],
+            vec![(line(1, KEPT_MIN, KEPT_MIN), 1)],
         );
         let v = flat.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
         assert_eq!(v, Verdict::Steady, "a cache filled before the window");
+        assert!(flat.growing_arenas(0.0, 5.0, 1).is_empty());
         let mut none = arenas(true);
-        none.objects_sampled(1, vec![key(3, Kind::Mmap)], vec![line(5, 9 * KEPT_MIN, 0)]);
+        none.objects_sampled(
+            1,
+            vec![key(3, Kind::Mmap)],
+            vec![(line(5, 9 * KEPT_MIN, 0), 5)],
+        );
         let v = none.judge(&key(3, Kind::Mmap), 0.0).unwrap().verdict;
         assert_eq!(
             v,

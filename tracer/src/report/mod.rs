@@ -19,6 +19,8 @@ use crate::{
 mod device;
 mod pages;
 mod site;
+
+pub use site::site_of;
 pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
@@ -414,17 +416,24 @@ fn object_lines(
         };
         stack_report(ledger, sym, &Group::empty(key, cx.now_ns), cx.now_ns).site()
     };
-    let lines = lines.into_iter().take(OBJECT_LINES);
-    Some(
-        lines
-            .map(|(l, keeps)| ObjectLine {
-                site: site(sym, l.stack),
+    // One row per site: the objects a line makes are of several types, each its own stack.
+    let mut rows: Vec<ObjectLine> = Vec::new();
+    for (l, keeps) in lines {
+        let site = site(sym, l.stack);
+        match rows.iter_mut().find(|r| r.site == site) {
+            Some(r) => {
+                (r.made_bytes, r.kept_bytes) = (r.made_bytes + l.made, r.kept_bytes + l.kept)
+            }
+            None => rows.push(ObjectLine {
+                site,
                 made_bytes: l.made,
                 kept_bytes: l.kept,
                 keeps,
-            })
-            .collect(),
-    )
+            }),
+        }
+    }
+    rows.truncate(OBJECT_LINES);
+    Some(rows)
 }
 
 fn proc_report(p: &Process) -> ProcReport {

@@ -38,31 +38,36 @@ impl StackReport {
     /// from a header, a dependency's sources or the toolchain's), else its first frame with a
     /// function.
     pub fn site(&self) -> String {
-        let python = |f: &&SymFrame| f.module.as_deref() == Some(PYTHON_MODULE);
-        let own = if self.frames.iter().any(|f| python(&f)) {
-            let mut py = self.frames.iter().filter(python);
-            py.clone().find(|f| !third_party(f)).or_else(|| py.next())
-        } else {
-            self.frames
-                .iter()
-                .find(|f| f.function.is_some() && !in_library(f) && !third_party(f))
-        };
-        own.into_iter()
-            .chain(self.frames.iter())
-            .find_map(|f| {
-                let func = f.function.as_deref()?;
-                Some(match (&f.file, f.line) {
-                    (Some(file), Some(line)) => {
-                        format!(
-                            "{func} ({}:{line})",
-                            file.rsplit('/').next().unwrap_or(file)
-                        )
-                    }
-                    _ => func.to_string(),
-                })
-            })
-            .unwrap_or_else(|| "unknown stack".into())
+        site_of(&self.frames)
     }
+}
+
+/// [`StackReport::site`] of these frames, innermost first.
+pub fn site_of(frames: &[SymFrame]) -> String {
+    let python = |f: &&SymFrame| f.module.as_deref() == Some(PYTHON_MODULE);
+    let own = if frames.iter().any(|f| python(&f)) {
+        let mut py = frames.iter().filter(python);
+        py.clone().find(|f| !third_party(f)).or_else(|| py.next())
+    } else {
+        frames
+            .iter()
+            .find(|f| f.function.is_some() && !in_library(f) && !third_party(f))
+    };
+    own.into_iter()
+        .chain(frames.iter())
+        .find_map(|f| {
+            let func = f.function.as_deref()?;
+            Some(match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    format!(
+                        "{func} ({}:{line})",
+                        file.rsplit('/').next().unwrap_or(file)
+                    )
+                }
+                _ => func.to_string(),
+            })
+        })
+        .unwrap_or_else(|| "unknown stack".into())
 }
 
 /// A frame of a shared library (lib*.so*).

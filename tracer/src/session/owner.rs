@@ -318,6 +318,7 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
+        self.sample_arenas(x, &groups);
         self.close_object_windows();
         self.engage_heap(at_s);
         t.elapsed()
@@ -360,13 +361,23 @@ impl Owner {
         }
     }
 
-    /// Whether `key`'s stack maps arenas of CPython's object allocator.
+    /// Whether `key`'s stack maps arenas of CPython's object allocator (an mmap stack, looked at
+    /// once).
     fn is_arena(&mut self, key: &crate::model::GroupKey) -> bool {
-        let Some((frames, _)) = key.stack.and_then(|id| self.ledger.stacks.get(id)) else {
+        let Some(id) = key.stack.filter(|_| key.kind == crate::model::Kind::Mmap) else {
+            return false;
+        };
+        if let Some(&known) = self.objects.arena_stacks.get(&id) {
+            return known;
+        }
+        let Some((frames, _)) = self.ledger.stacks.get(id) else {
             return false;
         };
         let symbolized: Vec<_> = frames.iter().map(|f| self.sym.frames(f)).collect();
-        crate::symbolize::python_arenas(key.kind, symbolized.iter().flat_map(|s| s.iter()))
+        let arena =
+            crate::symbolize::python_arenas(key.kind, symbolized.iter().flat_map(|s| s.iter()));
+        self.objects.arena_stacks.insert(id, arena);
+        arena
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {

@@ -3,12 +3,11 @@
 //! the window's end, what each stack made in its first half and still holds is handed to the
 //! analysis, which reports the leak on the stacks that keep their objects.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
-    analysis::Verdict,
-    model::{GroupKey, Kind, monotonic_ns},
+    model::{GroupKey, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
 };
 
@@ -19,9 +18,10 @@ pub const WINDOW_S: f64 = 1.0;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
 /// this.
 const GIVE_UP_S: f64 = 10.0;
-/// Arena growth that calls for the window, over how long at least.
+/// Arena growth that calls for the window, over how long at least (the later half of the run so
+/// far: an interpreter's start-up grows its arenas steadily for a second or two, then holds).
 const MIN_BYTES: i64 = 2 << 20;
-const SPAN_S: f64 = 1.0;
+const SPAN_S: f64 = 2.0;
 
 /// The windows asked for, and those open: (pid, when it is given up without an object).
 #[derive(Default)]
@@ -30,6 +30,8 @@ pub(super) struct ObjectWindows {
     open: Vec<(u32, u64)>,
     /// Processes whose window was judged: their arena stacks are looked for at each look.
     judged: Vec<u32>,
+    /// Whether each mmap stack seen maps arenas (`Owner::is_arena`).
+    pub(super) arena_stacks: HashMap<StackId, bool>,
 }
 
 impl Owner {
@@ -66,32 +68,35 @@ impl Owner {
             self.analysis.more_arenas(pid, arenas);
         }
         let warmup = self.config.warmup;
-        let grown: Vec<GroupKey> = self
-            .analysis
-            .growing_pages(warmup, SPAN_S, MIN_BYTES)
-            .into_iter()
-            .filter(|k| k.kind == Kind::Mmap && !self.objects.asked.contains(&k.pid))
-            .filter(|k| {
-                let e = self.analysis.judge(k, warmup);
-                e.is_some_and(|e| e.verdict == Verdict::Leak)
-            })
-            .collect();
-        for key in grown {
-            if self.objects.asked.contains(&key.pid) || !self.is_arena(&key) {
+        let grown = self.analysis.growing_arenas(warmup, SPAN_S, MIN_BYTES);
+        for pid in grown {
+            if !self.objects.asked.insert(pid) {
                 continue;
             }
-            self.objects.asked.insert(key.pid);
             // Opened in the ledger first: the first samples may come before the probes answer.
-            self.ledger
-                .open_objects(key.pid, (WINDOW_S / 2.0 * 1e9) as u64);
+            self.ledger.open_objects(pid, (WINDOW_S / 2.0 * 1e9) as u64);
             let give_up = now + (GIVE_UP_S * 1e9) as u64;
-            self.objects.open.push((key.pid, give_up));
+            self.objects.open.push((pid, give_up));
             let ask = ProbeRequest::EngageObjects {
-                tgid: key.pid,
+                tgid: pid,
                 after_s: at_s,
             };
             let _ = self.prober.requests.send(ask);
         }
+    }
+
+    /// One sample of each process's arenas, all its arena stacks together (`--heap auto`).
+    pub(super) fn sample_arenas(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
+        if self.engaged.is_none() {
+            return;
+        }
+        let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();
+        for (key, bytes) in groups {
+            if self.is_arena(key) {
+                *sums.entry(key.pid).or_default() += bytes;
+            }
+        }
+        self.analysis.sample_arenas(x, &sums);
     }
 
     /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
@@ -114,9 +119,31 @@ impl Owner {
             );
             return;
         };
-        let lines = p.kept_objects();
+        let kept = p.kept_objects();
         let arenas = self.arenas_of(pid);
-        tracing::info!(pid, stacks = lines.len(), arenas = arenas.len(), made = lines.iter().map(|l| l.made).sum::<u64>(), kept = lines.iter().map(|l| l.kept).sum::<u64>(), top = ?lines.first(), "Python objects' window closed");
+        // Stacks of one site (the objects of several types a line makes) are judged together.
+        let mut sites: Vec<String> = Vec::new();
+        let mut lines = Vec::with_capacity(kept.len());
+        for l in kept {
+            let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
+            let site =
+                crate::report::site_of(&frames.map_or_else(Vec::new, |(f, _)| self.sym.stack(f)));
+            let n = match sites.iter().position(|s| *s == site) {
+                Some(n) => n,
+                None => {
+                    sites.push(site);
+                    sites.len() - 1
+                }
+            };
+            lines.push((l, n as u32));
+        }
+        tracing::info!(
+            pid,
+            stacks = lines.len(),
+            sites = sites.len(),
+            arenas = arenas.len(),
+            "Python objects' window closed"
+        );
         self.analysis.objects_sampled(pid, arenas, lines);
         self.objects.judged.push(pid);
     }
