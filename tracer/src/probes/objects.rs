@@ -42,27 +42,7 @@ impl Probes {
             tracing::warn!(pid, error = %e, "Python objects not probed");
             return false;
         }
-        let mut links = Vec::new();
-        for path in self.objects.found.clone() {
-            let attached = elf::ElfFile::open(&path)
-                .map_err(|e| crate::error::Error::Other(e.into()))
-                .and_then(|elf| {
-                    self.attach_set(&path, &elf, &OBJECTS, UProbeScope::OneProcess(one))
-                });
-            match attached {
-                Ok(l) => links.extend(l),
-                Err(e) => {
-                    tracing::warn!(pid, library = %path.display(), error = %e, "Python objects not probed");
-                    continue;
-                }
-            }
-            self.libraries.push(Library {
-                path,
-                roles: vec![OBJECTS.role.into()],
-                timing: Timing::Engaged { after_s },
-                pid,
-            });
-        }
+        let links = self.attach_objects(one, after_s);
         if links.is_empty() {
             return false;
         }
@@ -87,6 +67,42 @@ impl Probes {
         );
         let _ = self.settings_changed();
         true
+    }
+
+    /// Attaches the object allocator's probes for `pid`'s address space, in each interpreter file
+    /// it maps (`after_s`: when, for the libraries listed); their links.
+    fn attach_objects(&mut self, pid: NonZeroU32, after_s: f64) -> Vec<AttachedLink> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let mapped = |path: &PathBuf| maps.contains(path.to_string_lossy().as_ref());
+        let files: Vec<PathBuf> = self
+            .objects
+            .found
+            .iter()
+            .filter(|p| mapped(p))
+            .cloned()
+            .collect();
+        let mut links = Vec::new();
+        for path in files {
+            let attached = elf::ElfFile::open(&path)
+                .map_err(|e| crate::error::Error::Other(e.into()))
+                .and_then(|elf| {
+                    self.attach_set(&path, &elf, &OBJECTS, UProbeScope::OneProcess(pid))
+                });
+            match attached {
+                Ok(l) => links.extend(l),
+                Err(e) => {
+                    tracing::warn!(%pid, library = %path.display(), error = %e, "Python objects not probed");
+                    continue;
+                }
+            }
+            self.libraries.push(Library {
+                path,
+                roles: vec![OBJECTS.role.into()],
+                timing: Timing::Engaged { after_s },
+                pid: pid.get(),
+            });
+        }
+        links
     }
 
     /// Ends the window of `pid`'s objects: its blocks recorded and still allocated stay as they

@@ -7,12 +7,13 @@ use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
+    ledger::KeptLine,
     model::{GroupKey, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
 };
 
 /// How long a process's objects are sampled: every call of its object allocator is a probe trap
-/// meanwhile (a pure-Python service runs about fifteen times slower), so the window is short and
+/// meanwhile (a pure-Python service runs about fifty times slower), so the window is short and
 /// comes once. Objects made in its first half and still held at its end are kept.
 pub const WINDOW_S: f64 = 1.0;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
@@ -120,32 +121,34 @@ impl Owner {
             return;
         };
         let kept = p.kept_objects();
+        let lines = self.by_site(kept);
         let arenas = self.arenas_of(pid);
-        // Stacks of one site (the objects of several types a line makes) are judged together.
-        let mut sites: Vec<String> = Vec::new();
-        let mut lines = Vec::with_capacity(kept.len());
-        for l in kept {
-            let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
-            let site =
-                crate::report::site_of(&frames.map_or_else(Vec::new, |(f, _)| self.sym.stack(f)));
-            let n = match sites.iter().position(|s| *s == site) {
-                Some(n) => n,
-                None => {
-                    sites.push(site);
-                    sites.len() - 1
-                }
-            };
-            lines.push((l, n as u32));
-        }
         tracing::info!(
             pid,
             stacks = lines.len(),
-            sites = sites.len(),
             arenas = arenas.len(),
             "Python objects' window closed"
         );
         self.analysis.objects_sampled(pid, arenas, lines);
         self.objects.judged.push(pid);
+    }
+
+    /// Each stack with the number of its site: stacks of one site (the objects of several types
+    /// one line makes) are judged together.
+    fn by_site(&mut self, kept: Vec<KeptLine>) -> Vec<(KeptLine, u32)> {
+        let mut sites: Vec<String> = Vec::new();
+        let mut lines = Vec::with_capacity(kept.len());
+        for l in kept {
+            let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
+            let frames = frames.map_or_else(Vec::new, |(f, _)| self.sym.stack(f));
+            let site = crate::report::site_of(&frames);
+            let n = sites.iter().position(|s| *s == site).unwrap_or_else(|| {
+                sites.push(site);
+                sites.len() - 1
+            });
+            lines.push((l, n as u32));
+        }
+        lines
     }
 
     /// The arena stacks of `pid` with a series.
