@@ -46,12 +46,30 @@ pub fn python_arenas<'f>(kind: Kind, frames: impl Iterator<Item = &'f SymFrame>)
         let Some(module) = f.module.as_deref() else {
             return false;
         };
-        let name = module.rsplit('/').next().unwrap_or(module);
-        if !(name.starts_with("libc.so") || name.starts_with("libc-")) {
+        if !is_libc(module) {
             return crate::python::interp::version_of(module).is_some();
         }
     }
     false
+}
+
+/// [`python_arenas`] on captured frames, without symbolizing them (symbolizing one frame loads
+/// its library's symbols: libtorch's are tens of MiB): the first frame past libc's wrapper is in
+/// the interpreter, where `_PyObject_ArenaMmap` is too.
+pub fn python_arenas_raw(kind: Kind, frames: &[crate::model::Frame]) -> bool {
+    let past_libc = frames
+        .iter()
+        .find(|f| !f.module.as_deref().is_some_and(is_libc));
+    kind == Kind::Mmap
+        && past_libc
+            .and_then(|f| f.module.as_deref())
+            .is_some_and(|m| crate::python::interp::version_of(m).is_some())
+}
+
+/// Whether the file `module` is a libc.
+pub fn is_libc(module: &str) -> bool {
+    let name = module.rsplit('/').next().unwrap_or(module);
+    name.starts_with("libc.so") || name.starts_with("libc-")
 }
 
 /// A captured frame's identity: (module, file offset).
@@ -170,5 +188,25 @@ mod tests {
         assert!(!arenas(&[&libc, &other, &stripped, &line]));
         assert!(!arenas(&[&libc, &line]));
         assert!(!python_arenas(Kind::Brk, [&libc, &named].into_iter()));
+        // The same rule on captured frames (module paths only).
+        let raw = |module: Option<&str>| crate::model::Frame {
+            module: module.map(Into::into),
+            offset: 0x100,
+            addr: 0x7f00_0000_0100,
+        };
+        let libc = raw(Some("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        let interp = raw(Some("/opt/lib/libpython3.11.so.1.0"));
+        let other = raw(Some("/usr/lib/libfoo.so"));
+        let unknown = raw(None);
+        assert!(python_arenas_raw(
+            Kind::Mmap,
+            &[libc.clone(), interp.clone()]
+        ));
+        assert!(!python_arenas_raw(
+            Kind::Mmap,
+            &[libc.clone(), other, interp.clone()]
+        ));
+        assert!(!python_arenas_raw(Kind::Mmap, &[libc.clone(), unknown]));
+        assert!(!python_arenas_raw(Kind::Brk, &[libc, interp]));
     }
 }

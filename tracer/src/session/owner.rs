@@ -362,7 +362,7 @@ impl Owner {
     }
 
     /// Whether `key`'s stack maps arenas of CPython's object allocator (an mmap stack, looked at
-    /// once).
+    /// once, without symbolizing it).
     fn is_arena(&mut self, key: &crate::model::GroupKey) -> bool {
         let Some(id) = key.stack.filter(|_| key.kind == crate::model::Kind::Mmap) else {
             return false;
@@ -373,9 +373,7 @@ impl Owner {
         let Some((frames, _)) = self.ledger.stacks.get(id) else {
             return false;
         };
-        let symbolized: Vec<_> = frames.iter().map(|f| self.sym.frames(f)).collect();
-        let arena =
-            crate::symbolize::python_arenas(key.kind, symbolized.iter().flat_map(|s| s.iter()));
+        let arena = crate::symbolize::python_arenas_raw(key.kind, frames);
         self.objects.arena_stacks.insert(id, arena);
         arena
     }
