@@ -283,7 +283,12 @@ impl AllocFn {
 
     /// A call of CPython's object allocator (Python objects in its arenas).
     pub fn is_object(self) -> bool {
-        (Self::PyObjectMalloc as u32..=Self::PyMemRealloc as u32).contains(&(self as u32))
+        Self::is_object_tag(self as u32)
+    }
+
+    /// [`AllocFn::is_object`] of a wire value (a pending call's tag), without decoding it.
+    pub const fn is_object_tag(tag: u32) -> bool {
+        Self::PyObjectMalloc as u32 <= tag && tag <= Self::PyMemRealloc as u32
     }
 
     /// A call that may move a block: its event is a [`EventKind::Realloc`].

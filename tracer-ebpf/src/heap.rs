@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocFn, CallSite, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED,
-    OBJECT_SAMPLE_BYTES, Pending,
+    Pending,
 };
 
 use crate::{
@@ -60,11 +60,7 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
                 return 0;
             }
             // A new thread's first sample point.
-            let mean = if func.is_object() {
-                OBJECT_SAMPLE_BYTES
-            } else {
-                sampling::interval()
-            };
+            let mean = sampling::interval_of(func.is_object());
             if mean != 0 {
                 p.countdown = sampling::draw(mean);
             }
@@ -91,7 +87,7 @@ fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
 /// Whether the call open in `p` is one of CPython's object allocator.
 #[inline(always)]
 pub fn object_call(p: &Pending) -> bool {
-    (AllocFn::PyObjectMalloc as u32..=AllocFn::PyMemRealloc as u32).contains(&p.func)
+    AllocFn::is_object_tag(p.func)
 }
 
 /// Opens a call in the thread's entry; only the header is written (the parked events are not).
@@ -214,11 +210,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 /// sampling test holding an undefined register, which the verifier rejects.
 #[inline(always)]
 fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
-    let mean = if object_call(p) {
-        OBJECT_SAMPLE_BYTES
-    } else {
-        sampling::interval()
-    };
+    let mean = sampling::interval_of(object_call(p));
     let ev = if mean != 0 {
         sample(p, ev, mean, id)
     } else {
@@ -504,10 +496,7 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
             ev.addr = addr;
             ev
         }
-        AllocFn::Realloc
-        | AllocFn::Reallocarray
-        | AllocFn::PyObjectRealloc
-        | AllocFn::PyMemRealloc => {
+        f if f.is_realloc() => {
             // NULL with a non-zero size is a failure: the old block is untouched.
             if rv == 0 && p.size != 0 {
                 return None;

@@ -27,6 +27,17 @@ pub fn interval() -> u64 {
     HEAP_SAMPLING.get(0).copied().unwrap_or(0)
 }
 
+/// The sampling interval of a call: CPython's object allocator's own
+/// ([`tracer_common::OBJECT_SAMPLE_BYTES`]: its objects are always sampled), else the heap's.
+#[inline(always)]
+pub fn interval_of(object: bool) -> u64 {
+    if object {
+        tracer_common::OBJECT_SAMPLE_BYTES
+    } else {
+        interval()
+    }
+}
+
 /// log2(1 + (i + ½)/256) in 16.16 fixed point.
 static LOG2: [u32; 256] = [
     184, 552, 919, 1284, 1648, 2010, 2371, 2730, 3088, 3445, 3801, 4155, 4507, 4859, 5209, 5558,

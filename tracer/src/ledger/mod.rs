@@ -112,7 +112,6 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Registers a root process (the launched command or the attached pid).
     /// Opens the window of `pid`'s Python objects (probes/objects.rs), in two halves of `half_ns`
     /// from its first object.
     pub fn open_objects(&mut self, pid: u32, half_ns: u64) {
@@ -121,6 +120,7 @@ impl Ledger {
         }
     }
 
+    /// Registers a root process (the launched command or the attached pid).
     pub fn add_root(&mut self, pid: u32, command: String, env: Vec<(String, String)>, now_ns: u64) {
         let p = self.procs.entry(pid).or_insert_with(|| Process {
             allocator_env: env,

@@ -12,7 +12,7 @@ use crate::model::{Kind, StackId};
 /// is asked for), and the bytes each stack made in it.
 #[derive(Clone, Debug, Default)]
 pub struct ObjectWindow {
-    pub from_ns: Option<u64>,
+    from_ns: Option<u64>,
     half_ns: u64,
     made: FxHashMap<Option<StackId>, u64>,
 }

@@ -155,17 +155,8 @@ impl Probes {
         if self.detach_due().is_none_or(|due| Instant::now() < due) {
             return;
         }
-        let mut links = Vec::new();
-        for (prog, id) in std::mem::take(&mut self.layers.links) {
-            let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
-            if let Ok(link) =
-                up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into()))
-            {
-                links.push(link);
-            }
-        }
-        // Each unregistration waits for a grace period: not on the prober's path.
-        std::thread::spawn(move || drop(links));
+        let links = std::mem::take(&mut self.layers.links);
+        self.detach_links(links);
         self.layers.everywhere = false;
         self.layers.none_since = None;
         self.layers.waiting = std::mem::take(&mut self.layers.attached);
@@ -270,7 +261,24 @@ impl Probes {
         true
     }
 
-    fn attach_heap_set(
+    /// Detaches `links`, in the background: each unregistration waits for a grace period, which
+    /// is not for the prober's path.
+    pub(super) fn detach_links(&mut self, links: Vec<AttachedLink>) {
+        let mut taken = Vec::new();
+        for (prog, id) in links {
+            let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
+            if let Ok(link) =
+                up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into()))
+            {
+                taken.push(link);
+            }
+        }
+        std::thread::spawn(move || drop(taken));
+    }
+
+    /// Attaches `set` in the file at `path` for `scope`, with the thread switch-out program the
+    /// heap-level entries need.
+    pub(super) fn attach_heap_set(
         &mut self,
         path: &Path,
         set: &'static ProbeSet,

@@ -8,10 +8,10 @@
 
 use std::{collections::HashMap, num::NonZeroU32, path::PathBuf};
 
-use aya::programs::{UProbe, uprobe::UProbeScope};
+use aya::programs::uprobe::UProbeScope;
 use tracer_common::TRACED_OBJECTS;
 
-use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program, sets::OBJECTS};
+use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, sets::OBJECTS};
 
 /// The object layer's state, owned by [`Probes`].
 #[derive(Default)]
@@ -37,11 +37,6 @@ impl Probes {
             return false;
         };
         let started = std::time::Instant::now();
-        // The entries the programs keep are per-CPU while their thread runs (as the heap's).
-        if let Err(e) = self.attach_switch_out() {
-            tracing::warn!(pid, error = %e, "Python objects not probed");
-            return false;
-        }
         let links = self.attach_objects(one, after_s);
         if links.is_empty() {
             return false;
@@ -83,12 +78,8 @@ impl Probes {
             .collect();
         let mut links = Vec::new();
         for path in files {
-            let attached = elf::ElfFile::open(&path)
-                .map_err(|e| crate::error::Error::Other(e.into()))
-                .and_then(|elf| {
-                    self.attach_set(&path, &elf, &OBJECTS, UProbeScope::OneProcess(pid))
-                });
-            match attached {
+            // The entries keep the heap's per-thread state (switched out with their thread).
+            match self.attach_heap_set(&path, &OBJECTS, UProbeScope::OneProcess(pid)) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     tracing::warn!(%pid, library = %path.display(), error = %e, "Python objects not probed");
@@ -117,17 +108,7 @@ impl Probes {
                 .insert(&pid, &(flags & !TRACED_OBJECTS), BPF_EXIST);
             let _ = self.settings_changed();
         }
-        let mut taken = Vec::new();
-        for (prog, id) in links {
-            let up: Result<&mut UProbe, _> = program(&mut self.bpf, prog);
-            if let Ok(link) =
-                up.and_then(|up| up.take_link(id).map_err(|e| anyhow::anyhow!("{e}").into()))
-            {
-                taken.push(link);
-            }
-        }
-        // Each unregistration waits for a grace period: not on the prober's path.
-        std::thread::spawn(move || drop(taken));
+        self.detach_links(links);
         tracing::info!(pid, "Python objects no longer sampled: the window closed");
     }
 

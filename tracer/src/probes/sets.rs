@@ -42,16 +42,27 @@ const fn heap_fn(
     }
 }
 
-/// A CUDA function: the shared multi-attach entry and return programs, told apart by a cookie.
-const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
+/// A function probed by a shared multi-attach entry program, told apart by its cookie (`func`),
+/// and a shared return program: one link per library and program.
+const fn cookie_fn(
+    name: &'static str,
+    func: AllocFn,
+    entry: &'static str,
+    ret: &'static str,
+) -> ProbeFn {
     ProbeFn {
         name,
-        entry: "cuda_enter",
-        ret: Some("cuda_return"),
+        entry,
+        ret: Some(ret),
         args: &[],
         cookie: Some(func as u64),
         after_call: None,
     }
+}
+
+/// A CUDA function.
+const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
+    cookie_fn(name, func, "cuda_enter", "cuda_return")
 }
 
 /// Functions probed together in one library, and the symbol that says the library has them.
@@ -216,17 +227,9 @@ pub(super) const OBJECTS: ProbeSet = ProbeSet {
     ],
 };
 
-/// An allocating function of CPython's object allocator: the shared multi-attach entry, told by
-/// its cookie, and the malloc family's return program.
+/// An allocating function of CPython's object allocator (the malloc family's return program).
 const fn object_fn(name: &'static str, func: AllocFn) -> ProbeFn {
-    ProbeFn {
-        name,
-        entry: "object_enter",
-        ret: Some("alloc_return"),
-        args: &[],
-        cookie: Some(func as u64),
-        after_call: None,
-    }
+    cookie_fn(name, func, "object_enter", "alloc_return")
 }
 
 /// A freeing function of CPython's object allocator (one multi-attach program for both).

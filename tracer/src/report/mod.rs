@@ -98,15 +98,16 @@ pub struct ProcReport {
     /// whose pages never called for it, and under `--heap off`: its heap is seen as pages only.
     #[serde(default = "malloc_traced_before")]
     pub malloc_traced: bool,
-    /// Its Python objects' window (`--heap auto`, its arenas grew): the stacks sampled, most made
-    /// first.
+    /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
+    /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objects: Option<Vec<ObjectLine>>,
 }
 
-/// A stack's Python objects in its process's window: bytes made in the window's first half and,
-/// of those, bytes still held at its end (estimates from samples), and whether it keeps them
-/// (half or more, and enough samples): the leak of the arenas is reported on those that keep.
+/// A site's Python objects in its process's window (its stacks together): bytes made in the
+/// window's first half and, of those, bytes still held at its end (estimates from samples), and
+/// whether it keeps them (a quarter or more, and enough samples): the leak of the arenas is
+/// reported on those that keep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ObjectLine {
     pub site: String,
@@ -115,7 +116,7 @@ pub struct ObjectLine {
     pub keeps: bool,
 }
 
-/// The stacks shown of a window, at most.
+/// The sites shown of a window, at most.
 const OBJECT_LINES: usize = 12;
 
 /// Reports stored before `malloc_traced` traced every process's malloc family, or none.
