@@ -197,15 +197,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
             f.stack.kind.name(),
             human(f.slope.max(0.0) as u64),
             unit(budget),
-            if f.stack.released {
-                "released at the end".to_string()
-            } else {
-                format!(
-                    "{} outstanding in {} blocks",
-                    human(f.stack.bytes),
-                    f.stack.blocks
-                )
-            },
+            held(f.stack),
             f.stack.pid,
             f.stack.site()
         );
@@ -217,6 +209,26 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
         );
     }
     s
+}
+
+/// What a leaking stack holds, in words: its outstanding bytes; for Python objects, sampled in a
+/// window, what the arenas grew by for them (the objects' leak is its arenas' growth, shared by
+/// the stacks that keep), and how many sampled objects it kept.
+fn held(stack: &StackReport) -> String {
+    let grown = stack.verdict.as_ref().map_or(0, |v| v.growth_bytes.max(0));
+    match stack.kind {
+        _ if stack.released => "released at the end".to_string(),
+        Kind::Object => format!(
+            "~{} of arenas, {} sampled objects kept",
+            human(grown as u64),
+            stack.blocks
+        ),
+        _ => format!(
+            "{} outstanding in {} blocks",
+            human(stack.bytes),
+            stack.blocks
+        ),
+    }
 }
 
 /// JUnit XML: one testcase per leaking stack (failed when over budget), plus one for the command's

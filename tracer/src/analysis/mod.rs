@@ -9,6 +9,7 @@ pub mod verdict;
 use rustc_hash::FxHashMap;
 
 pub use verdict::{Evidence, Verdict, classify};
+pub use objects::KEPT_MIN;
 
 use crate::{
     ledger::Ledger,

@@ -6,7 +6,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Analysis, Evidence, Verdict, classify, judge_released, span, verdict::Window};
+use super::{Analysis, Evidence, Verdict, judge_released, series::Series, span, verdict::Window};
 use crate::{
     ledger::KeptLine,
     model::{GroupKey, StackId},
@@ -20,6 +20,8 @@ pub const KEPT_MIN: u64 = 8 * tracer_common::OBJECT_SAMPLE_BYTES;
 /// (the stacks of one site: the objects of several types one line makes), and each site's sums.
 #[derive(Clone, Debug, Default)]
 pub struct ObjectWindow {
+    /// Where the window was on the series' axis: the program ran slowly meanwhile.
+    span: (f64, f64),
     arenas: Vec<GroupKey>,
     lines: FxHashMap<Option<StackId>, (KeptLine, u32)>,
     sites: FxHashMap<u32, (u64, u64)>,
@@ -57,12 +59,38 @@ fn recent_half(arenas: &super::series::Series, warmup_s: f64) -> f64 {
     warmup_s.max((first + last) / 2.0)
 }
 
+/// The arenas judged from `from_s` on, on what they added to what they held then: importing
+/// torch maps about 100 MiB of arenas, and a leak of objects adds 1 MiB at a time; judged against
+/// all of it, a slow leak's few MiB would be a fraction of a percent of what the stack holds, which
+/// a working set's wandering is. Arenas do not wander: they are whole MiB, mapped when objects need
+/// room and unmapped when none are left in them.
+///
+/// And a slow leak's arenas come a few seconds apart, so that two windows may end on the same
+/// floor: arenas that never fell, grew by two at least and were still rising in the last window
+/// (its peak above its floor) leak, where the series alone would read a bounded cache.
+///
+/// Not over a whole run: there, the import's arenas are most of the growth, and what rises after
+/// them need not be at the rate of the whole.
+fn classify_arenas(arenas: &Series, from_s: f64) -> Option<Evidence> {
+    const TWO_ARENAS: i64 = 2 << 20;
+    let added = arenas.added_since(from_s);
+    let mut e = judge_released(&added, from_s)?;
+    let never_fell = e.windows.windows(2).all(|w| w[1].floor >= w[0].floor);
+    let rising = e.windows.last().is_some_and(|w| w.peak > w.floor);
+    if e.verdict == Verdict::BoundedCache && never_fell && rising && e.growth_bytes >= TWO_ARENAS {
+        e.verdict = Verdict::Leak;
+    }
+    Some(e)
+}
+
 impl Analysis {
-    /// The window of `pid`'s Python objects closed: `arenas`, its arena stacks; `lines`, what
-    /// each stack made and kept, with its site (stacks of one site share the number).
+    /// The window of `pid`'s Python objects closed: `span`, from when it was asked for to its
+    /// close on the series' axis; `arenas`, its arena stacks; `lines`, what each stack made and
+    /// kept, with its site (stacks of one site share the number).
     pub fn objects_sampled(
         &mut self,
         pid: u32,
+        span: (f64, f64),
         arenas: Vec<GroupKey>,
         lines: Vec<(KeptLine, u32)>,
     ) {
@@ -75,6 +103,7 @@ impl Analysis {
         self.objects.insert(
             pid,
             ObjectWindow {
+                span,
                 arenas,
                 lines,
                 sites,
@@ -176,7 +205,7 @@ impl Analysis {
             .procs
             .iter()
             .filter(|(pid, s)| {
-                classify(&s.arenas, recent_half(&s.arenas, warmup_s)).is_some_and(|e| {
+                classify_arenas(&s.arenas, recent_half(&s.arenas, warmup_s)).is_some_and(|e| {
                     e.verdict == Verdict::Leak
                         && e.growth_bytes >= min_bytes
                         && span(&e) >= span_s
@@ -190,12 +219,23 @@ impl Analysis {
     }
 
     /// The process's arenas, all together, when they leak (judged on what they held before the
-    /// interpreter's exit gave them back).
+    /// interpreter's exit gave them back), without the window's span: while the program runs
+    /// slowly, its arenas hardly grow, and a window of seconds in the later half of a short run
+    /// would read as the leak ending, or halve its rate.
     fn arenas_leak(&self, pid: u32, warmup_s: f64) -> Option<Evidence> {
         let arenas = &self.procs.get(&pid)?.arenas;
-        let leak = |from| judge_released(arenas, from).filter(|e| e.verdict == Verdict::Leak);
+        let arenas = match self.objects.get(&pid) {
+            Some(w) => &arenas.without(w.span.0, w.span.1),
+            None => arenas,
+        };
+        let leak = |e: Option<Evidence>| e.filter(|e| e.verdict == Verdict::Leak);
         // The whole run where it reads as a leak (its slope is the run's), else its later half.
-        leak(warmup_s).or_else(|| leak(recent_half(&arenas.before_fall(), warmup_s)))
+        leak(judge_released(arenas, warmup_s)).or_else(|| {
+            leak(classify_arenas(
+                arenas,
+                recent_half(&arenas.before_fall(), warmup_s),
+            ))
+        })
     }
 }
 
@@ -207,6 +247,9 @@ mod tests {
         ledger::{KeptLine, Ledger},
         model::{GroupKey, Kind, StackId},
     };
+
+    /// A window's span after the samples.
+    const NO_SPAN: (f64, f64) = (100.0, 101.0);
 
     fn key(s: u32, kind: Kind) -> GroupKey {
         GroupKey {
@@ -267,7 +310,7 @@ mod tests {
             .into_iter()
             .map(|l| (l, l.stack.unwrap().get()))
             .collect();
-        a.objects_sampled(1, vec![arena, key(4, Kind::Mmap)], lines);
+        a.objects_sampled(1, NO_SPAN, vec![arena, key(4, Kind::Mmap)], lines);
         let judge = |s| a.judge(&key(s, Kind::Object), 0.0).unwrap();
         let (one, two) = (judge(1), judge(2));
         assert_eq!((one.verdict, two.verdict), (Verdict::Leak, Verdict::Leak));
@@ -301,6 +344,7 @@ mod tests {
         let mut flat = arenas(false);
         flat.objects_sampled(
             1,
+            NO_SPAN,
             vec![key(3, Kind::Mmap)],
             vec![(line(1, KEPT_MIN, KEPT_MIN), 1)],
         );
@@ -310,6 +354,7 @@ mod tests {
         let mut none = arenas(true);
         none.objects_sampled(
             1,
+            NO_SPAN,
             vec![key(3, Kind::Mmap)],
             vec![(line(5, 9 * KEPT_MIN, 0), 5)],
         );
@@ -319,5 +364,43 @@ mod tests {
             Verdict::Leak,
             "no stack kept: the arenas are the leak, at their line"
         );
+    }
+
+    /// An interpreter that imported torch (100 MiB of arenas in 4 s), then leaks objects slowly:
+    /// one 1 MiB arena every 3 s, a second a sample; its window, from 24 to 30 s, stalls it.
+    fn slow_leak(a: &mut Analysis, ledger: &Ledger, seconds: std::ops::Range<u64>) {
+        for t in seconds {
+            let program_s = if t < 24 { t } else { t.saturating_sub(6).max(24) };
+            let mib = if t < 4 { 25 * (t + 1) } else { 100 + (program_s - 4) / 3 };
+            let groups = [(key(3, Kind::Mmap), mib << 20)];
+            a.sample(t as f64, ledger, &groups);
+            a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect());
+        }
+    }
+
+    #[test]
+    fn a_slow_leak_over_an_interpreters_arenas_is_found_at_the_programs_rate() {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut a = Analysis::default();
+        slow_leak(&mut a, &ledger, 0..20);
+        assert_eq!(
+            a.growing_arenas(0.0, 2.0, 2 << 20),
+            vec![1],
+            "3 MiB over the later half's 10 s, on 100 MiB"
+        );
+        slow_leak(&mut a, &ledger, 20..48);
+        let keeps = vec![(line(1, 2 * KEPT_MIN, KEPT_MIN), 1)];
+        let mut cut = Analysis::default();
+        slow_leak(&mut cut, &ledger, 0..48);
+        cut.objects_sampled(1, (24.0, 30.0), vec![key(3, Kind::Mmap)], keeps.clone());
+        let leak = cut.judge(&key(1, Kind::Object), 0.0).unwrap();
+        assert_eq!(leak.verdict, Verdict::Leak);
+        let rate = leak.slope_bytes_per_s / (1 << 20) as f64;
+        assert!((0.28..0.39).contains(&rate), "1/3 MiB/s, not {rate}");
+        a.objects_sampled(1, NO_SPAN, vec![key(3, Kind::Mmap)], keeps);
+        let stalled = a.judge(&key(1, Kind::Object), 0.0).unwrap();
+        let rate = stalled.slope_bytes_per_s / (1 << 20) as f64;
+        assert!(rate < 0.28, "the window's stall in it: {rate}");
     }
 }

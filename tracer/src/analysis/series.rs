@@ -101,6 +101,50 @@ impl Series {
         }
     }
 
+    /// The series from `t_s` on, less the least it held there: what it added to what it held
+    /// then.
+    pub fn added_since(&self, t_s: f64) -> Series {
+        let from = self.points.partition_point(|p| p.t0 < t_s);
+        let points = &self.points[from..];
+        let least = points.iter().map(|p| p.min).min().unwrap_or(0);
+        Series {
+            points: points
+                .iter()
+                .map(|p| Point {
+                    min: p.min - least,
+                    max: p.max - least,
+                    last: p.last - least,
+                    ..*p
+                })
+                .collect(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
+    /// The series without its points that begin in [`t0_s`, `t1_s`), those after moved back by
+    /// as long: what it would be had that stretch not been.
+    pub fn without(&self, t0_s: f64, t1_s: f64) -> Series {
+        let cut = (t1_s - t0_s).max(0.0);
+        Series {
+            points: self
+                .points
+                .iter()
+                .filter(|p| !(t0_s..t1_s).contains(&p.t0))
+                .map(|p| match p.t0 >= t1_s {
+                    true => Point {
+                        t0: p.t0 - cut,
+                        t1: p.t1 - cut,
+                        ..*p
+                    },
+                    false => *p,
+                })
+                .collect(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
     /// Time from the first sample to the last.
     pub fn span(&self) -> f64 {
         match (self.points.first(), self.points.last()) {

@@ -51,6 +51,10 @@ impl Blocks {
         self.shards.iter().flat_map(|s| s.values())
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &Block)> {
+        self.shards.iter().flat_map(|s| s.iter())
+    }
+
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Block> {
         self.shards.iter_mut().flat_map(|s| s.values_mut())
     }

@@ -112,11 +112,10 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Opens the window of `pid`'s Python objects (probes/objects.rs), in two halves of `half_ns`
-    /// from its first object.
-    pub fn open_objects(&mut self, pid: u32, half_ns: u64) {
+    /// Opens the window of `pid`'s Python objects (probes/objects.rs), from its first object.
+    pub fn open_objects(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.objects = Some(objects::ObjectWindow::new(half_ns));
+            p.objects = Some(objects::ObjectWindow::default());
         }
     }
 

@@ -196,6 +196,12 @@ impl Process {
     }
 
     pub fn alloc(&mut self, addr: u64, size: u64, origin: Origin) {
+        self.allocated(addr, size, origin, None);
+    }
+
+    /// A block allocated, by `realloc` when `grown` says by how much it grew (see
+    /// `ObjectWindow::made`).
+    fn allocated(&mut self, addr: u64, size: u64, origin: Origin, grown: Option<u64>) {
         self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         let size = if origin.func == Some(AllocFn::Pvalloc) {
             page_up(size)
@@ -204,7 +210,7 @@ impl Process {
         };
         let func = origin.func;
         if let Some(w) = &mut self.objects {
-            w.made(size, &origin);
+            w.made(addr, size, grown, &origin);
         }
         if func == Some(AllocFn::C10AllocCpu) {
             self.pages_to_tensor(addr, size, &origin);
@@ -267,11 +273,18 @@ impl Process {
     /// else moves or resizes the block, which now belongs to the realloc call's stack.
     /// Returns the released block's stack.
     pub fn realloc(&mut self, old: u64, new: u64, size: u64, origin: Origin) -> Option<StackId> {
+        // What it grew by: from the outstanding block's size; nothing is known of a block not
+        // recorded (made before the window, or not sampled).
+        let grown = match self.heap.get(&old) {
+            _ if old == 0 => size,
+            Some(b) => size.saturating_sub(b.size),
+            None => 0,
+        };
         // The caller holds `old`: the outstanding block's, whatever frees are to come.
         let released = if old != 0 { self.release(old) } else { None };
         self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         if new != 0 {
-            self.alloc(new, size, origin);
+            self.allocated(new, size, origin, Some(grown));
         }
         released
     }

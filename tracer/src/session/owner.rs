@@ -319,15 +319,15 @@ impl Owner {
         };
         self.analysis.sample(x, &self.ledger, &groups);
         self.sample_arenas(x, &groups);
-        self.close_object_windows();
-        self.engage_heap(at_s);
+        self.close_object_windows(x);
+        self.engage_heap(at_s, x);
         t.elapsed()
     }
 
     /// `--heap auto`: asks, once per process, for the malloc family of each process with a
     /// page-level stack judged a leak (the prober leaves out all but the layered processes whose
     /// malloc family is not traced yet). Looked at once a second at most.
-    fn engage_heap(&mut self, at_s: f64) {
+    fn engage_heap(&mut self, at_s: f64, x: f64) {
         let Some((_, last)) = &mut self.engaged else {
             return;
         };
@@ -335,7 +335,7 @@ impl Owner {
             return;
         }
         *last = at_s;
-        self.object_windows(at_s);
+        self.object_windows(at_s, x);
         let warmup = self.config.warmup;
         let grown = self
             .analysis

@@ -1,21 +1,30 @@
 //! `--heap auto`: the window of a process's Python objects. When a process's pymalloc arenas grow
-//! as a leak does, its object allocator is sampled for [`WINDOW_S`] (probes/objects.rs), once; at
-//! the window's end, what each stack made in its first half and still holds is handed to the
+//! as a leak does, its object allocator is sampled (probes/objects.rs), once, for as long as it
+//! takes to tell which stacks keep their objects: [`MIN_S`] at least, [`MAX_S`] at most. What
+//! each stack made in the window's first half and still holds at its end is handed to the
 //! analysis, which reports the leak on the stacks that keep their objects.
 
 use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
+    analysis::KEPT_MIN,
     ledger::KeptLine,
     model::{GroupKey, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
 };
 
-/// How long a process's objects are sampled: every call of its object allocator is a probe trap
+/// How long a window lasts at least: every call of the object allocator is a probe trap
 /// meanwhile (a pure-Python service runs about fifty times slower), so the window is short and
 /// comes once. Objects made in its first half and still held at its end are kept.
-pub const WINDOW_S: f64 = 1.0;
+pub const MIN_S: f64 = 1.0;
+/// How long it lasts at most: a slow leak (a training loop that logs a dict of metrics every
+/// step) keeps a few KiB of objects in a second of the slowed program, fewer than the judgement
+/// needs; its window goes on until one stack has kept [`SURE_BYTES`], or this long.
+pub const MAX_S: f64 = 5.0;
+/// Kept bytes that end a window before [`MAX_S`] (see [`sure`]): four times what the judgement
+/// needs, so that more of the window would not change it.
+const SURE_BYTES: u64 = 4 * KEPT_MIN;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
 /// this.
 const GIVE_UP_S: f64 = 10.0;
@@ -24,45 +33,94 @@ const GIVE_UP_S: f64 = 10.0;
 const MIN_BYTES: i64 = 2 << 20;
 const SPAN_S: f64 = 2.0;
 
-/// The windows asked for, and those open: (pid, when it is given up without an object).
+/// The windows asked for, and those open.
 #[derive(Default)]
 pub(super) struct ObjectWindows {
     asked: HashSet<u32>,
-    open: Vec<(u32, u64)>,
+    open: Vec<OpenWindow>,
     /// Processes whose window was judged: their arena stacks are looked for at each look.
     judged: Vec<u32>,
     /// Whether each mmap stack seen maps arenas (`Owner::is_arena`).
     pub(super) arena_stacks: HashMap<StackId, bool>,
 }
 
+/// A window open: its process, when it was asked for, when it is given up without an object, and what its stacks kept
+/// at the last look (what it is judged on when the process exits before it closes).
+struct OpenWindow {
+    pid: u32,
+    /// When it was asked for, on the series' axis.
+    from_x: f64,
+    give_up_ns: u64,
+    latest: Option<Vec<KeptLine>>,
+}
+
+/// What becomes of an open window at a look.
+enum Look {
+    Open(Option<Vec<KeptLine>>),
+    Close(Option<Vec<KeptLine>>),
+}
+
+/// Whether a window has seen enough: the stacks that keep (a quarter or more of what they made,
+/// [`KEPT_MIN`] at least) kept [`SURE_BYTES`] together. Stacks, not the sites the judgement
+/// groups them in (which takes symbolizing them): one line's dict and its strings are stacks of
+/// their own, and neither may keep enough alone.
+fn sure(kept: &[KeptLine]) -> bool {
+    let keeps = |l: &&KeptLine| l.kept >= KEPT_MIN && l.kept.saturating_mul(4) >= l.made;
+    kept.iter().filter(keeps).map(|l| l.kept).sum::<u64>() >= SURE_BYTES
+}
+
 impl Owner {
-    /// Closes the windows due: looked at every sample, so that a window lasts no longer than it
-    /// must (the program runs slowly meanwhile).
-    pub(super) fn close_object_windows(&mut self) {
+    /// Looks at the open windows, closing those that can tell (or can no longer): looked at every
+    /// sample, so that a window lasts no longer than it must (the program runs slowly meanwhile).
+    pub(super) fn close_object_windows(&mut self, x: f64) {
         if self.objects.open.is_empty() {
             return;
         }
         let now = monotonic_ns();
-        let ledger = &self.ledger;
-        let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.objects.open)
-            .into_iter()
-            .partition(|&(pid, give_up)| {
-                let window = ledger.procs.get(&pid).and_then(|p| p.objects.as_ref());
-                match window.and_then(|w| w.end_ns()) {
-                    Some(end) => end <= now,
-                    None => give_up <= now,
+        for mut w in std::mem::take(&mut self.objects.open) {
+            match self.look_at_window(&mut w, now) {
+                Look::Open(latest) => {
+                    w.latest = latest;
+                    self.objects.open.push(w);
                 }
-            });
-        self.objects.open = open;
-        for (pid, _) in due {
-            self.close_objects(pid);
+                Look::Close(kept) => self.close_objects(w.pid, (w.from_x, x), kept),
+            }
+        }
+    }
+
+    /// Whether `w` stays open (with what its stacks keep so far) or closes (with what it is
+    /// judged on; nothing when it cannot be).
+    fn look_at_window(&self, w: &mut OpenWindow, now: u64) -> Look {
+        let Some(p) = self.ledger.procs.get(&w.pid) else {
+            return Look::Close(None);
+        };
+        if p.exited_ns.is_some() {
+            // Not what it holds now: the interpreter's exit freed what its modules held.
+            return Look::Close(w.latest.take());
+        }
+        let Some(from) = p.objects.as_ref().and_then(|o| o.from_ns()) else {
+            return if now >= w.give_up_ns {
+                Look::Close(None)
+            } else {
+                Look::Open(None)
+            };
+        };
+        let elapsed_s = now.saturating_sub(from) as f64 / 1e9;
+        if elapsed_s < MIN_S {
+            return Look::Open(None);
+        }
+        let kept = p.kept_objects(now);
+        if sure(&kept) || elapsed_s >= MAX_S {
+            Look::Close(Some(kept))
+        } else {
+            Look::Open(Some(kept))
         }
     }
 
     /// Opens a window for each process whose arenas leak (judged so, not explained by its
     /// tensors), and finds the arena stacks made since in those judged. Looked at with the
     /// malloc family's engagement.
-    pub(super) fn object_windows(&mut self, at_s: f64) {
+    pub(super) fn object_windows(&mut self, at_s: f64, x: f64) {
         let now = monotonic_ns();
         for pid in self.objects.judged.clone() {
             let arenas = self.arenas_of(pid);
@@ -75,9 +133,13 @@ impl Owner {
                 continue;
             }
             // Opened in the ledger first: the first samples may come before the probes answer.
-            self.ledger.open_objects(pid, (WINDOW_S / 2.0 * 1e9) as u64);
-            let give_up = now + (GIVE_UP_S * 1e9) as u64;
-            self.objects.open.push((pid, give_up));
+            self.ledger.open_objects(pid);
+            self.objects.open.push(OpenWindow {
+                pid,
+                from_x: x,
+                give_up_ns: now + (GIVE_UP_S * 1e9) as u64,
+                latest: None,
+            });
             let ask = ProbeRequest::EngageObjects {
                 tgid: pid,
                 after_s: at_s,
@@ -101,35 +163,28 @@ impl Owner {
     }
 
     /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
-    /// the process ended meanwhile (an interpreter's exit frees what its modules held, which is
-    /// not what the program did).
-    fn close_objects(&mut self, pid: u32) {
+    /// there is nothing to judge (the process ended before the window's first look, or no object
+    /// was recorded).
+    fn close_objects(&mut self, pid: u32, span: (f64, f64), kept: Option<Vec<KeptLine>>) {
         let _ = self
             .prober
             .requests
             .send(ProbeRequest::DisengageObjects { tgid: pid });
-        let Some(p) = self
-            .ledger
-            .procs
-            .get(&pid)
-            .filter(|p| p.exited_ns.is_none())
-        else {
-            tracing::info!(
-                pid,
-                "Python objects' window not judged: the process ended in it"
-            );
+        let Some(kept) = kept else {
+            tracing::info!(pid, "Python objects' window not judged: nothing to judge");
             return;
         };
-        let kept = p.kept_objects();
         let lines = self.by_site(kept);
         let arenas = self.arenas_of(pid);
         tracing::info!(
             pid,
             stacks = lines.len(),
             arenas = arenas.len(),
+            from = span.0,
+            to = span.1,
             "Python objects' window closed"
         );
-        self.analysis.objects_sampled(pid, arenas, lines);
+        self.analysis.objects_sampled(pid, span, arenas, lines);
         self.objects.judged.push(pid);
     }
 
