@@ -128,6 +128,11 @@ pub const TRACED_OBJECTS: u32 = 64;
 /// gets dozens of samples. A sample costs a few microseconds, each trap one.
 pub const OBJECT_SAMPLE_BYTES: u64 = 1 << 10;
 
+/// In an object allocator probe's attach cookie: the probe is on the function the interpreter's
+/// allocator table holds (`_PyObject_Free(ctx, p)`), not on the wrapper that jumps to it
+/// (`PyObject_Free(p)`), so its arguments come one register later.
+pub const COOKIE_ARGS_AFTER_CONTEXT: u64 = 1 << 32;
+
 impl EventKind {
     /// Decodes the wire value.
     pub fn from_u32(v: u32) -> Option<Self> {

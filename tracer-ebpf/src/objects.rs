@@ -10,10 +10,10 @@ use aya_ebpf::{
     macros::uprobe,
     programs::ProbeContext,
 };
-use tracer_common::{AllocFn, TRACED_OBJECTS};
+use tracer_common::{AllocFn, COOKIE_ARGS_AFTER_CONTEXT, TRACED_OBJECTS};
 
 use crate::{
-    heap::{arg, enter, mul, send_free},
+    heap::{enter, mul, send_free},
     sampling,
     shared::traced_flags,
 };
@@ -28,20 +28,40 @@ pub fn object_enter(ctx: ProbeContext) -> u32 {
     let Some(func) = AllocFn::from_u32(cookie as u32) else {
         return 0;
     };
+    let [a, b] = args(&ctx, cookie);
     let (old, size) = match func {
-        AllocFn::PyObjectCalloc | AllocFn::PyMemCalloc => (0, mul(arg(&ctx, 0), arg(&ctx, 1))),
-        AllocFn::PyObjectRealloc | AllocFn::PyMemRealloc => (arg(&ctx, 0), arg(&ctx, 1)),
-        _ => (0, arg(&ctx, 0)),
+        AllocFn::PyObjectCalloc | AllocFn::PyMemCalloc => (0, mul(a, b)),
+        AllocFn::PyObjectRealloc | AllocFn::PyMemRealloc => (a, b),
+        _ => (0, a),
     };
     enter(&ctx, func, old, size)
 }
 
-/// `PyObject_Free` and `PyMem_Free`: most blocks were not recorded and go first, on one lookup;
+/// The call's first two arguments: from the second argument register on where the probe is on
+/// the function the interpreter's allocator table holds (its context first).
+#[inline(always)]
+fn args(ctx: &ProbeContext, cookie: u64) -> [u64; 2] {
+    // SAFETY: the probe's own register block.
+    let r = unsafe { &*ctx.regs };
+    // Each register loaded first, then chosen: a load at an offset chosen at run time is one the
+    // verifier rejects.
+    // SAFETY: reads of the probe's own register block.
+    let [rdi, rsi, rdx] = unsafe { [&r.rdi, &r.rsi, &r.rdx].map(|x| core::ptr::read_volatile(x)) };
+    if cookie & COOKIE_ARGS_AFTER_CONTEXT != 0 {
+        [rsi, rdx]
+    } else {
+        [rdi, rsi]
+    }
+}
+
+/// `PyObject_Free` and `PyMem_Free` (or the one function their tables hold): most blocks were not recorded and go first, on one lookup;
 /// a recorded one is released while the process's objects are still sampled (after the window,
 /// its blocks stay as they were when it closed).
 #[uprobe(multi)]
 pub fn object_free_enter(ctx: ProbeContext) -> u32 {
-    let ptr = arg(&ctx, 0);
+    // SAFETY: helper on the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let [ptr, _] = args(&ctx, cookie);
     if ptr == 0 {
         return 0;
     }

@@ -9,7 +9,7 @@ pub mod verdict;
 use rustc_hash::FxHashMap;
 
 pub use verdict::{Evidence, Verdict, classify};
-pub use objects::KEPT_MIN;
+pub use objects::{KEPT_MIN, kept_by_keepers};
 
 use crate::{
     ledger::Ledger,

@@ -28,13 +28,9 @@ pub struct ObjectWindow {
 }
 
 impl ObjectWindow {
-    /// Whether a stack's site kept its objects: a quarter of what it made early in the window or
-    /// more, and [`KEPT_MIN`] at least. Not half: a line that keeps objects in a container that
-    /// grows also makes the container's array again and again (a list's is reallocated as it
-    /// grows, the old one freed), while temporaries keep next to nothing (the request in flight).
+    /// Whether a stack's site kept its objects (see [`site_keeps`]).
     fn keeps(&self, site: u32) -> bool {
-        let (made, kept) = self.sites.get(&site).copied().unwrap_or_default();
-        kept >= KEPT_MIN && kept.saturating_mul(4) >= made
+        site_keeps(self.sites.get(&site).copied().unwrap_or_default())
     }
 
     /// Bytes kept by the stacks whose site keeps.
@@ -45,6 +41,31 @@ impl ObjectWindow {
             .map(|(l, _)| l.kept)
             .sum()
     }
+}
+
+/// Whether a site that made and kept (`made`, `kept`) bytes early in a window kept its objects: a
+/// quarter of what it made or more, and [`KEPT_MIN`] at least. Not half: a line that keeps
+/// objects in a container that grows also makes the container's array again and again (a
+/// list's is reallocated as it grows, the old one freed), while temporaries keep next to nothing
+/// (the request in flight).
+fn site_keeps((made, kept): (u64, u64)) -> bool {
+    kept >= KEPT_MIN && kept.saturating_mul(4) >= made
+}
+
+/// Each site's bytes made and kept, from its stacks' (`lines`, with their sites).
+fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
+    let mut sites: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+    for (l, site) in lines {
+        let s = sites.entry(*site).or_default();
+        (s.0, s.1) = (s.0 + l.made, s.1 + l.kept);
+    }
+    sites
+}
+
+/// Bytes kept by the sites that keep, of a window's stacks `lines` (with their sites).
+pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
+    let sites = site_sums(lines);
+    sites.values().filter(|s| site_keeps(**s)).map(|s| s.1).sum()
 }
 
 /// Where a process's arenas are judged from: the later half of what was sampled (from
@@ -94,11 +115,7 @@ impl Analysis {
         arenas: Vec<GroupKey>,
         lines: Vec<(KeptLine, u32)>,
     ) {
-        let mut sites: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
-        for (l, site) in &lines {
-            let s = sites.entry(*site).or_default();
-            (s.0, s.1) = (s.0 + l.made, s.1 + l.kept);
-        }
+        let sites = site_sums(&lines);
         let lines = lines.into_iter().map(|(l, s)| (l.stack, (l, s))).collect();
         self.objects.insert(
             pid,

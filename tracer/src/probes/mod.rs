@@ -449,17 +449,29 @@ impl Probes {
                 continue;
             }
             let place = if !set.placed {
-                placement::Placement {
-                    offset: 0,
-                    reason: "entry (a rarely called function)",
-                }
+                placement::Placement::entry("entry (a rarely called function)")
             } else if probe_at_entry() {
-                placement::Placement {
-                    offset: 0,
-                    reason: "LEAKTRACER_PROBE_AT_ENTRY set",
-                }
+                placement::Placement::entry("LEAKTRACER_PROBE_AT_ENTRY set")
             } else {
                 placement::choose(&func.code, func.addr, f.args)
+            };
+            let (mut at, mut cookie) = (func.file_offset + place.offset, f.cookie);
+            let table = match scope {
+                UProbeScope::OneProcess(pid) if f.through_table && !place.emulated => {
+                    objects::table_target(pid, library, &func, f.args)
+                }
+                _ => None,
+            };
+            let place = match table {
+                Some((offset, table_place)) => {
+                    at = offset + table_place.offset;
+                    cookie = cookie.map(|c| c | tracer_common::COOKIE_ARGS_AFTER_CONTEXT);
+                    placement::Placement {
+                        reason: "the function its table holds in the process: first emulated instruction",
+                        ..table_place
+                    }
+                }
+                None => place,
             };
             tracing::info!(
                 function = f.name,
@@ -472,7 +484,11 @@ impl Probes {
                 Mode::Bare => ("bare_enter", f.ret.map(|_| "bare_return")),
             };
             for prog in std::iter::once(entry).chain(ret) {
-                points.push((prog, func.file_offset + place.offset, f.cookie));
+                // Wrappers whose table holds one function (PyObject_Free, PyMem_Free) share
+                // its probe.
+                if !points.iter().any(|p| p.0 == prog && p.1 == at) {
+                    points.push((prog, at, cookie));
+                }
             }
             self.attached.push(AttachedFn {
                 function: f.name.into(),

@@ -6,12 +6,23 @@
 //! every call is a probe trap (a pure-Python service makes millions a second), so they are not
 //! left on.
 
-use std::{collections::HashMap, num::NonZeroU32, path::PathBuf};
+use std::{
+    collections::HashMap,
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
 
 use aya::programs::uprobe::UProbeScope;
+use iced_x86::Register;
 use tracer_common::TRACED_OBJECTS;
 
-use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, sets::OBJECTS};
+use super::{
+    AttachedLink, BPF_EXIST, Library, Probes, Timing,
+    elf::Function,
+    placement::{self, Placement},
+    sets::OBJECTS,
+};
+use crate::procfs::ProcMaps;
 
 /// The object layer's state, owned by [`Probes`].
 #[derive(Default)]
@@ -116,4 +127,46 @@ impl Probes {
     pub(super) fn objects_gone(&mut self, pid: u32) {
         self.disengage_objects(pid);
     }
+}
+
+/// The function the table slot that wrapper `func` of `library` jumps through holds in `pid`
+/// (`PyObject_Free` → `_PyObject.free`, pymalloc's `_PyObject_Free` unless the program installed
+/// hooks: debug, tracemalloc), found in `library` as well: its file offset, and where in it to
+/// probe, its arguments (`args` of the wrapper) one register later. None where it cannot be
+/// found, is in another file, or has no instruction to probe cheaply either.
+pub(super) fn table_target(
+    pid: NonZeroU32,
+    library: &Path,
+    func: &Function,
+    args: &[Register],
+) -> Option<(u64, Placement)> {
+    let slot = placement::jump_slot(&func.code, func.addr)?;
+    let maps = ProcMaps::read(pid.get())?;
+    let path = library.to_str()?;
+    let bias = maps
+        .address_of(path, func.file_offset)?
+        .wrapping_sub(func.addr);
+    let word = crate::python::mem::read(pid.get(), bias.wrapping_add(slot), 8)?;
+    let target = u64::from_le_bytes(word.try_into().ok()?);
+    let (file, offset) = maps.resolve(target)?;
+    if **file != *path {
+        return None;
+    }
+    let code = read_at(library, offset, TARGET_CODE)?;
+    let args: Vec<Register> = args.iter().filter_map(|&r| placement::next_argument(r)).collect();
+    let place = placement::choose(&code, target, &args);
+    place.emulated.then_some((offset, place))
+}
+
+/// Bytes of a table's function read to place its probe (its prologue, and the branches of what
+/// follows that could land in it).
+const TARGET_CODE: usize = 4096;
+
+/// Up to `len` bytes of `path` from `offset`.
+fn read_at(path: &Path, offset: u64, len: usize) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; len];
+    let n = std::fs::File::open(path).ok()?.read_at(&mut buf, offset).ok()?;
+    buf.truncate(n);
+    (n > 0).then_some(buf)
 }

@@ -20,11 +20,17 @@ const MAX_PROLOGUE: usize = 12;
 pub struct Placement {
     pub offset: u64,
     pub reason: &'static str,
+    /// The probed instruction is one the kernel emulates (one trap a hit).
+    pub emulated: bool,
 }
 
 impl Placement {
     pub const fn entry(reason: &'static str) -> Self {
-        Self { offset: 0, reason }
+        Self {
+            offset: 0,
+            reason,
+            emulated: false,
+        }
     }
 }
 
@@ -45,7 +51,10 @@ pub fn choose(code: &[u8], addr: u64, args: &[Register]) -> Placement {
         if is_emulated(&instr) {
             let offset = instr.ip() - addr;
             if offset == 0 {
-                return Placement::entry("first instruction is emulated");
+                return Placement {
+                    emulated: true,
+                    ..Placement::entry("first instruction is emulated")
+                };
             }
             if jumps_into(code, addr, offset) {
                 return Placement::entry("a branch targets the prologue");
@@ -53,6 +62,7 @@ pub fn choose(code: &[u8], addr: u64, args: &[Register]) -> Placement {
             return Placement {
                 offset,
                 reason: "first emulated instruction; arguments intact",
+                emulated: true,
             };
         }
         if instr.flow_control() != FlowControl::Next {
@@ -63,6 +73,44 @@ pub fn choose(code: &[u8], addr: u64, args: &[Register]) -> Placement {
         }
     }
     Placement::entry("no emulated instruction in the prologue")
+}
+
+/// The slot of a table of functions that the function `code` (loaded at `addr`) jumps through
+/// (`jmp *disp(%rip)`, CPython's `PyObject_Free` calling the object allocator its `_PyObject`
+/// table holds), found in its straight-line code (conditional branches are passed): the slot's
+/// address in the same address space as `addr`. None when it has none.
+pub fn jump_slot(code: &[u8], addr: u64) -> Option<u64> {
+    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    let mut instr = Instruction::default();
+    for _ in 0..MAX_PROLOGUE {
+        if !decoder.can_decode() {
+            return None;
+        }
+        decoder.decode_out(&mut instr);
+        match instr.flow_control() {
+            FlowControl::Next | FlowControl::ConditionalBranch => continue,
+            FlowControl::IndirectBranch if instr.is_ip_rel_memory_operand() => {
+                return Some(instr.ip_rel_memory_address());
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The register that holds argument `r` of a function called with one more argument before it
+/// (a table's function: its context first): RDI's argument in RSI, RSI's in RDX…
+pub fn next_argument(r: Register) -> Option<Register> {
+    const ORDER: [Register; 6] = [
+        Register::RDI,
+        Register::RSI,
+        Register::RDX,
+        Register::RCX,
+        Register::R8,
+        Register::R9,
+    ];
+    let at = ORDER.iter().position(|&x| x == r)?;
+    ORDER.get(at + 1).copied()
 }
 
 /// Instructions of a function examined for the call [`after_call`] looks for.
@@ -267,7 +315,52 @@ mod tests {
     fn malloc_push_first_stays_at_zero() {
         let code = [0x41, 0x54, 0x55, 0x53, 0xc3];
         let p = choose(&code, 0x1000, RDI);
-        assert_eq!(p, Placement::entry("first instruction is emulated"));
+        assert_eq!(
+            p,
+            Placement {
+                emulated: true,
+                ..Placement::entry("first instruction is emulated")
+            }
+        );
+    }
+
+    /// CPython 3.11's `PyObject_Free` (pyenv's build): `mov %rdi,%rsi ; mov _PyObject(%rip),%rdi ;
+    /// jmp *_PyObject+0x20(%rip)`.
+    const PY_OBJECT_FREE: [u8; 16] = [
+        0x48, 0x89, 0xfe, 0x48, 0x8b, 0x3d, 0xe6, 0xcf, 0x2a, 0x00, 0xff, 0x25, 0x00, 0xd0, 0x2a,
+        0x00,
+    ];
+
+    #[test]
+    fn a_wrapper_that_jumps_through_a_table_gives_its_slot() {
+        let p = choose(&PY_OBJECT_FREE, 0x1af270, RDI);
+        assert!(!p.emulated, "the pointer is moved out of rdi first: {p:?}");
+        assert_eq!(jump_slot(&PY_OBJECT_FREE, 0x1af270), Some(0x45c280));
+        // PyObject_Malloc: mov %rdi,%rsi ; test %rdi,%rdi ; js ; mov _PyObject(%rip),%rdi ;
+        // jmp *_PyObject+8(%rip): its slot past the branch, and its probe on the branch (the
+        // size still in rdi).
+        let malloc = [
+            0x48, 0x89, 0xfe, 0x48, 0x85, 0xff, 0x78, 0x10, 0x48, 0x8b, 0x3d, 0x71, 0xd0, 0x2a,
+            0x00, 0xff, 0x25, 0x73, 0xd0, 0x2a, 0x00,
+        ];
+        assert_eq!(jump_slot(&malloc, 0x1af1e0), Some(0x45c268));
+        assert_eq!(choose(&malloc, 0x1af1e0, RDI).offset, 6);
+        // A function that returns first has no slot.
+        assert_eq!(jump_slot(&[0xc3], 0x1000), None);
+    }
+
+    #[test]
+    fn the_tables_function_is_probed_with_its_arguments_one_register_on() {
+        // _PyObject_Free(ctx, p): test %rsi,%rsi ; je ; mov %rsi,%rcx ; lea …(%rip),%rdx
+        let code = [
+            0x48, 0x85, 0xf6, 0x74, 0x7b, 0x48, 0x89, 0xf1, 0x48, 0x8d, 0x15, 0x31, 0x8a, 0x3c,
+            0x00,
+        ];
+        let args: Vec<Register> = RDI.iter().filter_map(|&r| next_argument(r)).collect();
+        assert_eq!(args, [Register::RSI]);
+        let p = choose(&code, 0x1aede0, &args);
+        assert_eq!((p.offset, p.emulated), (3, true));
+        assert_eq!(next_argument(Register::R9), None);
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub(super) struct ProbeFn {
     /// One probe for the entry and the return where the function's code allows it (see
     /// `placement::after_call`).
     pub(super) after_call: Option<AfterCall>,
+    /// A wrapper that jumps through a table of functions (`placement::jump_slot`): where its own
+    /// code has no instruction to probe cheaply, the function the process's table holds is
+    /// probed instead (a process's probes only).
+    pub(super) through_table: bool,
 }
 
 /// A probe right after the function's call to `callee`, running `program` with the call's
@@ -39,6 +43,7 @@ const fn heap_fn(
         args,
         cookie: None,
         after_call: None,
+        through_table: false,
     }
 }
 
@@ -49,20 +54,22 @@ const fn cookie_fn(
     func: AllocFn,
     entry: &'static str,
     ret: &'static str,
+    args: &'static [Register],
 ) -> ProbeFn {
     ProbeFn {
         name,
         entry,
         ret: Some(ret),
-        args: &[],
+        args,
         cookie: Some(func as u64),
         after_call: None,
+        through_table: false,
     }
 }
 
 /// A CUDA function.
 const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
-    cookie_fn(name, func, "cuda_enter", "cuda_return")
+    cookie_fn(name, func, "cuda_enter", "cuda_return", &[])
 }
 
 /// Functions probed together in one library, and the symbol that says the library has them.
@@ -164,6 +171,7 @@ pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
                 callee: "posix_memalign",
                 program: "c10_alloc_site",
             }),
+            through_table: false,
         },
         // Counts only where the malloc family is untraced (`--heap auto` before it is needed);
         // elsewhere the `free` it calls does.
@@ -174,6 +182,7 @@ pub(super) const TORCH_CPU: ProbeSet = ProbeSet {
             args: RDI,
             cookie: None,
             after_call: None,
+            through_table: false,
         },
     ],
 };
@@ -192,6 +201,7 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
             args: &[],
             cookie: None,
             after_call: None,
+            through_table: false,
         },
         ProbeFn {
             name: "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::get_allocated_block",
@@ -200,6 +210,7 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
             args: &[],
             cookie: None,
             after_call: None,
+            through_table: false,
         },
     ],
 };
@@ -214,22 +225,25 @@ pub(super) const OBJECTS: ProbeSet = ProbeSet {
     role: "python-objects",
     marker: "PyObject_Malloc",
     file_prefix: None,
-    placed: false,
+    // Every call of these is a trap while they are attached: a single-stepped one (pyenv's
+    // PyObject_Malloc starts with `mov %rdi,%rsi`) costs ten emulated ones.
+    placed: true,
     fns: &[
-        object_fn("PyObject_Malloc", AllocFn::PyObjectMalloc),
-        object_fn("PyObject_Calloc", AllocFn::PyObjectCalloc),
-        object_fn("PyObject_Realloc", AllocFn::PyObjectRealloc),
+        object_fn("PyObject_Malloc", AllocFn::PyObjectMalloc, RDI),
+        object_fn("PyObject_Calloc", AllocFn::PyObjectCalloc, RDI_RSI),
+        object_fn("PyObject_Realloc", AllocFn::PyObjectRealloc, RDI_RSI),
         object_free("PyObject_Free"),
-        object_fn("PyMem_Malloc", AllocFn::PyMemMalloc),
-        object_fn("PyMem_Calloc", AllocFn::PyMemCalloc),
-        object_fn("PyMem_Realloc", AllocFn::PyMemRealloc),
+        object_fn("PyMem_Malloc", AllocFn::PyMemMalloc, RDI),
+        object_fn("PyMem_Calloc", AllocFn::PyMemCalloc, RDI_RSI),
+        object_fn("PyMem_Realloc", AllocFn::PyMemRealloc, RDI_RSI),
         object_free("PyMem_Free"),
     ],
 };
 
-/// An allocating function of CPython's object allocator (the malloc family's return program).
-const fn object_fn(name: &'static str, func: AllocFn) -> ProbeFn {
-    cookie_fn(name, func, "object_enter", "alloc_return")
+/// An allocating function of CPython's object allocator (the malloc family's return program),
+/// reading its arguments from `args`.
+const fn object_fn(name: &'static str, func: AllocFn, args: &'static [Register]) -> ProbeFn {
+    cookie_fn(name, func, "object_enter", "alloc_return", args)
 }
 
 /// A freeing function of CPython's object allocator (one multi-attach program for both).
@@ -238,9 +252,12 @@ const fn object_free(name: &'static str) -> ProbeFn {
         name,
         entry: "object_free_enter",
         ret: None,
-        args: &[],
+        args: RDI,
         cookie: Some(0),
         after_call: None,
+        // Freeing needs no return probe: one probe on the table's function stands for the
+        // wrapper's (both of PyObject_Free and PyMem_Free reach pymalloc's).
+        through_table: true,
     }
 }
 

@@ -42,6 +42,14 @@ impl ProcMaps {
         (addr < m.end).then(|| (&m.path, addr - m.start + m.file_offset))
     }
 
+    /// Where the byte at `file_offset` of `path` is mapped (the inverse of [`ProcMaps::resolve`]).
+    pub fn address_of(&self, path: &str, file_offset: u64) -> Option<u64> {
+        self.maps.iter().find_map(|m| {
+            let within = file_offset.checked_sub(m.file_offset)?;
+            (*m.path == *path && within < m.end - m.start).then_some(m.start + within)
+        })
+    }
+
     /// Every executable file mapping: (start, end, file offset, path), in address order.
     pub fn mappings(&self) -> impl Iterator<Item = (u64, u64, u64, &Arc<str>)> {
         self.maps

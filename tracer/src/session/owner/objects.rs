@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
-    analysis::KEPT_MIN,
+    analysis::{KEPT_MIN, kept_by_keepers},
     ledger::KeptLine,
     model::{GroupKey, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
@@ -20,11 +20,11 @@ use crate::{
 pub const MIN_S: f64 = 1.0;
 /// How long it lasts at most: a slow leak (a training loop that logs a dict of metrics every
 /// step) keeps a few KiB of objects in a second of the slowed program, fewer than the judgement
-/// needs; its window goes on until one stack has kept [`SURE_BYTES`], or this long.
+/// needs; its window goes on until the sites that keep have kept [`SURE_BYTES`], or this long.
 pub const MAX_S: f64 = 5.0;
-/// Kept bytes that end a window before [`MAX_S`] (see [`sure`]): four times what the judgement
-/// needs, so that more of the window would not change it.
-const SURE_BYTES: u64 = 4 * KEPT_MIN;
+/// Kept bytes that end a window before [`MAX_S`] (`Owner::look_at_window`): twice what the
+/// judgement needs, so that more of the window would hardly change it.
+const SURE_BYTES: u64 = 2 * KEPT_MIN;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
 /// this.
 const GIVE_UP_S: f64 = 10.0;
@@ -44,29 +44,21 @@ pub(super) struct ObjectWindows {
     pub(super) arena_stacks: HashMap<StackId, bool>,
 }
 
-/// A window open: its process, when it was asked for, when it is given up without an object, and what its stacks kept
-/// at the last look (what it is judged on when the process exits before it closes).
+/// A window open: its process, when it was asked for, when it is given up without an object,
+/// and what its stacks kept at the last look, with their sites (what it is judged on when the
+/// process exits before it closes).
 struct OpenWindow {
     pid: u32,
     /// When it was asked for, on the series' axis.
     from_x: f64,
     give_up_ns: u64,
-    latest: Option<Vec<KeptLine>>,
+    latest: Option<Vec<(KeptLine, u32)>>,
 }
 
 /// What becomes of an open window at a look.
 enum Look {
-    Open(Option<Vec<KeptLine>>),
-    Close(Option<Vec<KeptLine>>),
-}
-
-/// Whether a window has seen enough: the stacks that keep (a quarter or more of what they made,
-/// [`KEPT_MIN`] at least) kept [`SURE_BYTES`] together. Stacks, not the sites the judgement
-/// groups them in (which takes symbolizing them): one line's dict and its strings are stacks of
-/// their own, and neither may keep enough alone.
-fn sure(kept: &[KeptLine]) -> bool {
-    let keeps = |l: &&KeptLine| l.kept >= KEPT_MIN && l.kept.saturating_mul(4) >= l.made;
-    kept.iter().filter(keeps).map(|l| l.kept).sum::<u64>() >= SURE_BYTES
+    Open(Option<Vec<(KeptLine, u32)>>),
+    Close(Option<Vec<(KeptLine, u32)>>),
 }
 
 impl Owner {
@@ -89,8 +81,11 @@ impl Owner {
     }
 
     /// Whether `w` stays open (with what its stacks keep so far) or closes (with what it is
-    /// judged on; nothing when it cannot be).
-    fn look_at_window(&self, w: &mut OpenWindow, now: u64) -> Look {
+    /// judged on; nothing when it cannot be). It has seen enough when the sites that keep kept
+    /// [`SURE_BYTES`] together; sites, not stacks: one line's dict and its strings are stacks of
+    /// their own, and a stack of tuples that CPython's free list holds on to keeps a quarter of
+    /// what it made while its line's other stacks keep nothing.
+    fn look_at_window(&mut self, w: &mut OpenWindow, now: u64) -> Look {
         let Some(p) = self.ledger.procs.get(&w.pid) else {
             return Look::Close(None);
         };
@@ -110,10 +105,11 @@ impl Owner {
             return Look::Open(None);
         }
         let kept = p.kept_objects(now);
-        if sure(&kept) || elapsed_s >= MAX_S {
-            Look::Close(Some(kept))
+        let lines = self.by_site(kept);
+        if kept_by_keepers(&lines) >= SURE_BYTES || elapsed_s >= MAX_S {
+            Look::Close(Some(lines))
         } else {
-            Look::Open(Some(kept))
+            Look::Open(Some(lines))
         }
     }
 
@@ -165,16 +161,15 @@ impl Owner {
     /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
     /// there is nothing to judge (the process ended before the window's first look, or no object
     /// was recorded).
-    fn close_objects(&mut self, pid: u32, span: (f64, f64), kept: Option<Vec<KeptLine>>) {
+    fn close_objects(&mut self, pid: u32, span: (f64, f64), lines: Option<Vec<(KeptLine, u32)>>) {
         let _ = self
             .prober
             .requests
             .send(ProbeRequest::DisengageObjects { tgid: pid });
-        let Some(kept) = kept else {
+        let Some(lines) = lines else {
             tracing::info!(pid, "Python objects' window not judged: nothing to judge");
             return;
         };
-        let lines = self.by_site(kept);
         let arenas = self.arenas_of(pid);
         tracing::info!(
             pid,
@@ -195,7 +190,16 @@ impl Owner {
         let mut lines = Vec::with_capacity(kept.len());
         for l in kept {
             let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
-            let frames = frames.map_or_else(Vec::new, |(f, _)| self.sym.stack(f));
+            let frames = frames.map_or_else(Vec::new, |(f, _)| {
+                // The site is a Python frame where there is one: the native ones are left
+                // unsymbolized (a window's stacks are looked at every sample).
+                let python: Vec<_> = f
+                    .iter()
+                    .filter(|f| f.as_python().is_some())
+                    .cloned()
+                    .collect();
+                self.sym.stack(if python.is_empty() { f } else { &python })
+            });
             let site = crate::report::site_of(&frames);
             let n = sites.iter().position(|s| *s == site).unwrap_or_else(|| {
                 sites.push(site);
