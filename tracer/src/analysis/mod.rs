@@ -8,8 +8,8 @@ pub mod verdict;
 
 use rustc_hash::FxHashMap;
 
-pub use verdict::{Evidence, Verdict, classify};
 pub use objects::{KEPT_MIN, kept_by_keepers};
+pub use verdict::{Evidence, Verdict, classify};
 
 use crate::{
     ledger::Ledger,

@@ -65,7 +65,11 @@ fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
 /// Bytes kept by the sites that keep, of a window's stacks `lines` (with their sites).
 pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
     let sites = site_sums(lines);
-    sites.values().filter(|s| site_keeps(**s)).map(|s| s.1).sum()
+    sites
+        .values()
+        .filter(|s| site_keeps(**s))
+        .map(|s| s.1)
+        .sum()
 }
 
 /// Where a process's arenas are judged from: the later half of what was sampled (from
@@ -387,8 +391,16 @@ mod tests {
     /// one 1 MiB arena every 3 s, a second a sample; its window, from 24 to 30 s, stalls it.
     fn slow_leak(a: &mut Analysis, ledger: &Ledger, seconds: std::ops::Range<u64>) {
         for t in seconds {
-            let program_s = if t < 24 { t } else { t.saturating_sub(6).max(24) };
-            let mib = if t < 4 { 25 * (t + 1) } else { 100 + (program_s - 4) / 3 };
+            let program_s = if t < 24 {
+                t
+            } else {
+                t.saturating_sub(6).max(24)
+            };
+            let mib = if t < 4 {
+                25 * (t + 1)
+            } else {
+                100 + (program_s - 4) / 3
+            };
             let groups = [(key(3, Kind::Mmap), mib << 20)];
             a.sample(t as f64, ledger, &groups);
             a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect());

@@ -39,7 +39,7 @@ pub struct KeptLine {
 
 impl ObjectWindow {
     /// When the window's first object came; none before.
-    pub fn from_ns(&self) -> Option<u64> {
+    pub fn started_ns(&self) -> Option<u64> {
         self.from_ns
     }
 
@@ -116,7 +116,13 @@ impl Process {
                 kept: kept.get(&stack).copied().unwrap_or(0),
             })
             .collect();
-        lines.sort_by_key(|l| (std::cmp::Reverse(l.kept), std::cmp::Reverse(l.made), l.stack));
+        lines.sort_by_key(|l| {
+            (
+                std::cmp::Reverse(l.kept),
+                std::cmp::Reverse(l.made),
+                l.stack,
+            )
+        });
         lines
     }
 }
@@ -157,9 +163,15 @@ mod tests {
         const MS: u64 = 1_000_000;
         let mut l = Ledger::default();
         l.add_root(PID, "python3".into(), Vec::new(), 0);
-        assert!(l.procs[&PID].kept_objects(10_000 * MS).is_empty(), "no window");
+        assert!(
+            l.procs[&PID].kept_objects(10_000 * MS).is_empty(),
+            "no window"
+        );
         l.open_objects(PID);
-        assert!(l.procs[&PID].kept_objects(10_000 * MS).is_empty(), "no object yet");
+        assert!(
+            l.procs[&PID].kept_objects(10_000 * MS).is_empty(),
+            "no object yet"
+        );
         // The first object starts the window at 5000 ms.
         l.apply(alloc(AllocFn::PyObjectMalloc, 5000 * MS, 1, 0x10, 100));
         l.apply(alloc(AllocFn::PyObjectMalloc, 5040 * MS, 1, 0x20, 50));
@@ -174,7 +186,7 @@ mod tests {
         l.apply(free(5170 * MS, 0x20));
         let (s1, s2) = (Some(StackId::new(1)), Some(StackId::new(2)));
         let p = &l.procs[&PID];
-        assert_eq!(p.objects.as_ref().unwrap().from_ns(), Some(5000 * MS));
+        assert_eq!(p.objects.as_ref().unwrap().started_ns(), Some(5000 * MS));
         // 90 ms in, the first half is under one bucket: nothing counts yet.
         assert!(p.kept_objects(5090 * MS).is_empty());
         // 200 ms in, the first half is the first two buckets, [5000, 5100) ms.

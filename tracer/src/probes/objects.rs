@@ -153,7 +153,10 @@ pub(super) fn table_target(
         return None;
     }
     let code = read_at(library, offset, TARGET_CODE)?;
-    let args: Vec<Register> = args.iter().filter_map(|&r| placement::next_argument(r)).collect();
+    let args: Vec<Register> = args
+        .iter()
+        .filter_map(|&r| placement::next_argument(r))
+        .collect();
     let place = placement::choose(&code, target, &args);
     place.emulated.then_some((offset, place))
 }
@@ -166,7 +169,10 @@ const TARGET_CODE: usize = 4096;
 fn read_at(path: &Path, offset: u64, len: usize) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0; len];
-    let n = std::fs::File::open(path).ok()?.read_at(&mut buf, offset).ok()?;
+    let n = std::fs::File::open(path)
+        .ok()?
+        .read_at(&mut buf, offset)
+        .ok()?;
     buf.truncate(n);
     (n > 0).then_some(buf)
 }

@@ -93,7 +93,7 @@ impl Owner {
             // Not what it holds now: the interpreter's exit freed what its modules held.
             return Look::Close(w.latest.take());
         }
-        let Some(from) = p.objects.as_ref().and_then(|o| o.from_ns()) else {
+        let Some(from) = p.objects.as_ref().and_then(|o| o.started_ns()) else {
             return if now >= w.give_up_ns {
                 Look::Close(None)
             } else {
