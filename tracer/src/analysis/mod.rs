@@ -9,7 +9,7 @@ pub mod verdict;
 use rustc_hash::FxHashMap;
 
 pub use objects::{KEPT_MIN, kept_by_keepers};
-pub use verdict::{Evidence, Verdict, classify};
+pub use verdict::{Evidence, Verdict, classify, working_set};
 
 use crate::{
     ledger::Ledger,

@@ -160,6 +160,22 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     })
 }
 
+/// Whether a leak verdict (`e`, on seconds) is a working set sampled at different moments of its
+/// cycle rather than memory kept: the last window's floor is no higher than a peak the stack
+/// reached in an earlier window, and none of its outstanding blocks (the oldest `oldest_age_s`
+/// old, `now_s` into the run) is as old as the last window. A training step's gradients are made
+/// in the backward pass and freed at the next step's `zero_grad`: a window whose few samples all
+/// fall between the two has a floor as high as the gradients, the windows before it lower ones,
+/// yet nothing stays. A leak under an early spike keeps its old blocks; a container that grows
+/// by reallocation rises above its earlier peaks.
+pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
+    let Some((last, earlier)) = e.windows.split_last() else {
+        return false;
+    };
+    let reached = earlier.iter().map(|w| w.peak).max().unwrap_or(0);
+    e.verdict == Verdict::Leak && last.floor <= reached && oldest_age_s < now_s - last.t0_s
+}
+
 /// The points up to the last one in which the stack was used, when the quiet stretch after it is
 /// shorter than the span before: a training loop that leaked until it ended, then evaluation,
 /// saving and exit, is judged on the loop, not read as a cache that filled up. A cache at work
@@ -343,5 +359,38 @@ mod tests {
             classify(&series(|i| i * MIB, 20), 17.0).is_none(),
             "warm-up samples do not count"
         );
+    }
+
+    /// The gradients of a training step, sampled: floors [0, 78 KB, 141 KB, 405 KB] under peaks
+    /// of 470 KB in every window, the oldest block 0.7 s old 8.5 s in, the last window from
+    /// 6.7 s: a working set. With a block as old as the first window, or a last floor above
+    /// every earlier peak, it is memory kept.
+    #[test]
+    fn a_working_set_sampled_across_its_cycle_is_told_by_its_blocks_ages() {
+        let window = |t0_s: f64, floor: u64, peak: u64| Window {
+            t0_s,
+            t1_s: t0_s + 1.2,
+            floor,
+            peak,
+        };
+        let mut e = Evidence {
+            verdict: Verdict::Leak,
+            confidence: 1.0,
+            growth_bytes: 405_544,
+            slope_bytes_per_s: 90_000.0,
+            windows: vec![
+                window(2.6, 0, 470_056),
+                window(4.0, 78_376, 405_544),
+                window(5.4, 141_352, 405_544),
+                window(6.7, 405_544, 470_056),
+            ],
+        };
+        assert!(working_set(&e, 0.7, 8.5));
+        assert!(!working_set(&e, 6.0, 8.5), "a block kept from the start");
+        e.windows[3].floor = 480_000;
+        assert!(!working_set(&e, 0.7, 8.5), "above every earlier peak");
+        e.windows[3].floor = 405_544;
+        e.verdict = Verdict::BoundedCache;
+        assert!(!working_set(&e, 0.7, 8.5), "not a leak");
     }
 }

@@ -372,11 +372,22 @@ fn outstanding_stacks(
     // The top stacks by bytes; in the final report also every other one judged a leak: what a
     // teardown left of it may be small (the pages the allocator kept, the block it did not free).
     let judge = |g: &Group| {
-        if cx.final_report {
+        let e = if cx.final_report {
             cx.analysis.judge_final(&g.key(), cx.warmup_s)
         } else {
             cx.analysis.judge(&g.key(), cx.warmup_s)
-        }
+        }?;
+        // Windows on seconds: the blocks' ages tell a working set from memory kept (a Python
+        // object stack's blocks are its window's samples, not what it holds).
+        let age = cx.now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9;
+        let timed = !cx.per_step && g.kind != Kind::Object;
+        Some(match crate::analysis::working_set(&e, age, cx.elapsed_s) {
+            true if timed => Evidence {
+                verdict: Verdict::Steady,
+                ..e
+            },
+            _ => e,
+        })
     };
     let mut shown: Vec<(&Group, Option<Evidence>)> = Vec::new();
     let candidates = groups.iter().filter(|g| !folded.explains(&g.key()));
