@@ -257,4 +257,5 @@ fn a_slow_leak_of_logged_metrics_is_found_at_its_line() {
         let reason = p["reason"].as_str().unwrap();
         assert!(reason.contains("emulated instruction"), "{p}");
     }
+    let _ = std::fs::remove_file(&json);
 }

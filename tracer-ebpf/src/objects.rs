@@ -13,6 +13,7 @@ use aya_ebpf::{
 use tracer_common::{AllocFn, COOKIE_ARGS_AFTER_CONTEXT, TRACED_OBJECTS};
 
 use crate::{
+    entries,
     heap::{enter, mul, send_free},
     sampling,
     shared::traced_flags,
@@ -54,6 +55,17 @@ fn args(ctx: &ProbeContext, cookie: u64) -> [u64; 2] {
     }
 }
 
+/// Whether `ptr` is freed by the object realloc in flight on this thread that moves it
+/// (pymalloc's realloc calls `_PyObject_Free` itself, where the free probe may be): the
+/// realloc's return releases it, with what it grew by.
+#[inline(always)]
+fn moved_by_realloc(ctx: &ProbeContext, ptr: u64) -> bool {
+    entries::of_probe(ctx.regs).is_some_and(|(p, _)| {
+        let realloc = AllocFn::from_u32(p.func).is_some_and(|f| f.is_object() && f.is_realloc());
+        p.depth > 0 && p.arg0 == ptr && realloc
+    })
+}
+
 /// `PyObject_Free` and `PyMem_Free` (or the one function their tables hold): most blocks were not recorded and go first, on one lookup;
 /// a recorded one is released while the process's objects are still sampled (after the window,
 /// its blocks stay as they were when it closed).
@@ -67,6 +79,9 @@ pub fn object_free_enter(ctx: ProbeContext) -> u32 {
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !sampling::recorded(tgid, ptr) {
+        return 0;
+    }
+    if moved_by_realloc(&ctx, ptr) {
         return 0;
     }
     let sampled = traced_flags().is_some_and(|(_, _, flags)| flags & TRACED_OBJECTS != 0);

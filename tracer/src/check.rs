@@ -112,11 +112,16 @@ pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, GateError> {
         .collect()
 }
 
-/// A stack with a leak verdict in the kinds checked, and whether it is over budget.
+/// A stack with a leak verdict in the kinds checked, and whether it is over budget. Python
+/// objects of one site are one finding: their first stack stands for all of them, with their
+/// slopes, growth and sampled objects summed.
 pub struct Finding<'a> {
     pub stack: &'a StackReport,
     pub slope: f64,
     pub over: bool,
+    /// What the stack (or the site's stacks) grew by, and its blocks.
+    pub growth: i64,
+    pub blocks: u64,
 }
 
 /// Every leaking stack of the checked kinds, the ones over budget first. `pages_of_untraced`:
@@ -140,20 +145,49 @@ pub fn findings<'a>(
             || (matches!(s.kind, Kind::Mmap | Kind::Brk) && untraced.contains(&s.pid))
             || (pages_of_untraced && s.python_arenas())
     };
-    let mut out: Vec<Finding<'a>> = report
-        .stacks
-        .iter()
-        .filter(|s| checked(s))
-        .filter_map(|s| {
-            let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
-            Some(Finding {
-                stack: s,
-                slope: v.slope_bytes_per_s,
-                over: v.slope_bytes_per_s > budget.bytes_per_s,
-            })
+    let leaks = report.stacks.iter().filter(|s| checked(s)).filter_map(|s| {
+        let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
+        Some(Finding {
+            stack: s,
+            slope: v.slope_bytes_per_s,
+            over: false,
+            growth: v.growth_bytes,
+            blocks: s.blocks,
         })
-        .collect();
+    });
+    let mut out = objects_by_site(leaks);
+    for f in &mut out {
+        f.over = f.slope > budget.bytes_per_s;
+    }
     out.sort_by(|a, b| b.over.cmp(&a.over).then(b.slope.total_cmp(&a.slope)));
+    out
+}
+
+/// `leaks` with the Python objects of each process's site as one: the stacks a line's objects
+/// are sampled at (a dict, its strings, a list's array) share its arenas' leak between them, and
+/// each alone may be under the budget the line is over.
+fn objects_by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
+    let mut out: Vec<Finding<'a>> = Vec::new();
+    let mut sites: Vec<((u32, String), usize)> = Vec::new();
+    for f in leaks {
+        if f.stack.kind != Kind::Object {
+            out.push(f);
+            continue;
+        }
+        let key = (f.stack.pid, f.stack.site());
+        match sites.iter().find(|(k, _)| *k == key) {
+            Some(&(_, at)) => {
+                let site = &mut out[at];
+                site.slope += f.slope;
+                site.growth += f.growth;
+                site.blocks += f.blocks;
+            }
+            None => {
+                sites.push((key, out.len()));
+                out.push(f);
+            }
+        }
+    }
     out
 }
 
@@ -197,7 +231,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
             f.stack.kind.name(),
             human(f.slope.max(0.0) as u64),
             unit(budget),
-            held(f.stack),
+            held(f),
             f.stack.pid,
             f.stack.site()
         );
@@ -213,20 +247,19 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
 
 /// What a leaking stack holds, in words: its outstanding bytes; for Python objects, sampled in a
 /// window, what the arenas grew by for them (the objects' leak is its arenas' growth, shared by
-/// the stacks that keep), and how many sampled objects it kept.
-fn held(stack: &StackReport) -> String {
-    let grown = stack.verdict.as_ref().map_or(0, |v| v.growth_bytes.max(0));
-    match stack.kind {
-        _ if stack.released => "released at the end".to_string(),
+/// the stacks that keep), and how many of its site's sampled objects are held.
+fn held(f: &Finding<'_>) -> String {
+    match f.stack.kind {
+        _ if f.stack.released => "released at the end".to_string(),
         Kind::Object => format!(
-            "~{} of arenas, {} sampled objects kept",
-            human(grown as u64),
-            stack.blocks
+            "~{} of arenas, {} sampled objects held",
+            human(f.growth.max(0) as u64),
+            f.blocks
         ),
         _ => format!(
             "{} outstanding in {} blocks",
-            human(stack.bytes),
-            stack.blocks
+            human(f.stack.bytes),
+            f.stack.blocks
         ),
     }
 }
@@ -365,5 +398,90 @@ mod tests {
     fn a_leak_over_budget_wins_over_the_commands_failure() {
         assert_eq!(exit_code(&[], 0), exit::CLEAN);
         assert_eq!(exit_code(&[], 7), exit::COMMAND_FAILED);
+    }
+
+    /// A leaking stack of `kind` in pid 1 at `line` of a Python script, leaking `slope` B/s.
+    fn leaking(kind: Kind, line: u32, native: &str, slope: f64) -> StackReport {
+        let frame = |function: &str, file: Option<&str>, line: Option<u32>, module: &str| {
+            crate::symbolize::SymFrame {
+                address: "0x0".into(),
+                function: Some(function.into()),
+                file: file.map(Into::into),
+                line,
+                module: Some(module.into()),
+                offset: "0x0".into(),
+            }
+        };
+        StackReport {
+            pid: 1,
+            kind,
+            inherited: false,
+            bytes: 4096,
+            blocks: 4,
+            oldest_age_s: 1.0,
+            allocators: Vec::new(),
+            truncated: false,
+            verdict: Some(crate::analysis::Evidence {
+                verdict: Verdict::Leak,
+                confidence: 1.0,
+                growth_bytes: (slope * 10.0) as i64,
+                slope_bytes_per_s: slope,
+                windows: Vec::new(),
+            }),
+            released: false,
+            pages: Vec::new(),
+            group: None,
+            frames: vec![
+                frame(native, None, None, "libpython3.11.so"),
+                frame(
+                    "step",
+                    Some("/job/train.py"),
+                    Some(line),
+                    crate::symbolize::PYTHON_MODULE,
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_sites_python_objects_are_one_finding_over_the_budget_its_stacks_are_under() {
+        let stacks = [
+            leaking(Kind::Object, 21, "dict_new", 10_000.0),
+            leaking(Kind::Object, 21, "unicode_new", 9_000.0),
+            leaking(Kind::Object, 17, "long_new", 5_000.0),
+            leaking(Kind::Tensor, 21, "alloc_cpu", 8_000.0),
+            leaking(Kind::Tensor, 21, "alloc_cpu", 7_000.0),
+        ];
+        let budget = Budget {
+            bytes_per_s: 17_000.0,
+            per_step: false,
+        };
+        let leaks = stacks.iter().map(|s| Finding {
+            stack: s,
+            slope: s.verdict.as_ref().unwrap().slope_bytes_per_s,
+            over: false,
+            growth: s.verdict.as_ref().unwrap().growth_bytes,
+            blocks: s.blocks,
+        });
+        let found = objects_by_site(leaks);
+        let got: Vec<(Kind, f64, i64, u64)> = found
+            .iter()
+            .map(|f| (f.stack.kind, f.slope, f.growth, f.blocks))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Kind::Object, 19_000.0, 190_000, 8),
+                (Kind::Object, 5_000.0, 50_000, 4),
+                (Kind::Tensor, 8_000.0, 80_000, 4),
+                (Kind::Tensor, 7_000.0, 70_000, 4),
+            ],
+            "objects by site; tensors stack by stack"
+        );
+        let text = summary(&found, budget, 0);
+        assert!(
+            text.contains("~185.5 KiB of arenas, 8 sampled objects held"),
+            "{text}"
+        );
     }
 }

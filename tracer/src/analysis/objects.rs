@@ -33,13 +33,9 @@ impl ObjectWindow {
         site_keeps(self.sites.get(&site).copied().unwrap_or_default())
     }
 
-    /// Bytes kept by the stacks whose site keeps.
+    /// Bytes kept by the sites that keep.
     fn kept(&self) -> u64 {
-        self.lines
-            .values()
-            .filter(|(_, site)| self.keeps(*site))
-            .map(|(l, _)| l.kept)
-            .sum()
+        keepers_kept(&self.sites)
     }
 }
 
@@ -64,7 +60,11 @@ fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
 
 /// Bytes kept by the sites that keep, of a window's stacks `lines` (with their sites).
 pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
-    let sites = site_sums(lines);
+    keepers_kept(&site_sums(lines))
+}
+
+/// Bytes kept by the sites that keep, of `sites`' sums.
+fn keepers_kept(sites: &FxHashMap<u32, (u64, u64)>) -> u64 {
     sites
         .values()
         .filter(|s| site_keeps(**s))
@@ -92,7 +92,8 @@ fn recent_half(arenas: &super::series::Series, warmup_s: f64) -> f64 {
 ///
 /// And a slow leak's arenas come a few seconds apart, so that two windows may end on the same
 /// floor: arenas that never fell, grew by two at least and were still rising in the last window
-/// (its peak above its floor) leak, where the series alone would read a bounded cache.
+/// (its peak above its floor and above every earlier window's: a full cache mapping and unmapping
+/// one arena does not) leak, where the series alone would read a bounded cache.
 ///
 /// Not over a whole run: there, the import's arenas are most of the growth, and what rises after
 /// them need not be at the rate of the whole.
@@ -101,7 +102,9 @@ fn classify_arenas(arenas: &Series, from_s: f64) -> Option<Evidence> {
     let added = arenas.added_since(from_s);
     let mut e = judge_released(&added, from_s)?;
     let never_fell = e.windows.windows(2).all(|w| w[1].floor >= w[0].floor);
-    let rising = e.windows.last().is_some_and(|w| w.peak > w.floor);
+    let rising = e.windows.split_last().is_some_and(|(last, earlier)| {
+        earlier.iter().all(|w| last.peak > w.peak) && last.peak > last.floor
+    });
     if e.verdict == Verdict::BoundedCache && never_fell && rising && e.growth_bytes >= TWO_ARENAS {
         e.verdict = Verdict::Leak;
     }

@@ -122,24 +122,27 @@ impl Series {
         }
     }
 
-    /// The series without its points that begin in [`t0_s`, `t1_s`), those after moved back by
-    /// as long: what it would be had that stretch not been.
+    /// The series without the stretch [`t0_s`, `t1_s`): the points inside it go, those after it
+    /// move back by as long, and a point that began in it and goes on past it (merged samples)
+    /// stays, from `t0_s`. What it would be had that stretch not been.
     pub fn without(&self, t0_s: f64, t1_s: f64) -> Series {
         let cut = (t1_s - t0_s).max(0.0);
+        let moved = |p: &Point, t0: f64| Point {
+            t0,
+            t1: p.t1 - cut,
+            ..*p
+        };
+        let points = self.points.iter().filter_map(|p| {
+            if p.t0 >= t1_s {
+                Some(moved(p, p.t0 - cut))
+            } else if p.t0 >= t0_s {
+                (p.t1 > t1_s).then(|| moved(p, t0_s))
+            } else {
+                Some(*p)
+            }
+        });
         Series {
-            points: self
-                .points
-                .iter()
-                .filter(|p| !(t0_s..t1_s).contains(&p.t0))
-                .map(|p| match p.t0 >= t1_s {
-                    true => Point {
-                        t0: p.t0 - cut,
-                        t1: p.t1 - cut,
-                        ..*p
-                    },
-                    false => *p,
-                })
-                .collect(),
+            points: points.collect(),
             stride: self.stride,
             filled: self.stride,
         }
@@ -184,6 +187,46 @@ impl Series {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stretch_cut_out_moves_what_follows_back_and_keeps_merged_points_across_it() {
+        let mut s = Series::default();
+        for t in 0..10 {
+            s.push(t as f64, t * 10);
+        }
+        let cut = s.without(3.0, 6.0);
+        let at: Vec<(f64, u64)> = cut.points().iter().map(|p| (p.t0, p.min)).collect();
+        assert_eq!(
+            at,
+            vec![
+                (0.0, 0),
+                (1.0, 10),
+                (2.0, 20),
+                (3.0, 60),
+                (4.0, 70),
+                (5.0, 80),
+                (6.0, 90)
+            ]
+        );
+        // A merged point from 2 to 8 s begins before the stretch: it stays as it was.
+        let merged = Series {
+            points: vec![Point {
+                t0: 2.0,
+                t1: 8.0,
+                min: 5,
+                max: 9,
+                last: 9,
+                active: true,
+            }],
+            ..Series::default()
+        };
+        assert_eq!(merged.without(3.0, 6.0).points()[0].t0, 2.0);
+        // One from 4 to 8 s goes on past it: it stays, from the stretch's start, 3 s shorter.
+        let mut late = merged.clone();
+        late.points[0].t0 = 4.0;
+        let p = late.without(3.0, 6.0).points()[0];
+        assert_eq!((p.t0, p.t1), (3.0, 5.0));
+    }
 
     #[test]
     fn memory_is_bounded_and_extremes_survive_compaction() {

@@ -167,7 +167,8 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
 /// in the backward pass and freed at the next step's `zero_grad`: a window whose few samples all
 /// fall between the two has a floor as high as the gradients, the windows before it lower ones,
 /// yet nothing stays. A leak under an early spike keeps its old blocks; a container that grows
-/// by reallocation rises above its earlier peaks.
+/// by reallocation rises above its earlier peaks, unless one of them was higher still: that one
+/// is read as a working set too.
 pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
     let Some((last, earlier)) = e.windows.split_last() else {
         return false;

@@ -44,11 +44,11 @@ impl ObjectWindow {
     }
 
     /// The first half of the window up to `now_ns`: from its first object to the last bucket
-    /// boundary at or before half its length.
-    fn first_half(&self, now_ns: u64) -> Option<(u64, u64)> {
+    /// boundary at or before half its length, and its buckets.
+    fn first_half(&self, now_ns: u64) -> Option<(u64, u64, usize)> {
         let from = self.from_ns?;
         let buckets = now_ns.saturating_sub(from) / 2 / BUCKET_NS;
-        Some((from, from + buckets * BUCKET_NS))
+        Some((from, from + buckets * BUCKET_NS, buckets as usize))
     }
 
     /// A block allocated at `addr`: counted when it is an object, as its size, or when it was
@@ -68,10 +68,12 @@ impl ObjectWindow {
             }
         };
         let from = *self.from_ns.get_or_insert(origin.ts_ns);
-        if size == 0 {
+        // Nor an object stamped before the first (another CPU's, read after it): it is never
+        // kept either.
+        if size == 0 || origin.ts_ns < from {
             return;
         }
-        let at = origin.ts_ns.saturating_sub(from) / BUCKET_NS;
+        let at = (origin.ts_ns - from) / BUCKET_NS;
         if at >= MAX_BUCKETS {
             return;
         }
@@ -87,14 +89,13 @@ impl Process {
     /// What each stack made in its window's first half up to `now_ns` and still holds, largest
     /// kept first; none without a window or before its first object.
     pub fn kept_objects(&self, now_ns: u64) -> Vec<KeptLine> {
-        let Some((w, (from, half))) = self
+        let Some((w, (from, half, n))) = self
             .objects
             .as_ref()
             .and_then(|w| Some((w, w.first_half(now_ns)?)))
         else {
             return Vec::new();
         };
-        let n = ((half - from) / BUCKET_NS) as usize;
         let mut made: FxHashMap<Option<StackId>, u64> = FxHashMap::default();
         for bucket in w.made.iter().take(n) {
             for (&stack, &bytes) in bucket {

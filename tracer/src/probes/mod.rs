@@ -448,31 +448,7 @@ impl Probes {
                 });
                 continue;
             }
-            let place = if !set.placed {
-                placement::Placement::entry("entry (a rarely called function)")
-            } else if probe_at_entry() {
-                placement::Placement::entry("LEAKTRACER_PROBE_AT_ENTRY set")
-            } else {
-                placement::choose(&func.code, func.addr, f.args)
-            };
-            let (mut at, mut cookie) = (func.file_offset + place.offset, f.cookie);
-            let table = match scope {
-                UProbeScope::OneProcess(pid) if f.through_table && !place.emulated => {
-                    objects::table_target(pid, library, &func, f.args)
-                }
-                _ => None,
-            };
-            let place = match table {
-                Some((offset, table_place)) => {
-                    at = offset + table_place.offset;
-                    cookie = cookie.map(|c| c | tracer_common::COOKIE_ARGS_AFTER_CONTEXT);
-                    placement::Placement {
-                        reason: "the function its table holds in the process: first emulated instruction",
-                        ..table_place
-                    }
-                }
-                None => place,
-            };
+            let (at, cookie, place) = place_probe(library, f, &func, set.placed, scope);
             tracing::info!(
                 function = f.name,
                 offset = place.offset,
@@ -799,5 +775,47 @@ fn load_error(e: aya::EbpfError) -> Error {
         Error::Permission(text)
     } else {
         Error::Kernel(format!("loading the eBPF programs failed: {text}"))
+    }
+}
+
+/// Where `f` (`func` in `library`) is probed: its file offset, its cookie and the placement.
+/// Functions of a `placed` set go on the first instruction the kernel emulates; a wrapper that
+/// jumps through a table (`through_table`) and has none, probed for one process, goes on the
+/// function that process's table holds, its cookie flagged `COOKIE_ARGS_AFTER_CONTEXT`.
+fn place_probe(
+    library: &Path,
+    f: &sets::ProbeFn,
+    func: &elf::Function,
+    placed: bool,
+    scope: UProbeScope,
+) -> (u64, Option<u64>, placement::Placement) {
+    let place = if !placed {
+        placement::Placement::entry("entry (a rarely called function)")
+    } else if probe_at_entry() {
+        return (
+            func.file_offset,
+            f.cookie,
+            placement::Placement::entry("LEAKTRACER_PROBE_AT_ENTRY set"),
+        );
+    } else {
+        placement::choose(&func.code, func.addr, f.args)
+    };
+    let table = match scope {
+        UProbeScope::OneProcess(pid) if f.through_table && !place.emulated => {
+            objects::table_target(pid, library, func, f.args)
+        }
+        _ => None,
+    };
+    match table {
+        Some((offset, table_place)) => (
+            offset + table_place.offset,
+            f.cookie
+                .map(|c| c | tracer_common::COOKIE_ARGS_AFTER_CONTEXT),
+            placement::Placement {
+                reason: "the function its table holds in the process: first emulated instruction",
+                ..table_place
+            },
+        ),
+        None => (func.file_offset + place.offset, f.cookie, place),
     }
 }

@@ -22,8 +22,9 @@ pub const MIN_S: f64 = 1.0;
 /// step) keeps a few KiB of objects in a second of the slowed program, fewer than the judgement
 /// needs; its window goes on until the sites that keep have kept [`SURE_BYTES`], or this long.
 pub const MAX_S: f64 = 5.0;
-/// Kept bytes that end a window before [`MAX_S`] (`Owner::look_at_window`): twice what the
-/// judgement needs, so that more of the window would hardly change it.
+/// Kept bytes, of the keeping sites together, that end a window before [`MAX_S`]
+/// (`Owner::look_at_window`): twice what the judgement needs of one site, so that more of the
+/// window would hardly change it.
 const SURE_BYTES: u64 = 2 * KEPT_MIN;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
 /// this.
@@ -81,7 +82,9 @@ impl Owner {
     }
 
     /// Whether `w` stays open (with what its stacks keep so far) or closes (with what it is
-    /// judged on; nothing when it cannot be). It has seen enough when the sites that keep kept
+    /// judged on; nothing when it cannot be). At the process's exit, its last look before: best
+    /// effort, as the interpreter's teardown may have freed some of what was kept by then,
+    /// which can only hide a leak, never make one. It has seen enough when the sites that keep kept
     /// [`SURE_BYTES`] together; sites, not stacks: one line's dict and its strings are stacks of
     /// their own, and a stack of tuples that CPython's free list holds on to keeps a quarter of
     /// what it made while its line's other stacks keep nothing.
