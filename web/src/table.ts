@@ -19,7 +19,16 @@ const COLUMNS: [Key, string][] = [
 ];
 
 /// Verdicts in the order that matters to someone hunting a leak.
-const VERDICT_RANK: Record<string, number> = { leak: 0, retention: 1, moved: 2, under_tensors: 2, spike: 3, bounded_cache: 4, steady: 5 };
+const VERDICT_RANK: Record<string, number> = {
+  leak: 0,
+  retention: 1,
+  moved: 2,
+  under_tensors: 2,
+  under_objects: 2,
+  spike: 3,
+  bounded_cache: 4,
+  steady: 5,
+};
 
 export class StackTable {
   private rows: Stack[] = [];
