@@ -96,7 +96,7 @@ fn recent_half(arenas: &super::series::Series, warmup_s: f64) -> f64 {
 /// one arena does not) leak, where the series alone would read a bounded cache.
 ///
 /// Not over a whole run: there, the import's arenas are most of the growth, and what rises after
-/// them need not be at the rate of the whole.
+/// them need not be at the rate of the whole. Its rate is the samples' least-squares slope.
 fn classify_arenas(arenas: &Series, from_s: f64) -> Option<Evidence> {
     const TWO_ARENAS: i64 = 2 << 20;
     let added = arenas.added_since(from_s);
@@ -107,6 +107,11 @@ fn classify_arenas(arenas: &Series, from_s: f64) -> Option<Evidence> {
     });
     if e.verdict == Verdict::BoundedCache && never_fell && rising && e.growth_bytes >= TWO_ARENAS {
         e.verdict = Verdict::Leak;
+    }
+    // The rate over every sample of the span judged, not the four windows' floors: a staircase
+    // of whole arenas a few seconds apart puts a window's floor a step behind at random.
+    if let (Some(first), Some(last)) = (e.windows.first(), e.windows.last()) {
+        e.slope_bytes_per_s = added.slope_between(first.t0_s, last.t1_s);
     }
     Some(e)
 }

@@ -148,6 +148,28 @@ impl Series {
         }
     }
 
+    /// The least-squares slope of the points' floors (bytes a second) over those that begin in
+    /// [`t0_s`, `t1_s`]; 0 with fewer than two.
+    pub fn slope_between(&self, t0_s: f64, t1_s: f64) -> f64 {
+        let pts: Vec<(f64, f64)> = self
+            .points
+            .iter()
+            .filter(|p| (t0_s..=t1_s).contains(&p.t0))
+            .map(|p| ((p.t0 + p.t1) / 2.0, p.min as f64))
+            .collect();
+        let n = pts.len() as f64;
+        let (mx, my) = pts
+            .iter()
+            .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        if pts.len() < 2 || sxx == 0.0 {
+            0.0
+        } else {
+            sxy / sxx
+        }
+    }
+
     /// Time from the first sample to the last.
     pub fn span(&self) -> f64 {
         match (self.points.first(), self.points.last()) {
@@ -226,6 +248,18 @@ mod tests {
         late.points[0].t0 = 4.0;
         let p = late.without(3.0, 6.0).points()[0];
         assert_eq!((p.t0, p.t1), (3.0, 5.0));
+    }
+
+    #[test]
+    fn the_slope_between_two_times_is_the_least_squares_one_of_the_floors() {
+        let mut s = Series::default();
+        for t in 0..10 {
+            // A staircase: 1 MiB every 3 s, as a slow leak maps arenas.
+            s.push(t as f64, (t / 3) << 20);
+        }
+        let mib_per_s = s.slope_between(0.0, 8.0) / (1 << 20) as f64;
+        assert!((mib_per_s - 1.0 / 3.0).abs() < 0.05, "{mib_per_s}");
+        assert_eq!(s.slope_between(4.0, 4.0), 0.0, "one point");
     }
 
     #[test]
