@@ -27,6 +27,28 @@ fn first_leak(out: &str) -> &str {
         .unwrap_or("")
 }
 
+/// `check` with default options on fixture `name` with `args`: its exit code, what it printed,
+/// and its final report (written as JSON to a file of its own, removed after).
+fn check_json(py: &str, name: &str, args: &[&str]) -> (Option<i32>, String, Report) {
+    let json = std::env::temp_dir().join(format!("lt-{name}-{}.json", std::process::id()));
+    let o = check_python(py, name, &["--json", "-o", json.to_str().unwrap()], args);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let _ = std::fs::remove_file(&json);
+    (o.status.code(), out, Report::parse(&text).unwrap())
+}
+
+/// Asserts that `check` failed (`code`) and that the first leak it printed (`out`) is one of
+/// Python objects at `site`.
+fn assert_object_leak_at(code: Option<i32>, out: &str, site: &str) {
+    assert_eq!(code, Some(1), "{out}");
+    let leak = first_leak(out);
+    assert!(
+        leak.contains("LEAK object") && leak.ends_with(site),
+        "{out}"
+    );
+}
+
 /// tracemalloc's answer, untraced: the line whose memory grew most between a third and two
 /// thirds of a run of fixture `name` for `seconds`.
 fn tracemalloc_line(py: &str, name: &str, seconds: &str) -> u64 {
@@ -65,17 +87,8 @@ fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
         "the oracle names the kept line"
     );
     let _x = fixture::exclusive();
-    let json = std::env::temp_dir().join(format!("lt-responses-{}.json", std::process::id()));
-    let opts = ["--json", "-o", json.to_str().unwrap()];
-    let o = check_python(&py, "responses", &opts, &["9"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(1), "{out}");
-    let leak = first_leak(&out);
-    assert!(
-        leak.contains("LEAK object") && leak.ends_with(&format!("handle (responses.py:{kept})")),
-        "{out}"
-    );
-    let r = Report::parse(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (code, out, r) = check_json(&py, "responses", &["9"]);
+    assert_object_leak_at(code, &out, &format!("handle (responses.py:{kept})"));
     // The window's account: the responses' line kept what it made; the temporaries' lines
     // (json.loads, json.dumps) made more and kept next to nothing (the request in flight).
     let lines = r.process(r.root_pid())["objects"]
@@ -120,10 +133,8 @@ fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
         .count();
     assert_eq!(objects_probed, 1);
 
-    let o = check_python(&py, "responses", &opts, &["9", "fixed"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(0), "{out}");
-    let r = Report::parse(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (code, out, r) = check_json(&py, "responses", &["9", "fixed"]);
+    assert_eq!(code, Some(0), "{out}");
     assert!(
         r.0["libraries"]
             .as_array()
@@ -232,17 +243,8 @@ fn a_slow_leak_of_logged_metrics_is_found_at_its_line() {
     let log = line("metrics_log", "# LOG");
     assert_eq!(tracemalloc_line(&py, "metrics_log", "9"), log, "the oracle");
     let _x = fixture::exclusive();
-    let json = std::env::temp_dir().join(format!("lt-metrics-{}.json", std::process::id()));
-    let opts = ["--json", "-o", json.to_str().unwrap()];
-    let o = check_python(&py, "metrics_log", &opts, &["20"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(1), "{out}");
-    let leak = first_leak(&out);
-    assert!(
-        leak.contains("LEAK object") && leak.ends_with(&format!("step (metrics_log.py:{log})")),
-        "{out}"
-    );
-    let r = Report::parse(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (code, out, r) = check_json(&py, "metrics_log", &["20"]);
+    assert_object_leak_at(code, &out, &format!("step (metrics_log.py:{log})"));
     let probes: Vec<&serde_json::Value> = r.0["probes"]
         .as_array()
         .unwrap()
@@ -257,5 +259,4 @@ fn a_slow_leak_of_logged_metrics_is_found_at_its_line() {
         let reason = p["reason"].as_str().unwrap();
         assert!(reason.contains("emulated instruction"), "{p}");
     }
-    let _ = std::fs::remove_file(&json);
 }

@@ -66,9 +66,9 @@ fn moved_by_realloc(ctx: &ProbeContext, ptr: u64) -> bool {
     })
 }
 
-/// `PyObject_Free` and `PyMem_Free` (or the one function their tables hold): most blocks were not recorded and go first, on one lookup;
-/// a recorded one is released while the process's objects are still sampled (after the window,
-/// its blocks stay as they were when it closed).
+/// `PyObject_Free` and `PyMem_Free` (or the one function their tables hold): most blocks were
+/// not recorded and go first, on one lookup; a recorded one is released while the process's
+/// objects are still sampled (after the window, its blocks stay as they were when it closed).
 #[uprobe(multi)]
 pub fn object_free_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: helper on the program's own context.

@@ -78,8 +78,8 @@ impl Probes {
     /// Attaches the object allocator's probes for `pid`'s address space, in each interpreter file
     /// it maps (`after_s`: when, for the libraries listed); their links.
     fn attach_objects(&mut self, pid: NonZeroU32, after_s: f64) -> Vec<AttachedLink> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let mapped = |path: &PathBuf| maps.contains(path.to_string_lossy().as_ref());
+        let maps = ProcMaps::read(pid.get()).unwrap_or_default();
+        let mapped = |path: &PathBuf| maps.paths().any(|m| Path::new(&**m) == path);
         let files: Vec<PathBuf> = self
             .objects
             .found
