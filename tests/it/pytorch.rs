@@ -1,8 +1,9 @@
 //! PyTorch from Python, as its users run it: the torch wheel (with the CUDA libraries it loads,
 //! on a CPU) for the machine's python3, installed by scripts/setup.sh into .pydeps. A training
-//! loop with the leaks users write into one, each beside a control, under `leaktracer check` with
-//! default options: the kind, the Python line, the verdict, `check`'s exit code, and the bytes
-//! against what PyTorch itself says the kept tensors hold.
+//! loop with the leaks users write into one, each beside a control, under `leaktracer check`:
+//! with default options, the kind, the Python line, the verdict and `check`'s exit code, the
+//! tensors traced only where the pages grew; with `--tensors all` (every tensor from the start),
+//! the bytes against what PyTorch itself says the kept tensors hold.
 
 use std::path::PathBuf;
 
@@ -11,9 +12,14 @@ use tests::{fixture, report::Report};
 
 use crate::python::{line, python, script};
 
-/// `check --no-store -- python3 train_loop.py ARGS…` with torch on the path: the gate's output,
-/// the final report, and what the script says its kept tensors hold, as (bytes, storages).
-fn check_train(name: &str, args: &[&str]) -> (std::process::Output, Report, Option<(u64, u64)>) {
+/// `check --no-store OPTIONS… -- python3 train_loop.py ARGS…` with torch on the path: the gate's
+/// output, the final report, and what the script says its kept tensors hold, as (bytes,
+/// storages).
+fn check_train(
+    name: &str,
+    options: &[&str],
+    args: &[&str],
+) -> (std::process::Output, Report, Option<(u64, u64)>) {
     let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
     assert!(
         pydeps.join("torch").is_dir(),
@@ -23,7 +29,7 @@ fn check_train(name: &str, args: &[&str]) -> (std::process::Output, Report, Opti
     let env = format!("PYTHONPATH={}", pydeps.display());
     let (py, path) = (python(), script("train_loop"));
     let argv = [&["/usr/bin/env", &env, &py, path.to_str().unwrap()], args].concat();
-    let (o, r) = crate::check::check_report(name, &["--no-store"], &argv);
+    let (o, r) = crate::check::check_report(name, &[&["--no-store"], options].concat(), &argv);
     let kept = String::from_utf8_lossy(&o.stdout)
         .lines()
         .find_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -46,6 +52,9 @@ fn tensors_at(r: &Report, lines: &[u64]) -> (u64, u64) {
     r.sum(|s| s["kind"] == "tensor" && own_line(s).is_some_and(|l| lines.contains(&l)))
 }
 
+/// Every CPU tensor traced from the start: the exact figures.
+const ALL: &[&str] = &["--tensors", "all"];
+
 fn site(marker: &str) -> String {
     format!("<module> (train_loop.py:{})", line("train_loop", marker))
 }
@@ -61,7 +70,7 @@ fn a_metric_summed_as_a_tensor_keeps_every_steps_graph_at_its_lines() {
         return;
     }
     let _x = fixture::exclusive();
-    let (o, r, kept) = check_train("train-metrics-abrupt", &["metrics", "200", "abrupt"]);
+    let (o, r, kept) = check_train("train-metrics-abrupt", ALL, &["metrics", "200", "abrupt"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let kept = kept.expect("the script's accounting");
@@ -88,7 +97,7 @@ fn a_metric_summed_as_a_tensor_keeps_every_steps_graph_at_its_lines() {
         "{out}"
     );
 
-    let (o, _, _) = check_train("train-metrics-fixed", &["metrics-fixed", "200"]);
+    let (o, _, _) = check_train("train-metrics-fixed", &[], &["metrics-fixed", "200"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(0), "{out}");
 }
@@ -103,7 +112,7 @@ fn activations_kept_by_a_hook_are_a_tensor_leak_at_the_forward_line() {
         return;
     }
     let _x = fixture::exclusive();
-    let (o, r, kept) = check_train("train-hook", &["hook", "200", "abrupt"]);
+    let (o, r, kept) = check_train("train-hook", ALL, &["hook", "200", "abrupt"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
@@ -123,7 +132,7 @@ fn activations_kept_by_a_hook_are_a_tensor_leak_at_the_forward_line() {
         Some("leak".into())
     );
 
-    let (o, _, _) = check_train("train-bounded", &["bounded", "200"]);
+    let (o, _, _) = check_train("train-bounded", &[], &["bounded", "200"]);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -136,8 +145,10 @@ fn activations_kept_by_a_hook_are_a_tensor_leak_at_the_forward_line() {
 /// graph, and the graph the activations it saved. Left without teardown, the tensor stacks of the
 /// validation lines hold exactly what PyTorch's graphs say they keep (parameters aside). Exiting
 /// normally (the loop over, then the script's own accounting and a pause, then the interpreter's
-/// exit: a quiet stretch after the leak), `check` fails at the validation line. A 16 MiB scratch
-/// tensor made and dropped every step passes.
+/// exit: a quiet stretch after the leak), `check` fails at the validation line, under default
+/// options too, where the CPU tensors are traced from when the pages grew: libc10 is listed as
+/// engaged for the process, its tensor probes attached after the start. A 16 MiB scratch tensor
+/// made and dropped every step passes, and its tensors are never traced (its pages hold).
 #[test]
 fn predictions_kept_with_their_graphs_fail_the_check_at_the_validation_line() {
     if !fixture::bpf_available() {
@@ -148,7 +159,11 @@ fn predictions_kept_with_their_graphs_fail_the_check_at_the_validation_line() {
         line("train_loop", "# VALIDATION INPUT"),
         line("train_loop", "predictions.append"),
     ];
-    let (o, r, kept) = check_train("train-validation-abrupt", &["validation", "200", "abrupt"]);
+    let (o, r, kept) = check_train(
+        "train-validation-abrupt",
+        ALL,
+        &["validation", "200", "abrupt"],
+    );
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let kept = kept.expect("the script's accounting");
@@ -161,17 +176,46 @@ fn predictions_kept_with_their_graphs_fail_the_check_at_the_validation_line() {
     );
     assert_eq!(tensors_at(&r, &lines), kept);
 
-    let (o, _, _) = check_train("train-validation", &["validation", "200"]);
+    let (o, r, _) = check_train("train-validation", &[], &["validation", "200"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let at = site("predictions.append");
     assert!(out.contains("LEAK tensor") && out.contains(&at), "{out}");
+    let engaged = tensor_layer(&r);
+    assert!(
+        matches!(engaged[..], [(Some(pid), ref when, Some(after))]
+            if pid == r.root_pid() && when == "engaged" && after > 1.0),
+        "{engaged:?}"
+    );
 
-    let (o, _, _) = check_train("train-spike", &["spike", "200"]);
+    let (o, r, _) = check_train("train-spike", &[], &["spike", "200"]);
     assert_eq!(
         o.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
+    assert_eq!(tensor_layer(&r), Vec::new(), "its pages hold");
+    assert_eq!(r.sum(|s| s["kind"] == "tensor"), (0, 0));
+}
+
+/// The libraries probed as PyTorch's CPU allocator: (pid, when, after_s) each.
+fn tensor_layer(r: &Report) -> Vec<(Option<u64>, String, Option<f64>)> {
+    let libraries = r.0["libraries"].as_array().cloned().unwrap_or_default();
+    libraries
+        .iter()
+        .filter(|l| {
+            l["roles"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r == "torch-cpu"))
+        })
+        .map(|l| {
+            let t = &l["timing"];
+            (
+                l["pid"].as_u64(),
+                t["when"].as_str().unwrap_or("").to_string(),
+                t["after_s"].as_f64(),
+            )
+        })
+        .collect()
 }

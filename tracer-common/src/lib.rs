@@ -122,6 +122,10 @@ pub const TRACED_HEAP_LOCAL: u32 = 32;
 /// window once its arenas grow): its `PyObject_*` and `PyMem_*` probes were attached for its
 /// address space alone.
 pub const TRACED_OBJECTS: u32 = 64;
+/// The CPU tensors of the process are not traced (`--heap auto`, a Python process before its
+/// page-level growth calls for them): `c10::alloc_cpu` and `c10::free_cpu`, where their probes
+/// fire, record nothing for it.
+pub const TRACED_NO_TENSORS: u32 = 128;
 /// The mean sampling interval of CPython's object allocator, in bytes: Python objects are small
 /// (most under 512 bytes) and the window they are sampled in is short (a pure-Python program runs
 /// some fifty times slower in it, every call a probe trap), so a leak of a few hundred KiB there

@@ -19,8 +19,8 @@ use crate::{
     pages::{flush, send},
     sampling,
     shared::{
-        HEAP_CFI, HEAP_LEAF, HEAP_OFF, OBJECTS_ON, STEP, UserRegs, WALKS_PYTHON, capture, count,
-        emit, emit_alloc, emit_deep, emit_deep_heap, event, flush_frees, next_hint,
+        HEAP_CFI, HEAP_LEAF, HEAP_OFF, OBJECTS_ON, STEP, TENSORS_OFF, UserRegs, WALKS_PYTHON,
+        capture, count, emit, emit_alloc, emit_deep, emit_deep_heap, event, flush_frees, next_hint,
         outermost_return, probe_regs, read_len, send_frees, settings, tick_ns, traced_current,
         untimed_event,
     },
@@ -73,15 +73,18 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
 
 /// Whether `func` is of the malloc family and the process of entry `p` (`id`) has it untraced
 /// ([`HEAP_OFF`]), or of CPython's object allocator and its objects are not sampled now
-/// ([`OBJECTS_ON`]): then neither its entry nor its return records anything. CPU tensors are
-/// recorded in every process.
+/// ([`OBJECTS_ON`]), or a CPU tensor's and its tensors are untraced ([`TENSORS_OFF`]): then
+/// neither its entry nor its return records anything.
 #[inline(always)]
 fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
     let s = settings(p, (id >> 32) as u32);
     if func.is_object() {
         return s & OBJECTS_ON == 0;
     }
-    func != AllocFn::C10AllocCpu && s & HEAP_OFF != 0
+    if func == AllocFn::C10AllocCpu {
+        return s & TENSORS_OFF != 0;
+    }
+    s & HEAP_OFF != 0
 }
 
 /// Whether the call open in `p` is one of CPython's object allocator.
@@ -348,7 +351,15 @@ pub fn c10_flush(ctx: RetProbeContext) -> u32 {
 /// of the call (a large tensor is its own mmap) go with the frame-pointer walk.
 #[uretprobe(multi)]
 pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
-    let Some((p, id)) = outermost_return(entries::of_probe(ctx.regs)) else {
+    let mut entry = entries::of_probe(ctx.regs);
+    // Its entry opened no call in a process whose tensors are untraced.
+    if let Some((p, id)) = entry.as_mut()
+        && p.depth == 0
+        && settings(p, (*id >> 32) as u32) & TENSORS_OFF != 0
+    {
+        return 0;
+    }
+    let Some((p, id)) = outermost_return(entry) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -396,6 +407,9 @@ pub fn c10_alloc_site(ctx: ProbeContext) -> u32 {
         count(Counter::PendingFull);
         return 0;
     };
+    if settings(p, (id >> 32) as u32) & TENSORS_OFF != 0 {
+        return 0;
+    }
     // SAFETY: helper on the program's own context.
     let site = CallSite::of_cookie(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     // Each register loaded first: a load through a pointer chosen among the context's fields
@@ -527,7 +541,8 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
 }
 
 /// PyTorch's `c10::free_cpu(void*)`: a CPU tensor's memory going back. It counts only in a
-/// process whose malloc family is untraced ([`HEAP_OFF`]); elsewhere the `free` it calls does.
+/// process whose malloc family is untraced ([`HEAP_OFF`]) and whose tensors are traced;
+/// elsewhere the `free` it calls does, or nothing.
 #[uprobe]
 pub fn c10_free_cpu_enter(ctx: ProbeContext) -> u32 {
     record_free(&ctx, true)
@@ -568,7 +583,8 @@ fn record_free(ctx: &ProbeContext, tensor: bool) -> u32 {
             (p, tgid)
         }
     };
-    if (settings(p, tgid) & HEAP_OFF != 0) != tensor {
+    let s = settings(p, tgid);
+    if (s & HEAP_OFF != 0) != tensor || (tensor && s & TENSORS_OFF != 0) {
         return 0;
     }
     let i = p.n_frees as usize;

@@ -16,7 +16,8 @@ use aya_ebpf::{
 use tracer_common::{
     Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord,
     LEAF_WORDS, LeafWords, MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES,
-    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF, TRACED_NO_HEAP, TRACED_OBJECTS,
+    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF, TRACED_NO_HEAP, TRACED_NO_TENSORS,
+    TRACED_OBJECTS,
 };
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -61,6 +62,8 @@ pub const HEAP_LEAF: u64 = 4;
 pub const HEAP_OFF: u64 = 8;
 /// [`settings`]: the process's Python objects are sampled ([`TRACED_OBJECTS`]).
 pub const OBJECTS_ON: u64 = 16;
+/// [`settings`]: the process's CPU tensors are not traced ([`TRACED_NO_TENSORS`]).
+pub const TENSORS_OFF: u64 = 32;
 
 /// The settings of the process (`tgid`) of the thread of entry `p`, as bits ([`WALKS_PYTHON`],
 /// [`HEAP_CFI`], [`HEAP_LEAF`]): looked up once per thread and per change user space makes, not per allocation
@@ -90,6 +93,11 @@ pub fn settings(p: &mut Pending, tgid: u32) -> u64 {
             }
             | if flags & TRACED_OBJECTS != 0 {
                 OBJECTS_ON
+            } else {
+                0
+            }
+            | if flags & TRACED_NO_TENSORS != 0 {
+                TENSORS_OFF
             } else {
                 0
             };

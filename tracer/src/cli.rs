@@ -234,9 +234,10 @@ pub struct ReportArgs {
     #[arg(long, value_name = "NAME")]
     pub step_symbol: Option<String>,
     /// What is traced of the heap (the malloc family and PyTorch's CPU tensors): `auto` records
-    /// every allocation of native programs, and in Python processes CPU tensors from the start
-    /// and the malloc family only once the process's pages grow steadily (interpreters and
-    /// libtorch make millions of mallocs that a training job's leaks are rarely among: tensors,
+    /// every allocation of native programs, and in Python processes CPU tensors and then the
+    /// malloc family only once the process's pages grow steadily (interpreters and libtorch
+    /// make millions of mallocs, and a CPU training loop tens of thousands of tensors a second,
+    /// each a probe trap, while a correct job's pages hold: pages with their Python lines,
     /// Python objects' arenas and device memory are traced all along); `full` records every
     /// allocation of every process; `sampled` records allocations with probability proportional to their
     /// size (one sample point every --sample-bytes bytes on average, decided in the kernel;
@@ -250,6 +251,11 @@ pub struct ReportArgs {
     /// unmatched; device memory and pages are traced from the start.
     #[arg(long, value_name = "S")]
     pub heap_after: Option<f64>,
+    /// When a Python process's CPU tensors are traced under --heap auto: `auto` once its pages
+    /// grow steadily (tensors made before are not seen), `all` from the start (exact tensor
+    /// bytes all along, at two probe traps a tensor).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "auto")]
+    pub tensors: crate::model::TensorsMode,
     /// Measure what leaktracer's own programs cost: each one's runs and kernel time, in the
     /// report (`probe_cost`). The kernel's statistics are on for the session and add two clock
     /// reads to every program run; the probe traps themselves are not in the figures.

@@ -9,7 +9,7 @@ use crate::{
     check::{self, Budget},
     cli::{Command, ExportArgs, HistoryArgs, ReportArgs},
     error::Error,
-    model::{HeapAfter, HeapMode, HeapTracing, HeapUnwind, Kind},
+    model::{HeapAfter, HeapMode, HeapTracing, HeapUnwind, Kind, TensorsMode},
     render::Exports,
     serve, store,
 };
@@ -273,6 +273,10 @@ fn heap_tracing(a: &ReportArgs) -> Result<HeapTracing, Error> {
     }
     Ok(HeapTracing {
         mode,
+        tensors: match mode {
+            HeapMode::Auto => a.tensors,
+            _ => TensorsMode::All,
+        },
         sample_bytes: (mode == HeapMode::Sampled).then_some(a.sample_bytes),
         after: a.heap_after.map(|s| match a.step_symbol {
             Some(_) => HeapAfter::Steps(s.ceil() as u64),

@@ -40,6 +40,10 @@ pub struct Analysis {
     heap_seen: FxHashMap<u32, f64>,
     /// Per process: its window of sampled Python objects, once closed.
     objects: FxHashMap<u32, objects::ObjectWindow>,
+    /// Per process: the sample from which its CPU tensors are traced, where they were not from
+    /// the start (`--tensors auto`). Its pages are judged from then on: before, what filled them
+    /// could not be told, and what tensors and pages did then was what called for the tensors.
+    tensors_from: FxHashMap<u32, f64>,
     /// Samples taken so far.
     round: u64,
 }
@@ -106,6 +110,7 @@ impl Default for Analysis {
             procs: FxHashMap::default(),
             heap_seen: FxHashMap::default(),
             objects: FxHashMap::default(),
+            tensors_from: FxHashMap::default(),
             round: 0,
         }
     }
@@ -172,12 +177,17 @@ impl Analysis {
         }
     }
 
-    /// Page-level stacks (mmap, brk) that no tensor explains, judged a leak from `warmup_s` on
-    /// over `span_s` seconds at least and grown by `min_bytes` at least: where `--heap auto`
-    /// traces its process's malloc family next, to tell what fills those pages. (A start-up
-    /// grows like a leak for a few seconds; the pages a tensor's allocation maps have the tensor's
-    /// stack.)
-    pub fn growing_pages(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<GroupKey> {
+    /// Page-level stacks (mmap, brk) that no tensor explains, judged a leak from `start(pid)` on
+    /// (the warm-up, or when the process's tensors began to be traced) over `span_s` seconds at
+    /// least and grown by `min_bytes` at least: where `--heap auto` traces its process's next
+    /// layer, to tell what fills those pages. (A start-up grows like a leak for a few seconds;
+    /// the pages a tensor's allocation maps have the tensor's stack.)
+    pub fn growing_pages(
+        &self,
+        start: impl Fn(u32) -> f64,
+        span_s: f64,
+        min_bytes: i64,
+    ) -> Vec<GroupKey> {
         let tensor = |k: &GroupKey| GroupKey {
             kind: Kind::Tensor,
             ..*k
@@ -188,7 +198,7 @@ impl Analysis {
             .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
             .filter(|(k, _)| !self.groups.contains_key(&tensor(k)))
             .filter_map(|(k, t)| {
-                let e = classify(&t.series, warmup_s)?;
+                let e = classify(&t.series, start(k.pid))?;
                 let span = span(&e);
                 let grows =
                     e.verdict == Verdict::Leak && e.growth_bytes >= min_bytes && span >= span_s;
@@ -222,6 +232,7 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
+        let warmup_s = self.judged_from(key, warmup_s);
         let evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
         self.explain(key, evidence, warmup_s)
     }
@@ -236,6 +247,7 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
+        let warmup_s = self.judged_from(key, warmup_s);
         let series = &self.groups.get(key)?.series;
         let held = judge_released(series, warmup_s)?;
         let floor = held.windows.last().map_or(0, |w| w.floor);
@@ -245,6 +257,30 @@ impl Analysis {
             classify(series, warmup_s)?
         };
         self.explain(key, evidence, warmup_s)
+    }
+
+    /// Whether `pid`'s tensors, all together or at any stack, leak from `from_x` on.
+    pub fn tensors_leak(&self, pid: u32, from_x: f64) -> bool {
+        let leaks = |s: &Series| classify(s, from_x).is_some_and(|e| e.verdict == Verdict::Leak);
+        self.procs.get(&pid).is_some_and(|p| leaks(&p.tensors))
+            || self
+                .groups
+                .iter()
+                .any(|(k, t)| k.pid == pid && k.kind == Kind::Tensor && leaks(&t.series))
+    }
+
+    /// `pid`'s CPU tensors are traced from the sample at `x` on (`--tensors auto`).
+    pub fn tensors_traced_from(&mut self, pid: u32, x: f64) {
+        self.tensors_from.entry(pid).or_insert(x);
+    }
+
+    /// Where `key` is judged from: the warm-up, or for the pages of a process whose tensors were
+    /// traced late, from then on.
+    fn judged_from(&self, key: &GroupKey, warmup_s: f64) -> f64 {
+        match self.tensors_from.get(&key.pid) {
+            Some(&x) if matches!(key.kind, Kind::Mmap | Kind::Brk) => warmup_s.max(x),
+            _ => warmup_s,
+        }
     }
 
     /// A leak verdict turned into what explains it, if anything does (see [`Analysis::judge`]).
@@ -346,7 +382,7 @@ impl Analysis {
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
             .filter_map(|(k, t)| {
-                let e = judge_released(&t.series, warmup_s)?;
+                let e = judge_released(&t.series, self.judged_from(k, warmup_s))?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
             .collect();
@@ -506,13 +542,13 @@ mod tests {
         let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
         assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
         assert!(unseen.retention(1, 0.0).is_none());
-        assert_eq!(unseen.growing_pages(0.0, 10.0, 4 << 20), vec![pages]);
+        assert_eq!(unseen.growing_pages(|_| 0.0, 10.0, 4 << 20), vec![pages]);
         assert!(
-            unseen.growing_pages(0.0, 20.0, 4 << 20).is_empty(),
+            unseen.growing_pages(|_| 0.0, 20.0, 4 << 20).is_empty(),
             "a 19 s span"
         );
         // Growth is floor to floor of the first and last windows: 7.5 MiB.
-        assert!(unseen.growing_pages(0.0, 10.0, 8 << 20).is_empty());
+        assert!(unseen.growing_pages(|_| 0.0, 10.0, 8 << 20).is_empty());
         // Tensors growing as fast: the pages hold them; the leak, if any, is on the tensors.
         // So for tensors on the GPU: the host pages hold their Python objects and autograd nodes.
         for kind in [Kind::Tensor, Kind::TorchBlock] {
@@ -642,7 +678,7 @@ mod tests {
             let groups = [(key(7, Kind::Brk), bytes), (key(7, Kind::Tensor), bytes)];
             analysis.sample(i as f64, &ledger, &groups);
         }
-        assert!(analysis.growing_pages(0.0, 10.0, 1 << 20).is_empty());
+        assert!(analysis.growing_pages(|_| 0.0, 10.0, 1 << 20).is_empty());
     }
 
     #[test]

@@ -226,19 +226,25 @@ impl Analysis {
         }
     }
 
-    /// Processes whose arenas, all together, leak from `warmup_s` on over `span_s` seconds at
+    /// Processes whose arenas, all together, leak from `start(pid)` on (the warm-up, or when its tensors began to be traced) over `span_s` seconds at
     /// least and grew by `min_bytes` at least, and not under their tensors (the Python objects of
     /// a tensor leak fill arenas too): where Python objects are to be sampled.
-    pub fn growing_arenas(&self, warmup_s: f64, span_s: f64, min_bytes: i64) -> Vec<u32> {
+    pub fn growing_arenas(
+        &self,
+        start: impl Fn(u32) -> f64,
+        span_s: f64,
+        min_bytes: i64,
+    ) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .procs
             .iter()
             .filter(|(pid, s)| {
-                classify_arenas(&s.arenas, recent_half(&s.arenas, warmup_s)).is_some_and(|e| {
+                let from = start(**pid);
+                classify_arenas(&s.arenas, recent_half(&s.arenas, from)).is_some_and(|e| {
                     e.verdict == Verdict::Leak
                         && e.growth_bytes >= min_bytes
                         && span(&e) >= span_s
-                        && !self.under_tensors(**pid, &e, warmup_s)
+                        && !self.under_tensors(**pid, &e, from)
                 })
             })
             .map(|(pid, _)| *pid)
@@ -320,9 +326,9 @@ mod tests {
         assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::Leak);
         let whole = a.judge(&key(4, Kind::Mmap), 0.0).unwrap().slope_bytes_per_s
             + a.judge(&arena, 0.0).unwrap().slope_bytes_per_s;
-        assert_eq!(a.growing_arenas(0.0, 5.0, 2 << 20), vec![1]);
+        assert_eq!(a.growing_arenas(|_| 0.0, 5.0, 2 << 20), vec![1]);
         assert!(
-            a.growing_arenas(0.0, 5.0, 64 << 20).is_empty(),
+            a.growing_arenas(|_| 0.0, 5.0, 64 << 20).is_empty(),
             "grew 76 MiB in its later half"
         );
         let lines = vec![
@@ -379,7 +385,7 @@ mod tests {
         );
         let v = flat.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
         assert_eq!(v, Verdict::Steady, "a cache filled before the window");
-        assert!(flat.growing_arenas(0.0, 5.0, 1).is_empty());
+        assert!(flat.growing_arenas(|_| 0.0, 5.0, 1).is_empty());
         let mut none = arenas(true);
         none.objects_sampled(
             1,
@@ -422,7 +428,7 @@ mod tests {
         let mut a = Analysis::default();
         slow_leak(&mut a, &ledger, 0..20);
         assert_eq!(
-            a.growing_arenas(0.0, 2.0, 2 << 20),
+            a.growing_arenas(|_| 0.0, 2.0, 2 << 20),
             vec![1],
             "3 MiB over the later half's 10 s, on 100 MiB"
         );

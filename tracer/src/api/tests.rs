@@ -478,6 +478,7 @@ async fn health_says_what_the_heap_figures_are_and_what_the_probes_cost() {
         mode: crate::model::HeapMode::Sampled,
         sample_bytes: Some(524_288),
         after: Some(crate::model::HeapAfter::Steps(3)),
+        tensors: crate::model::TensorsMode::All,
     };
     report.probe_cost = vec![crate::probes::cost::ProgramCost {
         program: "alloc_return".into(),

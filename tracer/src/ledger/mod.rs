@@ -119,6 +119,32 @@ impl Ledger {
         }
     }
 
+    /// `pid`'s CPU tensors are traced from now on, where they were not before (`--tensors
+    /// auto`).
+    pub fn tensors_traced(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.tensor_gaps = true;
+        }
+    }
+
+    /// `pid`'s CPU tensors are no longer traced: those outstanding are forgotten (their frees
+    /// will not be seen, and tensors as they were last seen would stay forever).
+    pub fn forget_tensors(&mut self, pid: u32) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.tensor_gaps = true;
+        let tensors: Vec<u64> = p
+            .heap
+            .iter()
+            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor)
+            .map(|(&a, _)| a)
+            .collect();
+        for addr in tensors {
+            p.heap.remove(&addr);
+        }
+    }
+
     /// Registers a root process (the launched command or the attached pid).
     pub fn add_root(&mut self, pid: u32, command: String, env: Vec<(String, String)>, now_ns: u64) {
         let p = self.procs.entry(pid).or_insert_with(|| Process {

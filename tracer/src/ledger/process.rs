@@ -28,6 +28,11 @@ pub struct Mismatches {
     /// Allocations returned at an address that was still outstanding whose free has not arrived
     /// (a free missed; while another thread's free is on its way, see `Process::displaced`).
     pub reused_addresses: u64,
+    /// Frees of an address with no outstanding block in a process whose CPU tensors were not
+    /// traced all along (`--tensors auto`): of tensors made while they were not. Expected, not a
+    /// loss.
+    #[serde(default)]
+    pub untraced_frees: u64,
 }
 
 /// The program break: everything above `base` up to `top` was grown while traced.
@@ -73,6 +78,9 @@ pub struct Process {
     pub last_growth: Option<(u64, u64, bool)>,
     /// The window its Python objects are sampled in, once opened (`Ledger::open_objects`).
     pub objects: Option<super::objects::ObjectWindow>,
+    /// Its CPU tensors were not traced for a while (`--tensors auto`): a free of an address
+    /// with no block is a tensor's made meanwhile.
+    pub tensor_gaps: bool,
 }
 
 impl Process {
@@ -263,7 +271,11 @@ impl Process {
                 addr,
                 "free of an address with no outstanding block"
             );
-            self.mismatches.unmatched_frees += 1;
+            if self.tensor_gaps {
+                self.mismatches.untraced_frees += 1;
+            } else {
+                self.mismatches.unmatched_frees += 1;
+            }
             return None;
         };
         block.origin.stack

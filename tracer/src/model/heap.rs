@@ -12,10 +12,33 @@ pub enum HeapMode {
     Off,
     Sampled,
     Full,
-    /// Layers: every allocation of a native program; in a Python process, tensors, device memory
-    /// and pages from the start, and the malloc family from the moment its page-level growth
-    /// calls for it (see probes::Probes::engage_heap).
+    /// Layers: every allocation of a native program; in a Python process, device memory and
+    /// pages from the start, its CPU tensors (unless `--tensors all`) and then its malloc family
+    /// from the moment its page-level growth calls for them (see probes::Probes::engage_tensors
+    /// and engage_heap).
     Auto,
+}
+
+/// `--tensors`: when a Python process's CPU tensors are traced under `--heap auto` (under `full`
+/// and `sampled` they are traced all along).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorsMode {
+    /// A layer: from the moment the process's pages grow.
+    Auto,
+    /// From the start.
+    #[default]
+    All,
 }
 
 /// What was traced of the heap (`--heap`): `full`, `off` (no heap probes: the heap kinds are
@@ -29,6 +52,10 @@ pub struct HeapTracing {
     /// `--heap-after`: the heap functions are probed from this point on only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<HeapAfter>,
+    /// When CPU tensors are traced: `auto` (under `--heap auto`, from the moment a Python
+    /// process's pages grow) or `all`.
+    #[serde(default)]
+    pub tensors: TensorsMode,
 }
 
 /// Where heap tracing starts with `--heap-after`: blocks allocated before are not seen.
@@ -47,6 +74,7 @@ impl Default for HeapTracing {
             mode: HeapMode::Full,
             sample_bytes: None,
             after: None,
+            tensors: TensorsMode::All,
         }
     }
 }

@@ -1,33 +1,40 @@
-//! `--heap auto`: the malloc family as a second layer. A native program is traced whole, as under
-//! `--heap full`. A Python process is traced by its first layer from the start (CPU tensors,
-//! device memory, pages, with their Python lines) and by the malloc family only once its pages grow
-//! in a way the session judges a leak ([`Probes::engage_heap`]): importing torch makes millions of
-//! malloc calls, each a probe trap, and a training job's leaks are mostly tensors.
+//! `--heap auto`: CPU tensors and the malloc family as layers over the first. A native program is
+//! traced whole, as under `--heap full`. A Python process is traced by its first layer from the
+//! start (device memory, PyTorch's caching-allocator blocks, pages, with their Python lines), by
+//! its CPU tensors once its pages grow in a way the session judges a leak
+//! ([`Probes::engage_tensors`]), and by its malloc family once they grow in a way its tensors do
+//! not explain ([`Probes::engage_heap`]): importing torch makes millions of malloc calls, and a
+//! CPU training loop tens of thousands of tensors a second, each a probe trap or two, while a
+//! correct job's pages hold.
 //!
-//! Where the malloc family's probes are attached decides who pays their traps:
+//! Where the layers' probes are attached decides who pays their traps:
 //! - In a tree without Python processes (a C program, or the shell that execs the interpreter), for
 //!   every process, filtered in the kernel, from before the native process runs, as under
 //!   `--heap full`. Forked children are covered from their first instruction.
 //! - Once a Python process is traced, every process is layered like it, native ones too (the
 //!   `ldconfig` that importing torch runs, a shell script around the training job, a worker
-//!   binary): the malloc family for a process's own address space once its pages grow. The links
+//!   binary): each layer for a process's own address space once its pages grow. The links
 //!   for every process are then detached, as they are once no native process has been traced
 //!   for [`NATIVE_GONE_S`].
 //!
 //! A process whose malloc family is untraced has [`TRACED_NO_HEAP`]: the probes, where they fire,
-//! record nothing for it, and its tensors' frees come from `c10::free_cpu`.
+//! record nothing for it, and its tensors' frees come from `c10::free_cpu`. One whose tensors are
+//! untraced has [`TRACED_NO_TENSORS`].
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     num::NonZeroU32,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use aya::programs::{UProbe, uprobe::UProbeScope};
-use tracer_common::{TRACED_HEAP_LOCAL, TRACED_NO_HEAP};
+use tracer_common::{TRACED_HEAP_LOCAL, TRACED_NO_HEAP, TRACED_NO_TENSORS};
 
-use super::{AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program, sets::ProbeSet};
+use super::{
+    AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program,
+    sets::{HEAP, ProbeSet, TORCH_CPU},
+};
 
 /// How long the malloc family stays attached for every process after the last native one is gone.
 const NATIVE_GONE_S: f64 = 2.0;
@@ -41,6 +48,8 @@ type Found = (PathBuf, &'static ProbeSet, u32, Timing);
 pub(super) struct HeapLayers {
     /// `--heap auto`.
     pub(super) on: bool,
+    /// CPU tensors are a layer too (`--tensors auto`).
+    pub(super) tensors: bool,
     /// The malloc family is attached for every process (a native process is traced).
     pub(super) everywhere: bool,
     /// Malloc families found and not attached for every process now.
@@ -50,6 +59,9 @@ pub(super) struct HeapLayers {
     links: Vec<AttachedLink>,
     /// Layered processes whose malloc family is traced now.
     pub(super) engaged: HashSet<u32>,
+    /// Layered processes whose CPU tensors are traced now, with the links attached for them
+    /// alone (none while the layer's probes are attached for every process).
+    pub(super) tensors_engaged: HashMap<u32, Vec<AttachedLink>>,
     /// Native and Python processes traced now, and since when there are no native ones.
     natives: HashSet<u32>,
     pythons: HashSet<u32>,
@@ -60,9 +72,17 @@ pub(super) struct HeapLayers {
 }
 
 impl HeapLayers {
-    /// Whether a malloc family found now waits instead of being attached.
-    pub(super) fn holds_back(&self) -> bool {
-        self.on && !self.everywhere
+    /// Whether `set`, found now, waits instead of being attached: a layer's, while its probes
+    /// are not attached for every process.
+    pub(super) fn holds_back(&self, set: &ProbeSet) -> bool {
+        let layer = set.role == HEAP.role || (self.tensors && set.role == TORCH_CPU.role);
+        self.on && !self.everywhere && layer
+    }
+
+    /// The traced flags of a process none of whose layers is traced.
+    fn untraced(&self, flags: u32) -> u32 {
+        let tensors = if self.tensors { TRACED_NO_TENSORS } else { 0 };
+        (flags | TRACED_NO_HEAP | tensors) & !TRACED_HEAP_LOCAL
     }
 
     /// When the malloc family attached for every process is to be detached, if it is.
@@ -73,9 +93,10 @@ impl HeapLayers {
 }
 
 impl Probes {
-    /// `--heap auto`.
-    pub fn layer_heap(&mut self) {
+    /// `--heap auto`; `tensors`: CPU tensors are layered too (`--tensors auto`).
+    pub fn layer_heap(&mut self, tensors: bool) {
         self.layers.on = true;
+        self.layers.tensors = tensors;
     }
 
     /// A command is about to be launched (`python`: one that runs a Python interpreter in the
@@ -98,8 +119,9 @@ impl Probes {
         }
         // An exec leaves the address space the process's own probes were attached to.
         self.layers.engaged.remove(&pid);
+        self.layers.tensors_engaged.remove(&pid);
         self.process_gone(pid);
-        let untraced = (flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL;
+        let untraced = self.layers.untraced(flags);
         if python {
             self.layers.pythons.insert(pid);
             self.layers.python_expected = false;
@@ -112,13 +134,14 @@ impl Probes {
             return untraced;
         }
         self.heap_everywhere();
-        flags & !(TRACED_NO_HEAP | TRACED_HEAP_LOCAL)
+        flags & !(TRACED_NO_HEAP | TRACED_HEAP_LOCAL | TRACED_NO_TENSORS)
     }
 
     /// `pid` has exited (or exec'd): when it was the last native process, the malloc family
     /// attached for every process is detached [`NATIVE_GONE_S`] later.
     pub fn process_gone(&mut self, pid: u32) {
         self.objects_gone(pid);
+        self.layers.tensors_engaged.remove(&pid);
         self.layers.pythons.remove(&pid);
         if self.layers.natives.remove(&pid) && self.layers.natives.is_empty() {
             self.layers.none_since = Some(Instant::now());
@@ -133,9 +156,8 @@ impl Probes {
         }
         for pid in self.layers.natives.clone() {
             if let Ok(flags) = self.traced.get(&pid, 0) {
-                let _ = self
-                    .traced
-                    .insert(&pid, &(flags | TRACED_NO_HEAP), BPF_EXIST);
+                let flags = self.layers.untraced(flags);
+                let _ = self.traced.insert(&pid, &flags, BPF_EXIST);
             }
         }
         let due = Duration::from_secs_f64(NATIVE_GONE_S);
@@ -161,9 +183,15 @@ impl Probes {
         self.layers.none_since = None;
         self.layers.waiting = std::mem::take(&mut self.layers.attached);
         tracing::info!("heap probes out: no native process traced");
+        let engaged: Vec<u32> = self.layers.tensors_engaged.keys().copied().collect();
+        for pid in engaged {
+            if let Some(links) = self.attach_local(pid, None, &TORCH_CPU) {
+                self.layers.tensors_engaged.insert(pid, links);
+            }
+        }
         for pid in self.layers.engaged.clone() {
             let flags = self.traced.get(&pid, 0).unwrap_or(0);
-            if self.attach_local(pid, None) {
+            if self.attach_local(pid, None, &HEAP).is_some() {
                 let _ = self
                     .traced
                     .insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
@@ -210,6 +238,8 @@ impl Probes {
         if !self.layers.on || self.layers.engaged.contains(&pid) {
             return;
         }
+        // The layer below first: a block of posix_memalign's is a tensor's where tensors count.
+        self.engage_tensors(pid, after_s);
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return;
         };
@@ -218,7 +248,7 @@ impl Probes {
         }
         let mut new = flags & !TRACED_NO_HEAP;
         if !self.layers.everywhere {
-            if !self.attach_local(pid, Some(after_s)) {
+            if self.attach_local(pid, Some(after_s), &HEAP).is_none() {
                 return;
             }
             new |= TRACED_HEAP_LOCAL;
@@ -233,21 +263,127 @@ impl Probes {
         }
     }
 
-    /// Attaches the waiting malloc families for `pid`'s address space alone; the libraries are
-    /// listed as probed `after_s` into tracing, when given. False if one could not be.
-    fn attach_local(&mut self, pid: u32, after_s: Option<f64>) -> bool {
-        let Some(one) = NonZeroU32::new(pid) else {
+    /// Traces the CPU tensors of the layered process `pid` from now on (`after_s` seconds into
+    /// tracing), its pages having grown. True if they are traced now, false if they were already,
+    /// or cannot be (not layered, not traced, no PyTorch mapped).
+    pub fn engage_tensors(&mut self, pid: u32, after_s: f64) -> bool {
+        let layers = &self.layers;
+        if !layers.on || !layers.tensors || layers.tensors_engaged.contains_key(&pid) {
+            return false;
+        }
+        let Ok(flags) = self.traced.get(&pid, 0) else {
             return false;
         };
+        if flags & TRACED_NO_TENSORS == 0 {
+            return false;
+        }
+        let found = layers.waiting.iter().chain(&layers.attached);
+        let libraries: Vec<PathBuf> = found
+            .filter(|w| w.1.role == TORCH_CPU.role)
+            .map(|w| w.0.clone())
+            .collect();
+        let Some(maps) = crate::procfs::ProcMaps::read(pid) else {
+            return false;
+        };
+        let mapped = maps
+            .paths()
+            .any(|p| libraries.iter().any(|l| l.as_os_str() == &**p));
+        if !mapped {
+            return false;
+        }
+        let links = if self.layers.everywhere {
+            for path in libraries {
+                let roles = vec![TORCH_CPU.role.into()];
+                let timing = Timing::Engaged { after_s };
+                self.libraries.push(Library {
+                    path,
+                    roles,
+                    timing,
+                    pid,
+                });
+            }
+            Vec::new()
+        } else {
+            let Some(links) = self.attach_local(pid, Some(after_s), &TORCH_CPU) else {
+                return false;
+            };
+            links
+        };
+        if self
+            .traced
+            .insert(&pid, &(flags & !TRACED_NO_TENSORS), BPF_EXIST)
+            .is_err()
+        {
+            self.detach_links(links);
+            return false; // exited meanwhile
+        }
+        self.layers.tensors_engaged.insert(pid, links);
+        tracing::info!(
+            pid,
+            after_s,
+            "CPU tensors traced for a process whose pages grow"
+        );
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!(pid, "tensors of threads already seen not traced: {e}");
+        }
+        true
+    }
+
+    /// The layered processes whose CPU tensors are traced now.
+    pub fn tensors_traced(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.layers.tensors_engaged.keys().copied().collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Stops tracing the CPU tensors of `pid` (its memory holds): its own links go, and its
+    /// probes, where they still fire, record nothing for it. Its tensors outstanding now stay as
+    /// they were last seen.
+    pub fn disengage_tensors(&mut self, pid: u32) {
+        let Some(links) = self.layers.tensors_engaged.remove(&pid) else {
+            return;
+        };
+        self.detach_links(links);
+        if let Ok(flags) = self.traced.get(&pid, 0) {
+            let _ = self
+                .traced
+                .insert(&pid, &(flags | TRACED_NO_TENSORS), BPF_EXIST);
+        }
+        tracing::info!(
+            pid,
+            "CPU tensors no longer traced: the process's memory holds"
+        );
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!(pid, "tensors of threads already seen still traced: {e}");
+        }
+    }
+
+    /// Attaches the waiting libraries of `layer` (the malloc family, or PyTorch's CPU allocator)
+    /// for `pid`'s address space alone; the libraries are listed as probed `after_s` into
+    /// tracing, when given. Their links; none if one could not be attached.
+    fn attach_local(
+        &mut self,
+        pid: u32,
+        after_s: Option<f64>,
+        layer: &ProbeSet,
+    ) -> Option<Vec<AttachedLink>> {
+        let one = NonZeroU32::new(pid)?;
         let layers = &self.layers;
         let found = layers.waiting.iter().chain(&layers.attached);
-        let waiting: Vec<(PathBuf, &'static ProbeSet)> =
-            found.map(|w| (w.0.clone(), w.1)).collect();
+        let waiting: Vec<(PathBuf, &'static ProbeSet)> = found
+            .filter(|w| w.1.role == layer.role)
+            .map(|w| (w.0.clone(), w.1))
+            .collect();
+        let mut all = Vec::new();
         for (path, set) in waiting {
-            // The links stay to the end of the session (a process's own: they go with it).
-            if let Err(e) = self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
-                tracing::warn!(pid, library = %path.display(), error = %e, "heap functions not probed");
-                return false;
+            // A process's own links go with it, where they are not detached before.
+            match self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
+                Ok(links) => all.extend(links),
+                Err(e) => {
+                    tracing::warn!(pid, library = %path.display(), error = %e, "heap functions not probed");
+                    self.detach_links(all);
+                    return None;
+                }
             }
             if let Some(after_s) = after_s {
                 self.libraries.push(Library {
@@ -258,7 +394,7 @@ impl Probes {
                 });
             }
         }
-        true
+        Some(all)
     }
 
     /// Detaches `links`, in the background: each unregistration waits for a grace period, which

@@ -376,7 +376,7 @@ impl Probes {
                     deferred.push((path.to_path_buf(), set, lib_pid));
                     continue;
                 }
-                if set.role == HEAP.role && self.layers.holds_back() {
+                if self.layers.holds_back(set) {
                     let waiting = (path.to_path_buf(), set, lib_pid, timing);
                     self.layers.waiting.push(waiting);
                     continue;
@@ -547,7 +547,7 @@ impl Probes {
             || deferred
                 .into_iter()
                 .any(|(_, set, _)| set.role == HEAP.role)
-            || !self.layers.waiting.is_empty()
+            || self.layers.waiting.iter().any(|w| w.1.role == HEAP.role)
     }
 
     /// Adds `pid` to the kernel's traced set (its children follow automatically). `held`: user

@@ -48,6 +48,12 @@ pub enum ProbeRequest {
     /// `--heap auto`: trace the malloc family of `tgid` from now on, `after_s` seconds into
     /// tracing, if it is a layered process whose malloc family is not traced yet.
     EngageHeap { tgid: u32, after_s: f64 },
+    /// `--heap auto --tensors auto`: trace the CPU tensors of `tgid` from now on, `after_s`
+    /// seconds into tracing, if it is a layered process that maps PyTorch's CPU allocator and
+    /// whose tensors are not traced yet (the libraries then list it, `timing: engaged`).
+    EngageTensors { tgid: u32, after_s: f64 },
+    /// `--tensors auto`: the memory of `tgid` holds: its CPU tensors are no longer traced.
+    DisengageTensors { tgid: u32 },
     /// `--heap auto`: sample the Python objects of `tgid` from now on, `after_s` seconds into
     /// tracing (its arenas grow), until [`ProbeRequest::DisengageObjects`].
     EngageObjects { tgid: u32, after_s: f64 },
@@ -68,6 +74,8 @@ pub struct ProbesInfo {
     pub libraries: Vec<Library>,
     /// Leaktracer's programs loaded so far: kernel id and name.
     pub programs: Vec<(u32, String)>,
+    /// `--tensors auto`: the layered processes whose CPU tensors are traced now.
+    pub tensors_traced: Vec<u32>,
 }
 
 /// The running prober.
@@ -111,6 +119,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
         attached: probes.attached().to_vec(),
         libraries: probes.libraries().to_vec(),
         programs: probes.loaded_programs(),
+        tensors_traced: probes.tensors_traced(),
     }
 }
 
@@ -177,13 +186,25 @@ fn handle(
         ProbeRequest::Release { ours, done } => {
             let _ = done.send(ours);
         }
-        ProbeRequest::EngageHeap { tgid, after_s } => probes.engage_heap(tgid, after_s),
+        ProbeRequest::EngageHeap { tgid, after_s } => {
+            probes.engage_heap(tgid, after_s);
+            info.send_replace(Arc::new(info_of(probes)));
+        }
+        ProbeRequest::EngageTensors { tgid, after_s } => {
+            if probes.engage_tensors(tgid, after_s) {
+                info.send_replace(Arc::new(info_of(probes)));
+            }
+        }
         ProbeRequest::EngageObjects { tgid, after_s } => {
             if probes.engage_objects(tgid, after_s) {
                 info.send_replace(Arc::new(info_of(probes)));
             }
         }
         ProbeRequest::DisengageObjects { tgid } => probes.disengage_objects(tgid),
+        ProbeRequest::DisengageTensors { tgid } => {
+            probes.disengage_tensors(tgid);
+            info.send_replace(Arc::new(info_of(probes)));
+        }
         ProbeRequest::StartHeap => {
             probes.start_heap(started.elapsed().as_secs_f64());
             info.send_replace(Arc::new(info_of(probes)));

@@ -165,6 +165,9 @@ pub struct Losses {
     pub unmatched_frees: u64,
     pub unmatched_unmap_bytes: u64,
     pub reused_addresses: u64,
+    /// Frees of CPU tensors made while they were not traced (`--tensors auto`): not a loss.
+    #[serde(default)]
+    pub untraced_frees: u64,
     /// CUDA frees, releases and unmaps of something no traced call returned.
     pub unmatched_device_frees: u64,
     /// SIGSTOPs for probing new code that the kernel refused to send (that code was probed late).
@@ -507,6 +510,7 @@ fn losses(ledger: &Ledger) -> Losses {
         l.unmatched_frees += p.mismatches.unmatched_frees;
         l.unmatched_unmap_bytes += p.mismatches.unmatched_unmap_bytes;
         l.reused_addresses += p.mismatches.reused_addresses;
+        l.untraced_frees += p.mismatches.untraced_frees;
         l.unmatched_device_frees += p.device.unmatched_frees;
     }
     l

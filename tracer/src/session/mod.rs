@@ -14,7 +14,7 @@ use crate::{
     hold::{self, Hold},
     launch::{self, HeldChild},
     ledger::Ledger,
-    model::{HeapAfter, HeapMode, monotonic_ns},
+    model::{HeapAfter, HeapMode, TensorsMode, monotonic_ns},
     probes::{Probes, Timing},
     procfs, report, serve,
     store::{self, Reason},
@@ -85,7 +85,7 @@ fn load_probes(config: &Config, target: &Target, python: bool) -> Result<Probes,
         HeapMode::Off => probes.skip_heap(),
         HeapMode::Sampled => probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?,
         HeapMode::Full => {}
-        HeapMode::Auto => probes.layer_heap(),
+        HeapMode::Auto => probes.layer_heap(config.heap.tensors == TensorsMode::Auto),
     }
     if !config.python_stacks {
         probes.skip_python();
@@ -114,7 +114,11 @@ fn first_roles(config: &Config, target: &Target, python: bool) -> Vec<&'static s
     }
     if python {
         roles.extend(["cuda-runtime", "cuda-driver", "torch-cuda"]);
-        if config.heap.mode != HeapMode::Off {
+        // Layered tensors' programs load when a process first needs them, not while the
+        // interpreter waits at libc10.so's mapping.
+        let layered =
+            config.heap.mode == HeapMode::Auto && config.heap.tensors == TensorsMode::Auto;
+        if config.heap.mode != HeapMode::Off && !layered {
             roles.push("torch-cpu");
         }
     }

@@ -2,6 +2,7 @@
 //! [`trace`] wires the tasks (ingest, prober, hold, API) to it; its loop only dispatches, each
 //! event to one method.
 
+mod layers;
 mod objects;
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
@@ -36,12 +37,6 @@ use crate::{
 /// `--ui`: where the latest report is published for the API, and the totals over time.
 type LiveReport = (watch::Sender<Option<Arc<Published>>>, Timeline);
 
-/// `--heap auto`: how often the verdicts are looked at for processes whose malloc family is to be
-/// traced, and the growth of a page-level stack that calls for it, over how long at least.
-const ENGAGE_EVERY_S: f64 = 1.0;
-const ENGAGE_MIN_BYTES: i64 = 4 << 20;
-const ENGAGE_SPAN_S: f64 = 10.0;
-
 /// A `serve` adoption's answer: the pid and whether it is traced now.
 type Adopted = (u32, Result<(), Error>);
 
@@ -60,9 +55,8 @@ struct Owner {
     live: Option<LiveReport>,
     /// `--heap-after` while the heap probes are not in yet.
     heap_after: Option<HeapAfter>,
-    /// `--heap auto`: the processes whose malloc family the prober was asked to trace, and when
-    /// the verdicts were last looked at for it.
-    engaged: Option<(HashSet<u32>, f64)>,
+    /// `--heap auto`: the layers asked for, per process.
+    layers: Option<layers::Layers>,
     /// `--heap auto`: the windows of Python objects asked for and open.
     objects: objects::ObjectWindows,
     /// `serve`: what to adopt, the pids asked about, and where ingest and the prober are told.
@@ -134,7 +128,8 @@ pub(super) async fn trace(
     let mut owner = Owner {
         out: Output::open(config.output.as_deref())?,
         heap_after: config.heap.after,
-        engaged: (config.heap.mode == HeapMode::Auto).then(|| (HashSet::new(), 0.0)),
+        layers: (config.heap.mode == HeapMode::Auto)
+            .then(|| layers::Layers::new(config.heap.tensors)),
         objects: Default::default(),
         started,
         ledger,
@@ -320,62 +315,8 @@ impl Owner {
         self.analysis.sample(x, &self.ledger, &groups);
         self.sample_arenas(x, &groups);
         self.close_object_windows(x);
-        self.engage_heap(at_s, x);
+        self.engage_layers(at_s, x);
         t.elapsed()
-    }
-
-    /// `--heap auto`: asks, once per process, for the malloc family of each process with a
-    /// page-level stack judged a leak (the prober leaves out all but the layered processes whose
-    /// malloc family is not traced yet). Looked at once a second at most.
-    fn engage_heap(&mut self, at_s: f64, x: f64) {
-        let Some((_, last)) = &mut self.engaged else {
-            return;
-        };
-        if at_s - *last < ENGAGE_EVERY_S {
-            return;
-        }
-        *last = at_s;
-        self.object_windows(at_s, x);
-        let warmup = self.config.warmup;
-        let grown = self
-            .analysis
-            .growing_pages(warmup, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
-        // Arenas of Python objects grow without a malloc call: tracing the malloc family would
-        // cost its traps and tell nothing of them.
-        let pids: Vec<u32> = grown
-            .into_iter()
-            .filter(|k| !self.is_arena(k))
-            .map(|k| k.pid)
-            .collect();
-        let Some((asked, _)) = &mut self.engaged else {
-            return;
-        };
-        for tgid in pids {
-            if asked.insert(tgid) {
-                let ask = ProbeRequest::EngageHeap {
-                    tgid,
-                    after_s: at_s,
-                };
-                let _ = self.prober.requests.send(ask);
-            }
-        }
-    }
-
-    /// Whether `key`'s stack maps arenas of CPython's object allocator (an mmap stack, looked at
-    /// once, without symbolizing it).
-    fn is_arena(&mut self, key: &crate::model::GroupKey) -> bool {
-        let Some(id) = key.stack.filter(|_| key.kind == crate::model::Kind::Mmap) else {
-            return false;
-        };
-        if let Some(&known) = self.objects.arena_stacks.get(&id) {
-            return known;
-        }
-        let Some((frames, _)) = self.ledger.stacks.get(id) else {
-            return false;
-        };
-        let arena = crate::symbolize::python_arenas_raw(key.kind, frames);
-        self.objects.arena_stacks.insert(id, arena);
-        arena
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {

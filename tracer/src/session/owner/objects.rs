@@ -125,8 +125,14 @@ impl Owner {
             let arenas = self.arenas_of(pid);
             self.analysis.more_arenas(pid, arenas);
         }
-        let warmup = self.config.warmup;
-        let grown = self.analysis.growing_arenas(warmup, SPAN_S, MIN_BYTES);
+        let from: std::collections::HashMap<u32, f64> = self
+            .ledger
+            .procs
+            .keys()
+            .map(|&pid| (pid, self.judged_from(pid, at_s)))
+            .collect();
+        let start = |pid: u32| from.get(&pid).copied().unwrap_or(self.config.warmup);
+        let grown = self.analysis.growing_arenas(start, SPAN_S, MIN_BYTES);
         for pid in grown {
             if !self.objects.asked.insert(pid) {
                 continue;
@@ -149,7 +155,7 @@ impl Owner {
 
     /// One sample of each process's arenas, all its arena stacks together (`--heap auto`).
     pub(super) fn sample_arenas(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
-        if self.engaged.is_none() {
+        if self.layers.is_none() {
             return;
         }
         let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();

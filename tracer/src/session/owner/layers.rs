@@ -1,0 +1,276 @@
+//! `--heap auto`: which layer each layered process gets next, from the verdicts. Its pages (with
+//! their Python lines) are traced from the start; when a page-level stack grows as a leak does,
+//! its CPU tensors (`--tensors auto`); when its pages still grow in a way its tensors do not
+//! explain, its malloc family; when its pymalloc arenas grow, a window of its Python objects
+//! (objects.rs). Each layer costs probe traps that a process whose memory holds never pays.
+
+use std::collections::{HashMap, HashSet};
+
+use super::Owner;
+use crate::{
+    model::{Kind, TensorsMode},
+    probes::prober::ProbeRequest,
+};
+
+/// How often the verdicts are looked at for the next layer of each process.
+const ENGAGE_EVERY_S: f64 = 1.0;
+/// The growth of a page-level stack that calls for its process's malloc family, over how long at
+/// least (from when its tensors were traced, where they were).
+const ENGAGE_MIN_BYTES: i64 = 4 << 20;
+const ENGAGE_SPAN_S: f64 = 10.0;
+/// The growth that calls for its tensors, over how long at least: a tensor leak of a CPU training
+/// job grows its pages by megabytes a second, and its tensors cost far less than its mallocs.
+const TENSORS_MIN_BYTES: i64 = 256 << 10;
+const TENSORS_SPAN_S: f64 = 1.0;
+/// How long after its tensors were asked for a process's other layers wait, so that what its
+/// tensors explain is known first (the probes go in within a few hundred milliseconds).
+const TENSORS_SETTLE_S: f64 = 2.0;
+/// How long its tensors are traced at least before they may be taken out again, where neither
+/// they nor its pages grow (a verdict needs a few samples).
+const TENSORS_HOLD_S: f64 = 5.0;
+
+/// The layers asked for, per process.
+pub(super) struct Layers {
+    /// When the verdicts were last looked at, in seconds traced.
+    last_s: f64,
+    /// `--tensors auto`.
+    tensors_layered: bool,
+    /// Processes whose malloc family the prober was asked to trace.
+    heap: HashSet<u32>,
+    /// Processes whose tensors the prober was asked to trace.
+    tensors: HashMap<u32, TensorLayer>,
+    /// Processes whose tensors were taken out at the last look: forgotten at the next, once
+    /// the records made before the probes went are in.
+    forget: Vec<u32>,
+}
+
+/// A process's tensors as a layer: when they were last asked for (seconds traced, and on the
+/// series' axis), whether the prober traces them now, and where they were taken out last.
+#[derive(Clone, Copy)]
+struct TensorLayer {
+    asked_s: f64,
+    asked_x: f64,
+    /// Engaged once at least (the prober listed them), and when first.
+    first_x: Option<f64>,
+    on: bool,
+    off_x: Option<f64>,
+}
+
+impl Layers {
+    pub(super) fn new(tensors: TensorsMode) -> Self {
+        Self {
+            last_s: 0.0,
+            tensors_layered: tensors == TensorsMode::Auto,
+            heap: HashSet::new(),
+            tensors: HashMap::new(),
+            forget: Vec::new(),
+        }
+    }
+}
+
+impl Owner {
+    /// Asks for the next layer of each process whose memory calls for it. Looked at once a
+    /// second at most.
+    pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
+        self.note_tensors();
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        if at_s - layers.last_s < ENGAGE_EVERY_S {
+            return;
+        }
+        layers.last_s = at_s;
+        for pid in std::mem::take(&mut layers.forget) {
+            self.ledger.forget_tensors(pid);
+        }
+        self.engage_tensors(at_s, x);
+        self.object_windows(at_s, x);
+        self.engage_heap(at_s);
+    }
+
+    /// Where the verdicts that call for `pid`'s next layer begin: the warm-up, or when its
+    /// tensors were traced (what they explain is known from then on); never, for the first
+    /// seconds after they were asked for.
+    pub(super) fn judged_from(&self, pid: u32, at_s: f64) -> f64 {
+        let warmup = self.config.warmup;
+        let Some(t) = self.layers.as_ref().and_then(|l| l.tensors.get(&pid)) else {
+            return warmup;
+        };
+        if at_s - t.asked_s < TENSORS_SETTLE_S {
+            return f64::INFINITY;
+        }
+        t.first_x.map_or(warmup, |x| warmup.max(x))
+    }
+
+    /// Notes which processes' tensors the prober traces now, and tells the analysis since when
+    /// (the first time).
+    fn note_tensors(&mut self) {
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        let info = self.prober.info.borrow();
+        for (pid, t) in layers.tensors.iter_mut() {
+            // Not while a taking out is on its way to the prober.
+            let on = info.tensors_traced.contains(pid) && t.off_x.is_none();
+            if on && !t.on {
+                self.ledger.tensors_traced(*pid);
+            }
+            if on && !t.on && t.first_x.is_none() {
+                t.first_x = Some(t.asked_x);
+                self.analysis.tensors_traced_from(*pid, t.asked_x);
+            }
+            t.on = on;
+        }
+    }
+
+    /// `--tensors auto`: asks for the CPU tensors of each process with a page-level stack (not
+    /// an arena's) judged a leak over the later half of the run so far, and since its tensors
+    /// were last taken out; and takes out those of the processes whose memory holds.
+    fn engage_tensors(&mut self, at_s: f64, x: f64) {
+        if !self.layers.as_ref().is_some_and(|l| l.tensors_layered) {
+            return;
+        }
+        self.disengage_tensors(at_s, x);
+        // Over the later half of the run so far: importing torch grows pages for a second or
+        // two as a leak would.
+        let half = self.config.warmup.max(x / 2.0);
+        let off: HashMap<u32, f64> = self.layers.as_ref().map_or_else(HashMap::new, |l| {
+            let off = l.tensors.iter().filter_map(|(&p, t)| Some((p, t.off_x?)));
+            off.collect()
+        });
+        let from = |pid: u32| off.get(&pid).map_or(half, |&o| half.max(o));
+        let grown = self
+            .analysis
+            .growing_pages(from, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
+        let pids = self.not_arenas(grown);
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        for tgid in pids {
+            let t = layers.tensors.entry(tgid).or_insert(TensorLayer {
+                asked_s: f64::NEG_INFINITY,
+                asked_x: x,
+                first_x: None,
+                on: false,
+                off_x: None,
+            });
+            // Asked for already, and neither given up nor taken out since.
+            if t.asked_s.is_finite() && (t.on || t.off_x.is_none()) {
+                continue;
+            }
+            (t.asked_s, t.asked_x, t.off_x) = (at_s, x, None);
+            let ask = ProbeRequest::EngageTensors {
+                tgid,
+                after_s: at_s,
+            };
+            let _ = self.prober.requests.send(ask);
+        }
+    }
+
+    /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
+    /// tensors and pages have not grown since (a CPU training job's pages grow for its first
+    /// steps, then hold): a training loop makes tens of thousands of tensors a second, each two
+    /// probe traps. Its pages growing again bring them back.
+    fn disengage_tensors(&mut self, at_s: f64, x: f64) {
+        let Some(layers) = &self.layers else {
+            return;
+        };
+        let held: Vec<(u32, f64)> = layers
+            .tensors
+            .iter()
+            .filter(|(_, t)| t.on && at_s - t.asked_s >= TENSORS_HOLD_S)
+            .map(|(&pid, t)| (pid, t.asked_x))
+            .collect();
+        for (pid, asked) in held {
+            // From when the tensors outstanding then were all seen (the first samples after the
+            // probes went in rise to them from nothing).
+            let from = asked + TENSORS_SETTLE_S;
+            let pages = self.analysis.growing_pages(
+                |p| if p == pid { from } else { f64::INFINITY },
+                TENSORS_SPAN_S,
+                TENSORS_MIN_BYTES,
+            );
+            if self.analysis.tensors_leak(pid, from) || !self.not_arenas(pages).is_empty() {
+                continue;
+            }
+            if let Some(l) = self.layers.as_mut() {
+                l.forget.push(pid);
+                if let Some(t) = l.tensors.get_mut(&pid) {
+                    (t.on, t.off_x) = (false, Some(x));
+                }
+            }
+            let _ = self
+                .prober
+                .requests
+                .send(ProbeRequest::DisengageTensors { tgid: pid });
+        }
+    }
+
+    /// Asks, once per process, for the malloc family of each process with a page-level stack
+    /// judged a leak that its tensors do not explain (the prober leaves out all but the layered
+    /// processes whose malloc family is not traced yet).
+    fn engage_heap(&mut self, at_s: f64) {
+        let from: HashMap<u32, f64> = self
+            .ledger
+            .procs
+            .keys()
+            .map(|&pid| (pid, self.judged_from(pid, at_s)))
+            .collect();
+        let start = |pid: u32| from.get(&pid).copied().unwrap_or(self.config.warmup);
+        let grown = self
+            .analysis
+            .growing_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
+        let pids = self.not_arenas(grown);
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        for tgid in pids {
+            // Its tensors first, where they are layered.
+            if layers.tensors_layered
+                && !layers
+                    .tensors
+                    .get(&tgid)
+                    .is_some_and(|t| t.asked_s.is_finite())
+            {
+                continue;
+            }
+            if layers.heap.insert(tgid) {
+                let ask = ProbeRequest::EngageHeap {
+                    tgid,
+                    after_s: at_s,
+                };
+                let _ = self.prober.requests.send(ask);
+            }
+        }
+    }
+
+    /// The processes of the page-level stacks `grown` that are not arenas of Python objects:
+    /// arenas grow without a malloc call or a tensor, and tracing either would cost its traps
+    /// and tell nothing of them.
+    fn not_arenas(&mut self, grown: Vec<crate::model::GroupKey>) -> Vec<u32> {
+        let mut pids: Vec<u32> = grown
+            .into_iter()
+            .filter(|k| !self.is_arena(k))
+            .map(|k| k.pid)
+            .collect();
+        pids.dedup();
+        pids
+    }
+
+    /// Whether `key`'s stack maps arenas of CPython's object allocator (an mmap stack, looked at
+    /// once, without symbolizing it).
+    pub(super) fn is_arena(&mut self, key: &crate::model::GroupKey) -> bool {
+        let Some(id) = key.stack.filter(|_| key.kind == Kind::Mmap) else {
+            return false;
+        };
+        if let Some(&known) = self.objects.arena_stacks.get(&id) {
+            return known;
+        }
+        let Some((frames, _)) = self.ledger.stacks.get(id) else {
+            return false;
+        };
+        let arena = crate::symbolize::python_arenas_raw(key.kind, frames);
+        self.objects.arena_stacks.insert(id, arena);
+        arena
+    }
+}
