@@ -17,7 +17,7 @@ use tracer_common::AllocFn;
 
 pub use device::{Device, Failure};
 pub use objects::KeptLine;
-pub use process::{Mismatches, Process, page_up};
+pub use process::{Mismatches, Process, TensorLayer, page_up};
 pub use stacks::StackTable;
 
 use crate::{
@@ -123,7 +123,7 @@ impl Ledger {
     /// auto`).
     pub fn tensors_traced(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.tensor_gaps = true;
+            p.tensor_layer = Some(TensorLayer::Traced);
         }
     }
 
@@ -133,7 +133,7 @@ impl Ledger {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
-        p.tensor_gaps = true;
+        p.tensor_layer = Some(TensorLayer::TakenOut);
         let tensors: Vec<u64> = p
             .heap
             .iter()

@@ -78,9 +78,18 @@ pub struct Process {
     pub last_growth: Option<(u64, u64, bool)>,
     /// The window its Python objects are sampled in, once opened (`Ledger::open_objects`).
     pub objects: Option<super::objects::ObjectWindow>,
-    /// Its CPU tensors were not traced for a while (`--tensors auto`): a free of an address
-    /// with no block is a tensor's made meanwhile.
-    pub tensor_gaps: bool,
+    /// Its CPU tensors were traced for a while (`--tensors auto`), and whether they are now: a
+    /// free of an address with no block is then a tensor's made while they were not.
+    pub tensor_layer: Option<TensorLayer>,
+}
+
+/// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorLayer {
+    Traced,
+    /// Taken out when its memory held; those outstanding then were forgotten.
+    TakenOut,
 }
 
 impl Process {
@@ -271,7 +280,7 @@ impl Process {
                 addr,
                 "free of an address with no outstanding block"
             );
-            if self.tensor_gaps {
+            if self.tensor_layer.is_some() {
                 self.mismatches.untraced_frees += 1;
             } else {
                 self.mismatches.unmatched_frees += 1;

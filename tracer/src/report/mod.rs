@@ -98,6 +98,11 @@ pub struct ProcReport {
     /// whose pages never called for it, and under `--heap off`: its heap is seen as pages only.
     #[serde(default = "malloc_traced_before")]
     pub malloc_traced: bool,
+    /// `--tensors auto`, where its CPU tensors were traced for a while: whether they are now
+    /// (`traced`), or were taken out when its memory held (`taken_out`, their outstanding ones
+    /// forgotten). Absent where they were traced all along, or never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<crate::ledger::TensorLayer>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -465,6 +470,7 @@ fn proc_report(p: &Process) -> ProcReport {
         retention: None,
         allocator_env: p.allocator_env.clone(),
         malloc_traced: p.malloc_seen,
+        tensors: p.tensor_layer,
         objects: None,
     }
 }
