@@ -39,7 +39,9 @@ LOST = (
 
 
 def leak_site(source):
-    """"name:line" of the LEAK-SITE mark in `source`."""
+    """"name:line" of the LEAK-SITE mark in `source`; none for a workload without a leak."""
+    if source is None:
+        return None
     for n, text in enumerate(source.read_text().splitlines(), 1):
         if "LEAK-SITE" in text:
             return f"{source.name}:{n}"
@@ -55,6 +57,9 @@ def workloads(build):
     return [
         ("CPU PyTorch training", "python", [PY, str(BENCH / "torch_train.py"), epochs],
          BENCH / "torch_train.py"),
+        # The same job without its leak: nothing to find, and what tracing costs a correct one.
+        ("CPU PyTorch training, no leak", "python",
+         [PY, str(BENCH / "torch_train.py"), epochs, "fixed"], None),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
@@ -85,12 +90,16 @@ def leaktracer(argv, env, flags, site, tmp):
     r = json.loads(out.read_text())
     leak = next((l for l in p.stdout.splitlines() if l.strip().startswith("LEAK ")), "")
     found = leak.rsplit(": ", 1)[-1] if leak else "-"
+    right = found.endswith(f"({site})") if site else found == "-"
+    if not site:
+        found = "none printed" if right else f"printed {found}"
     return wall, {
         "rss": r.get("tracer_peak_rss_bytes", 0),
         "lost": sum(r["losses"].get(k, 0) for k in LOST),
         "unmatched": r["losses"].get("unmatched_frees", 0),
+        "tensors": any(p.get("tensors") for p in r.get("processes", [])),
         "found": found,
-        "right": found.endswith(f"({site})"),
+        "right": right,
         "loop": loop,
     }
 
@@ -159,11 +168,21 @@ def main():
         base, p = timed(argv, env)
         base_loop = loop_s(p.stdout)
         row(name, "untraced", base, 0, {"note": "" if p.returncode == 0 else f"exit {p.returncode}"})
-        for how, flags in (("leaktracer", []), ("--heap sampled", ["--heap", "sampled"]),
-                           ("--heap full", ["--heap", "full"])):
+        torch = "PyTorch" in name
+        hows = [("leaktracer", [])]
+        if torch:
+            # Every CPU tensor traced from the start (the default traces them once pages grow).
+            hows.append(("--tensors all", ["--tensors", "all"]))
+        if site:
+            hows += [("--heap sampled", ["--heap", "sampled"]), ("--heap full", ["--heap", "full"])]
+        for how, flags in hows:
             with tempfile.TemporaryDirectory() as tmp:
                 wall, info = leaktracer(argv, env, flags, site, tmp)
+            if how == "leaktracer" and torch:
+                how += " (tensors engaged)" if info.get("tensors") else " (tensors not engaged)"
             row(name, how, wall, base, {**info, "base_loop": base_loop})
+        if not site:
+            continue
         if lang == "python":
             with tempfile.TemporaryDirectory() as tmp:
                 wall, info = memray(argv, env, site, tmp)

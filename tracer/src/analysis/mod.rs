@@ -23,6 +23,11 @@ use series::Series;
 /// or above this, and from then on.
 pub const TRACK_MIN: u64 = 16 << 10;
 
+/// How long after its tensors are traced again (`--tensors auto`) a process's tensors are judged
+/// from, on the series' axis: the samples in between rise from nothing to what it holds as the
+/// probes see the tensors made since.
+pub const TENSOR_RAMP: f64 = 1.0;
+
 /// Series per stack group and per process.
 pub struct Analysis {
     groups: FxHashMap<GroupKey, Tracked>,
@@ -40,10 +45,12 @@ pub struct Analysis {
     heap_seen: FxHashMap<u32, f64>,
     /// Per process: its window of sampled Python objects, once closed.
     objects: FxHashMap<u32, objects::ObjectWindow>,
-    /// Per process: the sample from which its CPU tensors are traced, where they were not from
-    /// the start (`--tensors auto`). Its pages are judged from then on: before, what filled them
-    /// could not be told, and what tensors and pages did then was what called for the tensors.
-    tensors_from: FxHashMap<u32, f64>,
+    /// Per process: the spans (on the series' axis) its CPU tensors were traced in, where they
+    /// were not from the start (`--tensors auto`), the last open while they still are. Its pages
+    /// are judged from the first on: before, what filled them could not be told, and what they
+    /// did then was what called for the tensors. Its tensors are judged in the last, open one
+    /// alone: outside them, no tensor is seen made or freed.
+    tensor_spans: FxHashMap<u32, Vec<(f64, f64)>>,
     /// Samples taken so far.
     round: u64,
 }
@@ -110,7 +117,7 @@ impl Default for Analysis {
             procs: FxHashMap::default(),
             heap_seen: FxHashMap::default(),
             objects: FxHashMap::default(),
-            tensors_from: FxHashMap::default(),
+            tensor_spans: FxHashMap::default(),
             round: 0,
         }
     }
@@ -259,7 +266,8 @@ impl Analysis {
         self.explain(key, evidence, warmup_s)
     }
 
-    /// Whether `pid`'s tensors, all together or at any stack, leak from `from_x` on.
+    /// Whether `pid`'s tensors, all together or at any stack, leak from `from_x` on (a little
+    /// after they were last asked for, see [`TENSOR_RAMP`]).
     pub fn tensors_leak(&self, pid: u32, from_x: f64) -> bool {
         let leaks = |s: &Series| classify(s, from_x).is_some_and(|e| e.verdict == Verdict::Leak);
         self.procs.get(&pid).is_some_and(|p| leaks(&p.tensors))
@@ -271,14 +279,34 @@ impl Analysis {
 
     /// `pid`'s CPU tensors are traced from the sample at `x` on (`--tensors auto`).
     pub fn tensors_traced_from(&mut self, pid: u32, x: f64) {
-        self.tensors_from.entry(pid).or_insert(x);
+        let spans = self.tensor_spans.entry(pid).or_default();
+        if spans.last().is_none_or(|s| s.1.is_finite()) {
+            spans.push((x, f64::INFINITY));
+        }
     }
 
-    /// Where `key` is judged from: the warm-up, or for the pages of a process whose tensors were
-    /// traced late, from then on.
+    /// `pid`'s CPU tensors are no longer traced from the sample at `x` on, and those outstanding
+    /// were forgotten.
+    pub fn tensors_taken_out(&mut self, pid: u32, x: f64) {
+        if let Some(last) = self.tensor_spans.get_mut(&pid).and_then(|s| s.last_mut()) {
+            last.1 = last.1.min(x);
+        }
+    }
+
+    /// Where `key` is judged from: the warm-up; for the pages of a process whose tensors were
+    /// traced late, from then on; for its tensors, from a little after the last time they were
+    /// (its tensors outstanding then rise from nothing as the probes see them), or never when
+    /// they are not traced now.
     fn judged_from(&self, key: &GroupKey, warmup_s: f64) -> f64 {
-        match self.tensors_from.get(&key.pid) {
-            Some(&x) if matches!(key.kind, Kind::Mmap | Kind::Brk) => warmup_s.max(x),
+        let Some(spans) = self.tensor_spans.get(&key.pid) else {
+            return warmup_s;
+        };
+        match key.kind {
+            Kind::Mmap | Kind::Brk => warmup_s.max(spans[0].0),
+            Kind::Tensor => match spans.last() {
+                Some(&(from, to)) if to.is_infinite() => warmup_s.max(from + TENSOR_RAMP),
+                _ => f64::INFINITY,
+            },
             _ => warmup_s,
         }
     }

@@ -119,6 +119,14 @@ impl Ledger {
         }
     }
 
+    /// `pid`'s CPU tensors are asked for, where they were not traced from its start (`--tensors
+    /// auto`): their records may come from now on.
+    pub fn tensors_asked(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.tensors_late = true;
+        }
+    }
+
     /// `pid`'s CPU tensors are traced from now on, where they were not before (`--tensors
     /// auto`).
     pub fn tensors_traced(&mut self, pid: u32) {

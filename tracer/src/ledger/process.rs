@@ -78,9 +78,11 @@ pub struct Process {
     pub last_growth: Option<(u64, u64, bool)>,
     /// The window its Python objects are sampled in, once opened (`Ledger::open_objects`).
     pub objects: Option<super::objects::ObjectWindow>,
-    /// Its CPU tensors were traced for a while (`--tensors auto`), and whether they are now: a
-    /// free of an address with no block is then a tensor's made while they were not.
+    /// Its CPU tensors were traced for a while (`--tensors auto`), and whether they are now.
     pub tensor_layer: Option<TensorLayer>,
+    /// Its CPU tensors were asked for after its start (`--tensors auto`): a free of an address
+    /// with no block is then a tensor's made while they were not traced.
+    pub tensors_late: bool,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -280,7 +282,7 @@ impl Process {
                 addr,
                 "free of an address with no outstanding block"
             );
-            if self.tensor_layer.is_some() {
+            if self.tensors_late {
                 self.mismatches.untraced_frees += 1;
             } else {
                 self.mismatches.unmatched_frees += 1;

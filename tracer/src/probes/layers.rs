@@ -271,12 +271,10 @@ impl Probes {
         if !layers.on || !layers.tensors || layers.tensors_engaged.contains_key(&pid) {
             return false;
         }
+        // A forked child of a process whose tensors are traced has its flags, not its links.
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return false;
         };
-        if flags & TRACED_NO_TENSORS == 0 {
-            return false;
-        }
         let found = layers.waiting.iter().chain(&layers.attached);
         let libraries: Vec<PathBuf> = found
             .filter(|w| w.1.role == TORCH_CPU.role)

@@ -27,7 +27,7 @@ const TENSORS_SPAN_S: f64 = 1.0;
 const TENSORS_SETTLE_S: f64 = 2.0;
 /// How long its tensors are traced at least before they may be taken out again, where neither
 /// they nor its pages grow (a verdict needs a few samples).
-const TENSORS_HOLD_S: f64 = 5.0;
+const TENSORS_HOLD_S: f64 = 3.0;
 
 /// The layers asked for, per process.
 pub(super) struct Layers {
@@ -114,10 +114,8 @@ impl Owner {
             let on = info.tensors_traced.contains(pid) && t.off_x.is_none();
             if on && !t.on {
                 self.ledger.tensors_traced(*pid);
-            }
-            if on && !t.on && t.first_x.is_none() {
-                t.first_x = Some(t.asked_x);
                 self.analysis.tensors_traced_from(*pid, t.asked_x);
+                t.first_x.get_or_insert(t.asked_x);
             }
             t.on = on;
         }
@@ -159,6 +157,7 @@ impl Owner {
                 continue;
             }
             (t.asked_s, t.asked_x, t.off_x) = (at_s, x, None);
+            self.ledger.tensors_asked(tgid);
             let ask = ProbeRequest::EngageTensors {
                 tgid,
                 after_s: at_s,
@@ -184,7 +183,7 @@ impl Owner {
         for (pid, asked) in held {
             // From when the tensors outstanding then were all seen (the first samples after the
             // probes went in rise to them from nothing).
-            let from = asked + TENSORS_SETTLE_S;
+            let from = asked + crate::analysis::TENSOR_RAMP;
             let pages = self.analysis.growing_pages(
                 |p| if p == pid { from } else { f64::INFINITY },
                 TENSORS_SPAN_S,
@@ -193,6 +192,7 @@ impl Owner {
             if self.analysis.tensors_leak(pid, from) || !self.not_arenas(pages).is_empty() {
                 continue;
             }
+            self.analysis.tensors_taken_out(pid, x);
             if let Some(l) = self.layers.as_mut() {
                 l.forget.push(pid);
                 if let Some(t) = l.tensors.get_mut(&pid) {
