@@ -229,6 +229,12 @@ pub fn heap_notes(h: &crate::model::HeapTracing) -> Vec<String> {
         ),
         _ => {}
     }
+    if h.mode == crate::model::HeapMode::Auto && h.tensors == crate::model::TensorsMode::Auto {
+        notes.push(
+            "tensors: Python processes' CPU tensors traced only while their pages grew (--tensors all for all)"
+                .into(),
+        );
+    }
     let from = match h.after {
         Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
         Some(crate::model::HeapAfter::Steps(n)) => format!("step {n}"),
