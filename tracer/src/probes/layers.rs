@@ -327,6 +327,16 @@ impl Probes {
         true
     }
 
+    /// The libraries with PyTorch's CPU allocator found so far, held back as a layer.
+    pub fn tensor_libraries(&self) -> Vec<PathBuf> {
+        let layers = &self.layers;
+        let found = layers.waiting.iter().chain(&layers.attached);
+        found
+            .filter(|w| w.1.role == TORCH_CPU.role)
+            .map(|w| w.0.clone())
+            .collect()
+    }
+
     /// The layered processes whose CPU tensors are traced now.
     pub fn tensors_traced(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.layers.tensors_engaged.keys().copied().collect();

@@ -76,6 +76,8 @@ pub struct ProbesInfo {
     pub programs: Vec<(u32, String)>,
     /// `--tensors auto`: the layered processes whose CPU tensors are traced now.
     pub tensors_traced: Vec<u32>,
+    /// `--tensors auto`: the libraries with PyTorch's CPU allocator found so far.
+    pub tensor_libraries: Vec<std::path::PathBuf>,
 }
 
 /// The running prober.
@@ -120,6 +122,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
         libraries: probes.libraries().to_vec(),
         programs: probes.loaded_programs(),
         tensors_traced: probes.tensors_traced(),
+        tensor_libraries: probes.tensor_libraries(),
     }
 }
 

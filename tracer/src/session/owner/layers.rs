@@ -102,8 +102,8 @@ impl Owner {
         t.first_x.map_or(warmup, |x| warmup.max(x))
     }
 
-    /// Notes which processes' tensors the prober traces now, and tells the analysis since when
-    /// (the first time).
+    /// Notes which processes' tensors the prober traces now, and tells the ledger and the
+    /// analysis each time they went in.
     fn note_tensors(&mut self) {
         let Some(layers) = &mut self.layers else {
             return;
@@ -140,7 +140,8 @@ impl Owner {
         let grown = self
             .analysis
             .growing_pages(from, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
-        let pids = self.not_arenas(grown);
+        let mut pids = self.not_arenas(grown);
+        pids.retain(|&pid| self.maps_torch(pid));
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -164,6 +165,19 @@ impl Owner {
             };
             let _ = self.prober.requests.send(ask);
         }
+    }
+
+    /// Whether `pid` maps a library with PyTorch's CPU allocator (one the prober found): the
+    /// processes whose tensors can be asked for, and whose other layers then wait for them.
+    fn maps_torch(&self, pid: u32) -> bool {
+        let libraries = self.prober.info.borrow().tensor_libraries.clone();
+        if libraries.is_empty() {
+            return false;
+        }
+        crate::procfs::ProcMaps::read(pid).is_some_and(|maps| {
+            maps.paths()
+                .any(|p| libraries.iter().any(|l| l.as_os_str() == &**p))
+        })
     }
 
     /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
