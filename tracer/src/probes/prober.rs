@@ -132,10 +132,14 @@ fn serve(
     info: &watch::Sender<Arc<ProbesInfo>>,
 ) -> Probes {
     let started = std::time::Instant::now();
-    let mut told = (probes.libraries().len(), probes.attached().len());
+    let counts = |p: &Probes| {
+        let layers = p.tensor_libraries().len();
+        (p.libraries().len(), p.attached().len(), layers)
+    };
+    let mut told = counts(&probes);
     loop {
-        // What the reports say of the probes follows every change.
-        let now = (probes.libraries().len(), probes.attached().len());
+        // What the reports and the session's layers know of the probes follows every change.
+        let now = counts(&probes);
         if now != told {
             told = now;
             info.send_replace(Arc::new(info_of(&probes)));
