@@ -254,3 +254,57 @@ fn a_job_whose_memory_grows_then_holds_has_its_tensors_traced_only_while_it_grow
     assert_eq!(r.process(root)["tensors"], "taken_out", "{out}");
     assert_eq!(r.losses()["unmatched_frees"], 0);
 }
+
+/// A leak that is not of tensors in a PyTorch process (`request_log.py` with torch imported: a
+/// request body of 64 KiB logged every 50 ms), under default options: its pages grow, its
+/// tensors are traced first, and its malloc family once its pages still grow without them (two
+/// seconds later at least, over ten seconds of pages judged from then): each body logged after is
+/// a heap block of exactly its size at its line, judged a leak.
+#[test]
+fn a_leak_of_buffers_in_a_pytorch_process_has_its_tensors_traced_first_then_its_mallocs() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
+    let env = format!("PYTHONPATH={}", pydeps.display());
+    let (py, path) = (python(), script("request_log"));
+    let argv = [
+        "/usr/bin/env",
+        &env,
+        "TORCH=1",
+        &py,
+        path.to_str().unwrap(),
+        "400",
+        "abrupt",
+    ];
+    let (o, r) = crate::check::check_report("torch-buffers", &["--no-store"], &argv);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let root = r.root_pid();
+    let tensors = tensor_layer(&r);
+    let tensors_at = tensors
+        .iter()
+        .find(|(pid, when, _)| *pid == Some(root) && when == "engaged")
+        .and_then(|t| t.2)
+        .unwrap_or_else(|| panic!("{tensors:?}"));
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    assert_eq!(libc["pid"], root);
+    let libc_at = libc["timing"]["after_s"].as_f64().unwrap();
+    assert!(libc_at >= tensors_at + 2.0, "{tensors_at} then {libc_at}");
+    assert_eq!(r.process(root)["malloc_traced"], true);
+    let body = line("request_log", "# BODY");
+    let heap = r
+        .stacks()
+        .iter()
+        .find(|s| {
+            s["kind"] == "heap"
+                && crate::python::python_top(s).is_some_and(|(f, _, l)| f == "handle" && l == body)
+        })
+        .unwrap_or_else(|| panic!("no heap stack at line {body}: {out}"));
+    let blocks = heap["blocks"].as_u64().unwrap();
+    assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * ((64 << 10) + 1));
+    assert!((10..400).contains(&blocks), "{blocks} bodies seen");
+    assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
+}

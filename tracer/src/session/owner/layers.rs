@@ -235,19 +235,22 @@ impl Owner {
             .analysis
             .growing_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
         let pids = self.not_arenas(grown);
+        // Its tensors first, where they are layered and it maps PyTorch.
+        let waits = |o: &Self, pid: u32| {
+            let Some(layers) = &o.layers else {
+                return false;
+            };
+            let asked = layers
+                .tensors
+                .get(&pid)
+                .is_some_and(|t| t.asked_s.is_finite());
+            layers.tensors_layered && !asked && o.maps_torch(pid)
+        };
+        let pids: Vec<u32> = pids.into_iter().filter(|&p| !waits(self, p)).collect();
         let Some(layers) = &mut self.layers else {
             return;
         };
         for tgid in pids {
-            // Its tensors first, where they are layered.
-            if layers.tensors_layered
-                && !layers
-                    .tensors
-                    .get(&tgid)
-                    .is_some_and(|t| t.asked_s.is_finite())
-            {
-                continue;
-            }
             if layers.heap.insert(tgid) {
                 let ask = ProbeRequest::EngageHeap {
                     tgid,
