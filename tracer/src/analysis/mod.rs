@@ -27,6 +27,9 @@ pub const TRACK_MIN: u64 = 16 << 10;
 /// from, on the series' axis: the samples in between rise from nothing to what it holds as the
 /// probes see the tensors made since.
 pub const TENSOR_RAMP: f64 = 1.0;
+/// The span a page-level stack's verdict needs at least when its process's tensors were traced
+/// late and it is judged from then on (see `Analysis::judged_from`).
+const CUT_SPAN_S: f64 = 3.0;
 
 /// Series per stack group and per process.
 pub struct Analysis {
@@ -51,6 +54,9 @@ pub struct Analysis {
     /// did then was what called for the tensors. Its tensors are judged in the last, open one
     /// alone: outside them, no tensor is seen made or freed.
     tensor_spans: FxHashMap<u32, Vec<(f64, f64)>>,
+    /// The mmap stacks that map arenas of Python objects (`--heap auto`): not judged from when
+    /// tensors were traced, as other pages are (no tensor lands in an arena).
+    arena_stacks: rustc_hash::FxHashSet<GroupKey>,
     /// Samples taken so far.
     round: u64,
 }
@@ -118,6 +124,7 @@ impl Default for Analysis {
             heap_seen: FxHashMap::default(),
             objects: FxHashMap::default(),
             tensor_spans: FxHashMap::default(),
+            arena_stacks: Default::default(),
             round: 0,
         }
     }
@@ -239,9 +246,18 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let warmup_s = self.judged_from(key, warmup_s);
-        let evidence = classify(&self.groups.get(key)?.series, warmup_s)?;
-        self.explain(key, evidence, warmup_s)
+        let from = self.judged_from(key, warmup_s);
+        let evidence = classify(&self.groups.get(key)?.series, from)?;
+        self.long_enough(key, from > warmup_s, evidence)
+            .and_then(|e| self.explain(key, e, from))
+    }
+
+    /// `evidence` of `key`, unless it was cut at when its process's tensors went in (`cut`) and
+    /// is too short since then to tell a leak: a page-level stack that made one block after
+    /// that moment has grown, over a second or two, as a leak grows.
+    fn long_enough(&self, key: &GroupKey, cut: bool, evidence: Evidence) -> Option<Evidence> {
+        let pages = matches!(key.kind, Kind::Mmap | Kind::Brk);
+        (!(cut && pages && span(&evidence) < CUT_SPAN_S)).then_some(evidence)
     }
 
     /// As [`Analysis::judge`], at the end of a run: a group whose bytes fell at the end (the
@@ -254,16 +270,17 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let warmup_s = self.judged_from(key, warmup_s);
+        let from = self.judged_from(key, warmup_s);
         let series = &self.groups.get(key)?.series;
-        let held = judge_released(series, warmup_s)?;
+        let held = judge_released(series, from)?;
         let floor = held.windows.last().map_or(0, |w| w.floor);
         let evidence = if series.last().unwrap_or(0) < floor {
             held
         } else {
-            classify(series, warmup_s)?
+            classify(series, from)?
         };
-        self.explain(key, evidence, warmup_s)
+        self.long_enough(key, from > warmup_s, evidence)
+            .and_then(|e| self.explain(key, e, from))
     }
 
     /// Whether `pid`'s tensors, all together or at any stack, leak from `from_x` on (a little
@@ -302,6 +319,7 @@ impl Analysis {
             return warmup_s;
         };
         match key.kind {
+            Kind::Mmap if self.arena_stacks.contains(key) => warmup_s,
             Kind::Mmap | Kind::Brk => warmup_s.max(spans[0].0),
             Kind::Tensor => match spans.last() {
                 Some(&(from, to)) if to.is_infinite() => warmup_s.max(from + TENSOR_RAMP),
@@ -410,7 +428,9 @@ impl Analysis {
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
             .filter_map(|(k, t)| {
-                let e = judge_released(&t.series, self.judged_from(k, warmup_s))?;
+                let from = self.judged_from(k, warmup_s);
+                let e = judge_released(&t.series, from)?;
+                let e = self.long_enough(k, from > warmup_s, e)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
             .collect();
@@ -557,6 +577,51 @@ mod tests {
             analysis.sample(i as f64, &ledger, &groups);
         }
         (analysis, pages)
+    }
+
+    /// `--tensors auto`: the pages of a process whose tensors went in late are judged from then
+    /// on, and not on a tail too short to tell; its tensors in the span they are traced in, never
+    /// while taken out.
+    #[test]
+    fn late_tensors_cut_what_their_process_is_judged_on() {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let (pages, tensors) = (key(1, Kind::Brk), key(2, Kind::Tensor));
+        let mut a = Analysis::default();
+        // Samples every half second. Pages grow for 10 s (a warm-up that called for the
+        // tensors), then hold; one block more at 12 s. The tensors go in at 10 s and rise to a
+        // flat 8 MiB.
+        for i in 0..26u64 {
+            let brk = i.min(20) * 8 * K + if i >= 24 { 8 * K } else { 0 };
+            let held = if i >= 20 { 8 << 20 } else { 0 };
+            if i == 20 {
+                a.tensors_traced_from(1, 10.0);
+            }
+            a.sample(i as f64 / 2.0, &ledger, &[(pages, brk), (tensors, held)]);
+        }
+        let whole = classify(&a.groups[&pages].series, 0.0).unwrap();
+        assert_eq!(
+            whole.verdict,
+            Verdict::Leak,
+            "the whole run reads as a leak"
+        );
+        assert!(
+            a.judge(&pages, 0.0).is_none(),
+            "2.5 s since the tensors: too short"
+        );
+        assert!(a.judge_final(&pages, 0.0).is_none());
+        let t = a.judge(&tensors, 0.0).unwrap();
+        assert_ne!(
+            t.verdict,
+            Verdict::Leak,
+            "the rise as they went in is left out"
+        );
+        a.tensors_taken_out(1, 14.0);
+        assert!(
+            a.judge(&tensors, 0.0).is_none(),
+            "not judged while taken out"
+        );
+        assert!(a.released_leaks(&Default::default(), 0.0).is_empty());
     }
 
     #[test]

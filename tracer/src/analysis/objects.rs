@@ -220,15 +220,22 @@ impl Analysis {
 
     /// One sample of each process's arena bytes (`arenas`: per process, the bytes of its arena
     /// stacks; the others hold none), taken with [`Analysis::sample`] at the same `t_s`.
-    pub fn sample_arenas(&mut self, t_s: f64, arenas: &FxHashMap<u32, u64>) {
+    pub fn sample_arenas(
+        &mut self,
+        t_s: f64,
+        arenas: &FxHashMap<u32, u64>,
+        stacks: impl IntoIterator<Item = GroupKey>,
+    ) {
         for (pid, s) in self.procs.iter_mut() {
             s.arenas.push(t_s, arenas.get(pid).copied().unwrap_or(0));
         }
+        self.arena_stacks.extend(stacks);
     }
 
-    /// Processes whose arenas, all together, leak from `start(pid)` on (the warm-up, or when its tensors began to be traced) over `span_s` seconds at
-    /// least and grew by `min_bytes` at least, and not under their tensors (the Python objects of
-    /// a tensor leak fill arenas too): where Python objects are to be sampled.
+    /// Processes whose arenas, all together, leak from `start(pid)` on (the warm-up, or when
+    /// its tensors began to be traced) over `span_s` seconds at least and grew by `min_bytes` at
+    /// least, and not under their tensors (the Python objects of a tensor leak fill arenas too):
+    /// where Python objects are to be sampled.
     pub fn growing_arenas(
         &self,
         start: impl Fn(u32) -> f64,
@@ -314,7 +321,7 @@ mod tests {
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
             let all = [(1, (x + y) << 20)].into_iter().collect();
-            a.sample_arenas(i as f64, &all);
+            a.sample_arenas(i as f64, &all, []);
         }
         a
     }
@@ -417,7 +424,7 @@ mod tests {
             };
             let groups = [(key(3, Kind::Mmap), mib << 20)];
             a.sample(t as f64, ledger, &groups);
-            a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect());
+            a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect(), []);
         }
     }
 

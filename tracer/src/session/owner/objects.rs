@@ -159,12 +159,14 @@ impl Owner {
             return;
         }
         let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();
+        let mut keys = Vec::new();
         for (key, bytes) in groups {
             if self.is_arena(key) {
                 *sums.entry(key.pid).or_default() += bytes;
+                keys.push(*key);
             }
         }
-        self.analysis.sample_arenas(x, &sums);
+        self.analysis.sample_arenas(x, &sums, keys);
     }
 
     /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
