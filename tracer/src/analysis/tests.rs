@@ -1,0 +1,357 @@
+//! The analysis's verdicts on sampled series: explanations, releases, the layers' cuts.
+
+use super::*;
+
+fn series(values: &[u64]) -> Series {
+    let mut s = Series::default();
+    for (i, v) in values.iter().enumerate() {
+        s.push(i as f64, *v);
+    }
+    s
+}
+
+fn released(values: &[u64]) -> Option<Verdict> {
+    judge_released(&series(values), 0.0).map(|e| e.verdict)
+}
+
+const K: u64 = 64 << 10;
+
+/// Stack `s` of process 1, of `kind`.
+fn key(s: u32, kind: Kind) -> GroupKey {
+    GroupKey {
+        pid: 1,
+        stack: Some(crate::model::StackId::new(s)),
+        kind,
+        inherited: false,
+    }
+}
+
+/// The analysis after `n` samples of two heap stacks of one process, `a(i)` and `b(i)` bytes.
+fn two_stacks(
+    n: u64,
+    a: impl Fn(u64) -> u64,
+    b: impl Fn(u64) -> u64,
+) -> (Analysis, GroupKey, GroupKey) {
+    let (ka, kb) = (key(1, Kind::Heap), key(2, Kind::Heap));
+    let mut analysis = Analysis::default();
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "app".into(), Vec::new(), 0);
+    for i in 0..n {
+        analysis.sample(i as f64, &ledger, &[(ka, a(i)), (kb, b(i))]);
+    }
+    (analysis, ka, kb)
+}
+
+/// 20 samples a second apart of a process whose brk stack grows by 512 KiB a sample, beside a
+/// flat heap stack of `heap` bytes (0: none) and a stack of tensors (`tensors`: CPU tensors or
+/// caching-allocator blocks) of 8 MiB that grows by `tensor_step` bytes a sample.
+fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey) {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    ledger.procs.get_mut(&1).unwrap().malloc_seen = heap > 0;
+    let mut analysis = Analysis::default();
+    let pages = key(1, Kind::Brk);
+    for i in 0..20u64 {
+        let groups = [
+            (pages, (i + 1) * 8 * K),
+            (key(2, Kind::Heap), heap),
+            (key(3, tensors), (8 << 20) + i * tensor_step),
+        ];
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    (analysis, pages)
+}
+
+/// `--tensors auto`: the pages of a process whose tensors went in late are judged from then
+/// on, and not on a tail too short to tell; its tensors in the span they are traced in, never
+/// while taken out.
+#[test]
+fn late_tensors_cut_what_their_process_is_judged_on() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let (pages, tensors) = (key(1, Kind::Brk), key(2, Kind::Tensor));
+    let mut a = Analysis::default();
+    // Samples every half second. Pages grow for 10 s (a warm-up that called for the
+    // tensors), then hold; one block more at 12 s. The tensors go in at 10 s and rise to a
+    // flat 8 MiB.
+    for i in 0..26u64 {
+        let brk = i.min(20) * 8 * K + if i >= 24 { 8 * K } else { 0 };
+        let held = if i >= 20 { 8 << 20 } else { 0 };
+        if i == 20 {
+            a.tensors_traced_from(1, 10.0);
+        }
+        a.sample(i as f64 / 2.0, &ledger, &[(pages, brk), (tensors, held)]);
+    }
+    let whole = classify(&a.groups[&pages].series, 0.0).unwrap();
+    assert_eq!(
+        whole.verdict,
+        Verdict::Leak,
+        "the whole run reads as a leak"
+    );
+    assert!(
+        a.judge(&pages, 0.0).is_none(),
+        "2.5 s since the tensors: too short"
+    );
+    assert!(a.judge_final(&pages, 0.0).is_none());
+    let t = a.judge(&tensors, 0.0).unwrap();
+    assert_ne!(
+        t.verdict,
+        Verdict::Leak,
+        "the rise as they went in is left out"
+    );
+    a.tensors_taken_out(1, 14.0);
+    assert!(
+        a.judge(&tensors, 0.0).is_none(),
+        "not judged while taken out"
+    );
+    assert!(a.released_leaks(&Default::default(), 0.0).is_empty());
+}
+
+#[test]
+fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
+    // Heap blocks seen and flat: the allocator keeps pages nothing holds.
+    let (seen, pages) = brk_beside(1 << 20, Kind::Tensor, 0);
+    assert_eq!(seen.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
+    assert!(seen.retention(1, 0.0).unwrap().retention);
+    // Tensors alone (the malloc family not traced): the growth is unexplained, a leak; and
+    // pages grown for over 10 s by 4 MiB call for the malloc family.
+    let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
+    assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    assert!(unseen.retention(1, 0.0).is_none());
+    assert_eq!(unseen.growing_pages(|_| 0.0, 10.0, 4 << 20), vec![pages]);
+    assert!(
+        unseen.growing_pages(|_| 0.0, 20.0, 4 << 20).is_empty(),
+        "a 19 s span"
+    );
+    // Growth is floor to floor of the first and last windows: 7.5 MiB.
+    assert!(unseen.growing_pages(|_| 0.0, 10.0, 8 << 20).is_empty());
+    // Tensors growing as fast: the pages hold them; the leak, if any, is on the tensors.
+    // So for tensors on the GPU: the host pages hold their Python objects and autograd nodes.
+    for kind in [Kind::Tensor, Kind::TorchBlock] {
+        let (under, pages) = brk_beside(0, kind, 8 * K);
+        assert_eq!(
+            under.judge(&pages, 0.0).unwrap().verdict,
+            Verdict::UnderTensors,
+            "{kind:?}"
+        );
+        let (slower, pages) = brk_beside(0, kind, 2 * K);
+        assert_eq!(slower.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    }
+    // Device memory without PyTorch's blocks explains no host pages.
+    let (device, pages) = brk_beside(0, Kind::Device, 8 * K);
+    assert_eq!(device.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+}
+
+#[test]
+fn the_heap_top_moving_up_once_at_the_end_is_not_a_leak_of_pages() {
+    // A 16 MiB scratch buffer every other sample; in the last window it stays above the
+    // others: the window floors go 16, 16, 16, 32 MiB while the peaks hold at 47.
+    let m = |n: u64| n << 20;
+    let bytes = |i: u64| match (i % 2, i >= 15) {
+        (1, _) => m(47),
+        (_, false) => m(16),
+        (_, true) => m(32),
+    };
+    let (pages, blocks) = (key(1, Kind::Brk), key(2, Kind::Heap));
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        analysis.sample(i as f64, &ledger, &[(pages, bytes(i)), (blocks, bytes(i))]);
+    }
+    // Blocks that stay are blocks kept; the heap's top is where the allocator put the last.
+    assert_eq!(analysis.judge(&blocks, 0.0).unwrap().verdict, Verdict::Leak);
+    assert_eq!(
+        analysis.judge(&pages, 0.0).unwrap().verdict,
+        Verdict::Steady
+    );
+    // Moving up in every window, it is a leak of pages.
+    let (unseen, pages) = brk_beside(0, Kind::Tensor, 0);
+    assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+}
+
+#[test]
+fn a_large_heap_top_floating_by_less_than_a_tenth_is_not_a_leak_of_pages() {
+    // The spike control's brk stack: a 16 MiB scratch buffer, its heap's top floating from
+    // 16 to 17.5 MiB in steps between the spikes.
+    let m = |n: u64| n << 20;
+    let bytes = |i: u64| match i % 2 {
+        1 => m(48),
+        _ => m(16) + (i / 5) * m(1) / 2,
+    };
+    let (pages, heap) = (key(1, Kind::Brk), key(1, Kind::Heap));
+    let run = |f: &dyn Fn(u64) -> u64| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            analysis.sample(i as f64, &ledger, &[(pages, f(i))]);
+        }
+        analysis.judge(&pages, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(&bytes), Verdict::Steady);
+    // Rising by a MiB a window from 4 MiB: growth, whatever its size.
+    assert_eq!(run(&|i| m(4) + (i / 5) * m(1)), Verdict::Leak);
+    // The heap kind keeps the classifier's rule.
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        analysis.sample(i as f64, &ledger, &[(heap, bytes(i))]);
+    }
+    assert_ne!(analysis.judge(&heap, 0.0).unwrap().verdict, Verdict::Steady);
+}
+
+#[test]
+fn pages_kept_after_their_stacks_tensors_were_freed_are_retention() {
+    // The spike control as CI once saw it: a 16 MiB tensor made and freed every step, and
+    // the heap's top held higher window after window by something small allocated above
+    // its pages. The tensors of that line hold 0 or 16 MiB, never more.
+    let m = |n: u64| n << 20;
+    let run = |tensors: &dyn Fn(u64) -> u64| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        let (pages, blocks) = (key(5, Kind::Brk), key(5, Kind::Tensor));
+        for i in 0..20u64 {
+            let held = m(16) + (i / 5) * m(8);
+            let groups = [(pages, held + (i % 2) * m(16)), (blocks, tensors(i))];
+            analysis.sample(i as f64, &ledger, &groups);
+        }
+        analysis.judge(&pages, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(&|i| (i % 2) * m(16)), Verdict::Retention);
+    // Tensors of that line kept as the pages grow: the pages are theirs (judged under them).
+    assert_eq!(run(&|i| (i / 5) * m(8)), Verdict::UnderTensors);
+}
+
+#[test]
+fn a_fall_at_the_end_is_teardown_only_below_the_last_floor() {
+    // Rising for 19 samples, then freed at teardown but for a block: judged before the fall.
+    let (a, key, _) = two_stacks(20, |i| if i < 19 { (i + 1) * 8 * K } else { K }, |_| 0);
+    assert_eq!(a.judge_final(&key, 0.0).unwrap().verdict, Verdict::Leak);
+    assert_ne!(a.judge(&key, 0.0).unwrap().verdict, Verdict::Leak);
+    // A cache of 64 blocks flushed to 48 on its beat, the last time just before the end:
+    // judged whole, as during the run.
+    let cache = |i: u64| if i % 5 == 4 { 48 * K } else { 64 * K };
+    let (a, key, _) = two_stacks(
+        20,
+        |i| if i < 3 { (i + 1) * 16 * K } else { cache(i) },
+        |_| 0,
+    );
+    let whole = a.judge(&key, 0.0).unwrap().verdict;
+    assert_eq!(a.judge_final(&key, 0.0).unwrap().verdict, whole);
+    assert_ne!(whole, Verdict::Leak);
+}
+
+#[test]
+fn pages_under_tensors_do_not_call_for_the_malloc_family() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        let bytes = (i + 1) * 4 * K;
+        let groups = [(key(7, Kind::Brk), bytes), (key(7, Kind::Tensor), bytes)];
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    assert!(analysis.growing_pages(|_| 0.0, 10.0, 1 << 20).is_empty());
+}
+
+#[test]
+fn segments_under_pytorchs_caching_allocator_are_its_cache_not_a_second_leak() {
+    let (blocks, segments) = (key(1, Kind::TorchBlock), key(2, Kind::Device));
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "train".into(), Vec::new(), 0);
+    let run = |with_blocks: bool| {
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            let mut groups = vec![(segments, (i + 1) * 2 * K)];
+            if with_blocks {
+                groups.push((blocks, (i + 1) * K));
+            }
+            analysis.sample(i as f64, &ledger, &groups);
+        }
+        analysis
+    };
+    let analysis = run(true);
+    assert_eq!(
+        analysis.judge(&blocks, 0.0).map(|e| e.verdict),
+        Some(Verdict::Leak)
+    );
+    assert_eq!(
+        analysis.judge(&segments, 0.0).map(|e| e.verdict),
+        Some(Verdict::Retention)
+    );
+    // cudaMalloc without the caching allocator: device memory is judged as itself.
+    let analysis = run(false);
+    assert_eq!(
+        analysis.judge(&segments, 0.0).map(|e| e.verdict),
+        Some(Verdict::Leak)
+    );
+}
+
+#[test]
+fn records_moving_from_the_load_path_to_the_update_path_are_not_a_leak() {
+    // 2 MiB loaded at start-up from one call site, replaced record by record from another:
+    // the update path rises, the load path falls, the process holds the same.
+    let total = 32 * K;
+    let moved = |i: u64| (total * i / 20).min(total);
+    let (analysis, load, update) = two_stacks(20, |i| total - moved(i), moved);
+    assert_eq!(
+        analysis.judge(&update, 0.0).map(|e| e.verdict),
+        Some(Verdict::Moved)
+    );
+    assert_ne!(
+        analysis.judge(&load, 0.0).map(|e| e.verdict),
+        Some(Verdict::Leak)
+    );
+    // The same rise beside a steady stack: the process grows with it, a leak.
+    let (analysis, _, leak) = two_stacks(20, |_| total, moved);
+    assert_eq!(
+        analysis.judge(&leak, 0.0).map(|e| e.verdict),
+        Some(Verdict::Leak)
+    );
+    // Beside a stack that falls by far more (start-up garbage collected under the leak): the
+    // process falls, it does not hold, and the rise is a leak.
+    let (analysis, _, leak) = two_stacks(20, |i| 8 * total - 4 * moved(i), moved);
+    assert_eq!(
+        analysis.judge(&leak, 0.0).map(|e| e.verdict),
+        Some(Verdict::Leak)
+    );
+}
+
+#[test]
+fn a_leak_freed_at_the_end_is_judged_on_what_it_held() {
+    let grow: Vec<u64> = (1..=20).map(|i| i * K).collect();
+    // All at once, or over a few samples, at the end.
+    assert_eq!(
+        released(&[grow.clone(), vec![0]].concat()),
+        Some(Verdict::Leak)
+    );
+    let teardown = vec![12 * K, 3 * K, 0, 0];
+    assert_eq!(
+        released(&[grow.clone(), teardown].concat()),
+        Some(Verdict::Leak)
+    );
+    // The whole series, fall included, reads otherwise: that was the defect.
+    let whole = classify(&series(&[grow.clone(), vec![0, 0, 0]].concat()), 0.0);
+    assert_ne!(whole.map(|e| e.verdict), Some(Verdict::Leak));
+    assert_eq!(
+        released(&[grow, vec![0, 0, 0]].concat()),
+        Some(Verdict::Leak)
+    );
+}
+
+#[test]
+fn memory_released_long_before_the_end_or_never_leaking_is_not_a_released_leak() {
+    // Grown during loading, then dropped, and the run went on three times as long.
+    let grow: Vec<u64> = (1..=10).map(|i| i * K).collect();
+    let late = [grow, vec![0; 30]].concat();
+    assert_ne!(released(&late), Some(Verdict::Leak));
+    // A buffer filled and flushed again and again, flushed at the end too.
+    let saw: Vec<u64> = (0..24).map(|i| (i % 6) * 8 * K).collect();
+    assert_ne!(released(&[saw, vec![0]].concat()), Some(Verdict::Leak));
+    // A cache that fills, holds, and is cleared at exit.
+    let cache: Vec<u64> = (1..=24).map(|i| i.min(6) * 8 * K).collect();
+    assert_ne!(released(&[cache, vec![0]].concat()), Some(Verdict::Leak));
+}
