@@ -302,6 +302,14 @@ impl Analysis {
         }
     }
 
+    /// Where `pid`'s CPU tensors were first traced from, where they were traced late.
+    pub fn tensors_first(&self, pid: u32) -> Option<f64> {
+        self.tensor_spans
+            .get(&pid)
+            .and_then(|s| s.first())
+            .map(|s| s.0)
+    }
+
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on, and those outstanding
     /// were forgotten.
     pub fn tensors_taken_out(&mut self, pid: u32, x: f64) {

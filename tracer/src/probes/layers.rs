@@ -275,18 +275,9 @@ impl Probes {
         let Ok(flags) = self.traced.get(&pid, 0) else {
             return false;
         };
-        let found = layers.waiting.iter().chain(&layers.attached);
-        let libraries: Vec<PathBuf> = found
-            .filter(|w| w.1.role == TORCH_CPU.role)
-            .map(|w| w.0.clone())
-            .collect();
-        let Some(maps) = crate::procfs::ProcMaps::read(pid) else {
-            return false;
-        };
-        let mapped = maps
-            .paths()
-            .any(|p| libraries.iter().any(|l| l.as_os_str() == &**p));
-        if !mapped {
+        let libraries = self.tensor_libraries();
+        let maps = crate::procfs::ProcMaps::read(pid);
+        if !maps.is_some_and(|m| m.maps_any(&libraries)) {
             return false;
         }
         let links = if self.layers.everywhere {

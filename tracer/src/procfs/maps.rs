@@ -67,6 +67,12 @@ impl ProcMaps {
         })
     }
 
+    /// Whether one of `files` is mapped with executable pages.
+    pub fn maps_any(&self, files: &[std::path::PathBuf]) -> bool {
+        self.paths()
+            .any(|p| files.iter().any(|f| f.as_os_str() == &**p))
+    }
+
     /// Paths of the mapped files whose name starts with `prefix` (e.g. "libc.so").
     pub fn libraries(&self, prefix: &str) -> Vec<Arc<str>> {
         let mut out: Vec<Arc<str>> = Vec::new();

@@ -50,8 +50,6 @@ pub(super) struct Layers {
 struct TensorLayer {
     asked_s: f64,
     asked_x: f64,
-    /// Engaged once at least (the prober listed them), and when first.
-    first_x: Option<f64>,
     on: bool,
     off_x: Option<f64>,
 }
@@ -99,7 +97,9 @@ impl Owner {
         if at_s - t.asked_s < TENSORS_SETTLE_S {
             return f64::INFINITY;
         }
-        t.first_x.map_or(warmup, |x| warmup.max(x))
+        self.analysis
+            .tensors_first(pid)
+            .map_or(warmup, |x| warmup.max(x))
     }
 
     /// Notes which processes' tensors the prober traces now, and tells the ledger and the
@@ -115,7 +115,6 @@ impl Owner {
             if on && !t.on {
                 self.ledger.tensors_traced(*pid);
                 self.analysis.tensors_traced_from(*pid, t.asked_x);
-                t.first_x.get_or_insert(t.asked_x);
             }
             t.on = on;
         }
@@ -132,14 +131,14 @@ impl Owner {
         // Over the later half of the run so far: importing torch grows pages for a second or
         // two as a leak would.
         let half = self.config.warmup.max(x / 2.0);
-        let off: HashMap<u32, f64> = self.layers.as_ref().map_or_else(HashMap::new, |l| {
-            let off = l.tensors.iter().filter_map(|(&p, t)| Some((p, t.off_x?)));
-            off.collect()
-        });
-        let from = |pid: u32| off.get(&pid).map_or(half, |&o| half.max(o));
+        // And since they were last taken out.
+        let off = |pid: u32| {
+            let t = self.layers.as_ref().and_then(|l| l.tensors.get(&pid));
+            t.and_then(|t| t.off_x).map_or(half, |o| half.max(o))
+        };
         let grown = self
             .analysis
-            .growing_pages(from, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
+            .growing_pages(off, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
         let mut pids = self.not_arenas(grown);
         pids.retain(|&pid| self.maps_torch(pid));
         let Some(layers) = &mut self.layers else {
@@ -149,7 +148,6 @@ impl Owner {
             let t = layers.tensors.entry(tgid).or_insert(TensorLayer {
                 asked_s: f64::NEG_INFINITY,
                 asked_x: x,
-                first_x: None,
                 on: false,
                 off_x: None,
             });
@@ -170,14 +168,10 @@ impl Owner {
     /// Whether `pid` maps a library with PyTorch's CPU allocator (one the prober found): the
     /// processes whose tensors can be asked for, and whose other layers then wait for them.
     fn maps_torch(&self, pid: u32) -> bool {
-        let libraries = self.prober.info.borrow().tensor_libraries.clone();
-        if libraries.is_empty() {
-            return false;
-        }
-        crate::procfs::ProcMaps::read(pid).is_some_and(|maps| {
-            maps.paths()
-                .any(|p| libraries.iter().any(|l| l.as_os_str() == &**p))
-        })
+        let info = self.prober.info.borrow();
+        !info.tensor_libraries.is_empty()
+            && crate::procfs::ProcMaps::read(pid)
+                .is_some_and(|m| m.maps_any(&info.tensor_libraries))
     }
 
     /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
@@ -224,13 +218,7 @@ impl Owner {
     /// judged a leak that its tensors do not explain (the prober leaves out all but the layered
     /// processes whose malloc family is not traced yet).
     fn engage_heap(&mut self, at_s: f64) {
-        let from: HashMap<u32, f64> = self
-            .ledger
-            .procs
-            .keys()
-            .map(|&pid| (pid, self.judged_from(pid, at_s)))
-            .collect();
-        let start = |pid: u32| from.get(&pid).copied().unwrap_or(self.config.warmup);
+        let start = |pid: u32| self.judged_from(pid, at_s);
         let grown = self
             .analysis
             .growing_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);

@@ -125,13 +125,7 @@ impl Owner {
             let arenas = self.arenas_of(pid);
             self.analysis.more_arenas(pid, arenas);
         }
-        let from: std::collections::HashMap<u32, f64> = self
-            .ledger
-            .procs
-            .keys()
-            .map(|&pid| (pid, self.judged_from(pid, at_s)))
-            .collect();
-        let start = |pid: u32| from.get(&pid).copied().unwrap_or(self.config.warmup);
+        let start = |pid: u32| self.judged_from(pid, at_s);
         let grown = self.analysis.growing_arenas(start, SPAN_S, MIN_BYTES);
         for pid in grown {
             if !self.objects.asked.insert(pid) {
