@@ -4,11 +4,13 @@
 
 mod objects;
 pub mod series;
+mod tensors;
 pub mod verdict;
 
 use rustc_hash::FxHashMap;
 
 pub use objects::{KEPT_MIN, kept_by_keepers};
+pub use tensors::{TENSOR_RAMP, TENSORS_CONFIRM_S};
 pub use verdict::{Evidence, Verdict, classify, working_set};
 
 use crate::{
@@ -23,12 +25,8 @@ use series::Series;
 /// or above this, and from then on.
 pub const TRACK_MIN: u64 = 16 << 10;
 
-/// How long after its tensors are traced again (`--tensors auto`) a process's tensors are judged
-/// from, on the series' axis: the samples in between rise from nothing to what it holds as the
-/// probes see the tensors made since.
-pub const TENSOR_RAMP: f64 = 1.0;
 /// The span a page-level stack's verdict needs at least when its process's tensors were traced
-/// late and it is judged from then on (see `Analysis::judged_from`).
+/// late and it is judged from then on (see `Analysis::judged_span`).
 const CUT_SPAN_S: f64 = 3.0;
 
 /// Series per stack group and per process.
@@ -49,16 +47,15 @@ pub struct Analysis {
     /// Per process: its window of sampled Python objects, once closed.
     objects: FxHashMap<u32, objects::ObjectWindow>,
     /// Per process: the spans (on the series' axis) its CPU tensors were traced in, where they
-    /// were not from the start (`--tensors auto`), the last open while they still are. Its pages
-    /// are judged from the first on: before, what filled them could not be told, and what they
-    /// did then was what called for the tensors. Its tensors are judged in the last, open one
-    /// alone: outside them, no tensor is seen made or freed.
-    tensor_spans: FxHashMap<u32, Vec<(f64, f64)>>,
+    /// were not from the start (`--tensors auto`), the last open while they still are (see
+    /// tensors.rs).
+    tensor_spans: FxHashMap<u32, Vec<tensors::TensorSpan>>,
     /// The mmap stacks that map arenas of Python objects (`--heap auto`): not judged from when
     /// tensors were traced, as other pages are (no tensor lands in an arena).
     arena_stacks: rustc_hash::FxHashSet<GroupKey>,
-    /// Samples taken so far.
+    /// Samples taken so far, and when the last was (on the series' axis).
     round: u64,
+    last_x: f64,
 }
 
 /// A process's series.
@@ -126,6 +123,7 @@ impl Default for Analysis {
             tensor_spans: FxHashMap::default(),
             arena_stacks: Default::default(),
             round: 0,
+            last_x: 0.0,
         }
     }
 }
@@ -146,6 +144,7 @@ impl Analysis {
     /// spike).
     pub fn sample(&mut self, t_s: f64, ledger: &Ledger, groups: &[(GroupKey, u64)]) {
         self.round += 1;
+        self.last_x = t_s;
         let round = self.round;
         let mut per_proc: FxHashMap<u32, ProcBytes> = FxHashMap::default();
         for &(key, bytes) in groups {
@@ -214,8 +213,10 @@ impl Analysis {
             .filter_map(|(k, t)| {
                 let e = classify(&t.series, start(k.pid))?;
                 let span = span(&e);
-                let grows =
-                    e.verdict == Verdict::Leak && e.growth_bytes >= min_bytes && span >= span_s;
+                let grows = e.verdict == Verdict::Leak
+                    && e.growth_bytes >= min_bytes
+                    && span >= span_s
+                    && !self.under_kept_tensors(k, &e);
                 if grows {
                     tracing::debug!(key = ?k, growth = e.growth_bytes, span, "pages grow");
                 }
@@ -246,8 +247,8 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let from = self.judged_from(key, warmup_s);
-        let evidence = classify(&self.groups.get(key)?.series, from)?;
+        let (from, until) = self.judged_span(key, warmup_s);
+        let evidence = classify(self.series_until(key, until)?.as_ref(), from)?;
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
     }
@@ -270,8 +271,9 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let from = self.judged_from(key, warmup_s);
-        let series = &self.groups.get(key)?.series;
+        let (from, until) = self.judged_span(key, warmup_s);
+        let series = self.series_until(key, until)?;
+        let series = series.as_ref();
         let held = judge_released(series, from)?;
         let floor = held.windows.last().map_or(0, |w| w.floor);
         let evidence = if series.last().unwrap_or(0) < floor {
@@ -281,60 +283,6 @@ impl Analysis {
         };
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
-    }
-
-    /// Whether `pid`'s tensors, all together or at any stack, leak from `from_x` on (a little
-    /// after they were last asked for, see [`TENSOR_RAMP`]).
-    pub fn tensors_leak(&self, pid: u32, from_x: f64) -> bool {
-        let leaks = |s: &Series| classify(s, from_x).is_some_and(|e| e.verdict == Verdict::Leak);
-        self.procs.get(&pid).is_some_and(|p| leaks(&p.tensors))
-            || self
-                .groups
-                .iter()
-                .any(|(k, t)| k.pid == pid && k.kind == Kind::Tensor && leaks(&t.series))
-    }
-
-    /// `pid`'s CPU tensors are traced from the sample at `x` on (`--tensors auto`).
-    pub fn tensors_traced_from(&mut self, pid: u32, x: f64) {
-        let spans = self.tensor_spans.entry(pid).or_default();
-        if spans.last().is_none_or(|s| s.1.is_finite()) {
-            spans.push((x, f64::INFINITY));
-        }
-    }
-
-    /// Where `pid`'s CPU tensors were first traced from, where they were traced late.
-    pub fn tensors_first(&self, pid: u32) -> Option<f64> {
-        self.tensor_spans
-            .get(&pid)
-            .and_then(|s| s.first())
-            .map(|s| s.0)
-    }
-
-    /// `pid`'s CPU tensors are no longer traced from the sample at `x` on, and those outstanding
-    /// were forgotten.
-    pub fn tensors_taken_out(&mut self, pid: u32, x: f64) {
-        if let Some(last) = self.tensor_spans.get_mut(&pid).and_then(|s| s.last_mut()) {
-            last.1 = last.1.min(x);
-        }
-    }
-
-    /// Where `key` is judged from: the warm-up; for the pages of a process whose tensors were
-    /// traced late, from then on; for its tensors, from a little after the last time they were
-    /// (its tensors outstanding then rise from nothing as the probes see them), or never when
-    /// they are not traced now.
-    fn judged_from(&self, key: &GroupKey, warmup_s: f64) -> f64 {
-        let Some(spans) = self.tensor_spans.get(&key.pid) else {
-            return warmup_s;
-        };
-        match key.kind {
-            Kind::Mmap if self.arena_stacks.contains(key) => warmup_s,
-            Kind::Mmap | Kind::Brk => warmup_s.max(spans[0].0),
-            Kind::Tensor => match spans.last() {
-                Some(&(from, to)) if to.is_infinite() => warmup_s.max(from + TENSOR_RAMP),
-                _ => f64::INFINITY,
-            },
-            _ => warmup_s,
-        }
     }
 
     /// A leak verdict turned into what explains it, if anything does (see [`Analysis::judge`]).
@@ -347,6 +295,9 @@ impl Analysis {
                 .is_some_and(|r| r.retention)
         };
         match key.kind {
+            Kind::Brk | Kind::Mmap if self.under_kept_tensors(key, &evidence) => {
+                evidence.verdict = Verdict::UnderTensors
+            }
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
             // Arenas of Python objects whose keeping stacks the objects' window found.
             Kind::Mmap if self.under_objects(key, warmup_s) => {
@@ -375,7 +326,9 @@ impl Analysis {
             }
             Kind::Brk | Kind::Mmap
                 if !self.heap_seen.contains_key(&key.pid)
-                    && self.under_tensors(key.pid, &evidence, warmup_s) =>
+                    && self
+                        .pages_while_told(key, &evidence, warmup_s)
+                        .is_some_and(|p| self.under_tensors(key.pid, &p, warmup_s)) =>
             {
                 evidence.verdict = Verdict::UnderTensors
             }
@@ -396,16 +349,20 @@ impl Analysis {
     }
 
     /// Whether a page-level stack that has tensors of its own (the pages were grown for them, see
-    /// `Process::pages_to_tensor`) grew by more than twice what those tensors did over its span.
+    /// `Process::pages_to_tensor`) grew by more than twice what those tensors did over its span
+    /// (where they tell what they did).
     fn outlived_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
         let tensors = GroupKey {
             kind: Kind::Tensor,
             ..*pages
         };
-        let Some(t) = self.groups.get(&tensors) else {
+        let (Some(t), Some(e)) = (
+            self.groups.get(&tensors),
+            self.pages_while_told(pages, e, warmup_s),
+        ) else {
             return false;
         };
-        classify(&same_span(&t.series, e), span_start(e, warmup_s))
+        classify(&same_span(&t.series, &e), span_start(&e, warmup_s))
             .is_some_and(|t| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
     }
 
@@ -435,9 +392,9 @@ impl Analysis {
             .groups
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
-            .filter_map(|(k, t)| {
-                let from = self.judged_from(k, warmup_s);
-                let e = judge_released(&t.series, from)?;
+            .filter_map(|(k, _)| {
+                let (from, until) = self.judged_span(k, warmup_s);
+                let e = judge_released(self.series_until(k, until)?.as_ref(), from)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })

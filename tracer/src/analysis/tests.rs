@@ -99,7 +99,7 @@ fn late_tensors_cut_what_their_process_is_judged_on() {
         Verdict::Leak,
         "the rise as they went in is left out"
     );
-    a.tensors_taken_out(1, 14.0);
+    a.tensors_taken_out(1, 14.0, false);
     assert!(
         a.judge(&tensors, 0.0).is_none(),
         "not judged while taken out"
@@ -354,4 +354,55 @@ fn memory_released_long_before_the_end_or_never_leaking_is_not_a_released_leak()
     // A cache that fills, holds, and is cleared at exit.
     let cache: Vec<u64> = (1..=24).map(|i| i.min(6) * 8 * K).collect();
     assert_ne!(released(&[cache, vec![0]].concat()), Some(Verdict::Leak));
+}
+
+/// `--tensors auto`, a tensor leak confirmed: its tensors taken out and kept as they were are
+/// judged up to then (they are flat since), and the pages grown since at the leak's rate are the
+/// leak's, while pages that grow four times faster are not; traced again, the kept span still
+/// stands until the new one is long enough, and a new span without a leak ends both.
+#[test]
+fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let (tensors, pages, faster) = (key(1, Kind::Tensor), key(2, Kind::Brk), key(3, Kind::Brk));
+    let mut a = Analysis::default();
+    const M: u64 = 1 << 20;
+    // Samples every half second: pages grow by 1 MiB a sample all along; the tensors are
+    // traced from 2 s, grow by 1 MiB a sample, and are kept at 8 s.
+    let mut sample = |a: &mut Analysis, i: u64, held: u64| {
+        let groups = [(tensors, held), (pages, (i + 1) * M), (faster, (i + 1) * 4 * M)];
+        a.sample(i as f64 / 2.0, &ledger, &groups);
+    };
+    for i in 0..40u64 {
+        if i == 4 {
+            a.tensors_traced_from(1, 2.0);
+        }
+        if i == 16 {
+            a.tensors_taken_out(1, 8.0, true);
+        }
+        sample(&mut a, i, i.clamp(4, 16).saturating_sub(4) * M + M);
+    }
+    let t = a.judge(&tensors, 0.0).expect("judged");
+    assert_eq!(t.verdict, Verdict::Leak);
+    assert!(span(&t) <= 5.0, "judged up to when they were kept: {t:?}");
+    assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
+    assert_eq!(a.judge(&faster, 0.0).unwrap().verdict, Verdict::Leak);
+    let grown = a.growing_pages(|_| 0.0, 1.0, 1);
+    assert_eq!(grown, vec![faster], "the pages that call for the malloc family");
+
+    // Traced again at 20 s: forgotten, the tensors seen since hold (2 MiB), but for too short
+    // to tell.
+    a.tensors_traced_from(1, 20.0);
+    for i in 40..44u64 {
+        sample(&mut a, i, 2 * M);
+    }
+    assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
+    assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
+    // Not leaking now: the span ends, and with it what the kept one told.
+    for i in 44..52u64 {
+        sample(&mut a, i, 2 * M);
+    }
+    a.tensors_taken_out(1, 26.0, false);
+    assert!(a.judge(&tensors, 0.0).is_none(), "not judged while taken out");
+    assert_ne!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
 }

@@ -128,7 +128,7 @@ impl Health {
                         .unwrap_or_default(),
                 })
                 .collect(),
-            heap: crate::render::heap_notes(&r.heap),
+            heap: crate::render::heap_notes(r),
             probe_cost: r.probe_cost.clone(),
         }
     }

@@ -131,7 +131,16 @@ impl Ledger {
     /// auto`).
     pub fn tensors_traced(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.tensor_layer = Some(TensorLayer::Traced);
+            (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Traced), None);
+        }
+    }
+
+    /// `pid`'s CPU tensors are no longer traced, `at_s` seconds into tracing, once their leak
+    /// was confirmed: those outstanding are kept as they are, to be reported as of then (until
+    /// they are traced again, when they are forgotten).
+    pub fn keep_tensors(&mut self, pid: u32, at_s: f64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
         }
     }
 
@@ -141,7 +150,7 @@ impl Ledger {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
-        p.tensor_layer = Some(TensorLayer::TakenOut);
+        (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::TakenOut), None);
         let tensors: Vec<u64> = p
             .heap
             .iter()

@@ -80,6 +80,8 @@ pub struct Process {
     pub objects: Option<super::objects::ObjectWindow>,
     /// Its CPU tensors were traced for a while (`--tensors auto`), and whether they are now.
     pub tensor_layer: Option<TensorLayer>,
+    /// When its CPU tensors were last kept as they were (seconds traced), where they are now.
+    pub tensors_as_of_s: Option<f64>,
     /// Its CPU tensors were asked for after its start (`--tensors auto`): a free of an address
     /// with no block is then a tensor's made while they were not traced.
     pub tensors_late: bool,
@@ -92,6 +94,9 @@ pub enum TensorLayer {
     Traced,
     /// Taken out when its memory held; those outstanding then were forgotten.
     TakenOut,
+    /// Taken out once their leak was confirmed; those outstanding then are kept as they were,
+    /// until they are traced again (see `Process::tensors_as_of_s`).
+    Kept,
 }
 
 impl Process {

@@ -2,11 +2,12 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{KindTotals, Report};
 use crate::{
     analysis::{Evidence, Verdict},
+    ledger::TensorLayer,
     model::Kind,
     probes::Timing,
+    report::{KindTotals, Report},
     symbolize::SymFrame,
 };
 
@@ -24,7 +25,7 @@ pub fn text(r: &Report) -> String {
         r.elapsed_s, r.events
     );
     let _ = writeln!(s, "outstanding: {}", kinds(&r.totals));
-    for note in heap_notes(&r.heap) {
+    for note in heap_notes(r) {
         let _ = writeln!(s, "{note}");
     }
     if r.tracer_peak_rss_bytes > 0 {
@@ -216,7 +217,8 @@ fn kinds(t: &KindTotals) -> String {
 }
 
 /// What a reader must know of the heap figures, unless every allocation was traced from the start.
-pub fn heap_notes(h: &crate::model::HeapTracing) -> Vec<String> {
+pub fn heap_notes(r: &Report) -> Vec<String> {
+    let h = &r.heap;
     let mut notes = Vec::new();
     match (h.mode, h.sample_bytes) {
         (crate::model::HeapMode::Sampled, Some(b)) => notes.push(format!(
@@ -234,6 +236,14 @@ pub fn heap_notes(h: &crate::model::HeapTracing) -> Vec<String> {
             "tensors: Python processes' CPU tensors traced only while their pages grew (--tensors all for all)"
                 .into(),
         );
+    }
+    for p in &r.processes {
+        if let (Some(TensorLayer::Kept), Some(at)) = (p.tensors, p.tensors_as_of_s) {
+            notes.push(format!(
+                "tensors of pid {}: as of {at:.1} s, when their leak was confirmed (traced again now and then)",
+                p.pid
+            ));
+        }
     }
     let from = match h.after {
         Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),

@@ -99,10 +99,13 @@ pub struct ProcReport {
     #[serde(default = "malloc_traced_before")]
     pub malloc_traced: bool,
     /// `--tensors auto`, where its CPU tensors were traced for a while: whether they are now
-    /// (`traced`), or were taken out when its memory held (`taken_out`, their outstanding ones
-    /// forgotten). Absent where they were traced all along, or never.
+    /// (`traced`), were taken out when its memory held (`taken_out`, their outstanding ones
+    /// forgotten), or once their leak was confirmed (`kept`: their outstanding ones kept as they
+    /// were at `tensors_as_of_s`). Absent where they were traced all along, or never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors: Option<crate::ledger::TensorLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors_as_of_s: Option<f64>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -471,6 +474,7 @@ fn proc_report(p: &Process) -> ProcReport {
         allocator_env: p.allocator_env.clone(),
         malloc_traced: p.malloc_seen,
         tensors: p.tensor_layer,
+        tensors_as_of_s: p.tensors_as_of_s,
         objects: None,
     }
 }

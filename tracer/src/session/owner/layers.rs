@@ -1,8 +1,10 @@
 //! `--heap auto`: which layer each layered process gets next, from the verdicts. Its pages (with
 //! their Python lines) are traced from the start; when a page-level stack grows as a leak does,
-//! its CPU tensors (`--tensors auto`); when its pages still grow in a way its tensors do not
+//! its CPU tensors (`--tensors auto`), until its memory holds again or their leak is confirmed
+//! (then traced again now and then); when its pages still grow in a way its tensors do not
 //! explain, its malloc family; when its pymalloc arenas grow, a window of its Python objects
-//! (objects.rs). Each layer costs probe traps that a process whose memory holds never pays.
+//! (objects.rs). Each layer costs probe traps that a process whose memory holds never pays, and
+//! a leaking one pays for a few seconds.
 
 use std::collections::{HashMap, HashSet};
 
@@ -28,6 +30,11 @@ const TENSORS_SETTLE_S: f64 = 2.0;
 /// How long its tensors are traced at least before they may be taken out again, where neither
 /// they nor its pages grow (a verdict needs a few samples).
 const TENSORS_HOLD_S: f64 = 3.0;
+/// How long after its tensors were kept as they were, once their leak was confirmed, they are
+/// traced again (to tell whether they still leak, or were freed): twice as long each time, up
+/// to the most.
+const TENSORS_AGAIN_S: f64 = 10.0;
+const TENSORS_AGAIN_MOST_S: f64 = 160.0;
 
 /// The layers asked for, per process.
 pub(super) struct Layers {
@@ -45,13 +52,17 @@ pub(super) struct Layers {
 }
 
 /// A process's tensors as a layer: when they were last asked for (seconds traced, and on the
-/// series' axis), whether the prober traces them now, and where they were taken out last.
+/// series' axis), whether the prober traces them now, where they were taken out last and, while
+/// they are kept as they were (their leak confirmed), when they are traced again and how long
+/// after the next time.
 #[derive(Clone, Copy)]
 struct TensorLayer {
     asked_s: f64,
     asked_x: f64,
     on: bool,
     off_x: Option<f64>,
+    again_s: Option<f64>,
+    every_s: f64,
 }
 
 impl Layers {
@@ -122,7 +133,8 @@ impl Owner {
 
     /// `--tensors auto`: asks for the CPU tensors of each process with a page-level stack (not
     /// an arena's) judged a leak over the later half of the run so far, and since its tensors
-    /// were last taken out; and takes out those of the processes whose memory holds.
+    /// were last taken out, and of those kept as they were whose time to be traced again came;
+    /// and takes out those of the processes whose memory holds or whose leak is confirmed.
     fn engage_tensors(&mut self, at_s: f64, x: f64) {
         if !self.layers.as_ref().is_some_and(|l| l.tensors_layered) {
             return;
@@ -140,6 +152,12 @@ impl Owner {
             .analysis
             .growing_pages(off, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
         let mut pids = self.not_arenas(grown);
+        if let Some(l) = &self.layers {
+            let due = l.tensors.iter().filter(|(_, t)| t.again_s.is_some());
+            pids.extend(due.map(|(&pid, _)| pid));
+        }
+        pids.sort_unstable();
+        pids.dedup();
         pids.retain(|&pid| self.maps_torch(pid));
         let Some(layers) = &mut self.layers else {
             return;
@@ -150,10 +168,18 @@ impl Owner {
                 asked_x: x,
                 on: false,
                 off_x: None,
+                again_s: None,
+                every_s: TENSORS_AGAIN_S,
             });
-            // Asked for already, and neither given up nor taken out since.
-            if t.asked_s.is_finite() && (t.on || t.off_x.is_none()) {
+            // Asked for already, and neither given up nor taken out since; or kept as they
+            // were, and not yet time to trace them again.
+            let asked = t.asked_s.is_finite() && (t.on || t.off_x.is_none());
+            if asked || t.again_s.is_some_and(|again| at_s < again) {
                 continue;
+            }
+            // Those kept are forgotten: their frees since were not seen.
+            if t.again_s.take().is_some() {
+                self.ledger.forget_tensors(tgid);
             }
             (t.asked_s, t.asked_x, t.off_x) = (at_s, x, None);
             self.ledger.tensors_asked(tgid);
@@ -176,8 +202,10 @@ impl Owner {
 
     /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
     /// tensors and pages have not grown since (a CPU training job's pages grow for its first
-    /// steps, then hold): a training loop makes tens of thousands of tensors a second, each two
-    /// probe traps. Its pages growing again bring them back.
+    /// steps, then hold), or whose tensors have been judged a leak for
+    /// [`crate::analysis::TENSORS_CONFIRM_S`] (kept as they are then, and traced again later):
+    /// a training loop makes tens of thousands of tensors a second, each two probe traps. Its
+    /// pages growing again bring them back.
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
@@ -192,26 +220,50 @@ impl Owner {
             // From when the tensors outstanding then were all seen (the first samples after the
             // probes went in rise to them from nothing).
             let from = asked + crate::analysis::TENSOR_RAMP;
-            let pages = self.analysis.growing_pages(
-                |p| if p == pid { from } else { f64::INFINITY },
-                TENSORS_SPAN_S,
-                TENSORS_MIN_BYTES,
-            );
-            if self.analysis.tensors_leak(pid, from) || !self.not_arenas(pages).is_empty() {
-                continue;
-            }
-            self.analysis.tensors_taken_out(pid, x);
-            if let Some(l) = self.layers.as_mut() {
-                l.forget.push(pid);
-                if let Some(t) = l.tensors.get_mut(&pid) {
-                    (t.on, t.off_x) = (false, Some(x));
+            match self.analysis.tensors_leak(pid, from) {
+                Some(span) if span >= crate::analysis::TENSORS_CONFIRM_S => {
+                    self.take_out_tensors(pid, at_s, x, true)
+                }
+                Some(_) => {}
+                None => {
+                    let pages = self.analysis.growing_pages(
+                        |p| if p == pid { from } else { f64::INFINITY },
+                        TENSORS_SPAN_S,
+                        TENSORS_MIN_BYTES,
+                    );
+                    if self.not_arenas(pages).is_empty() {
+                        self.take_out_tensors(pid, at_s, x, false);
+                    }
                 }
             }
-            let _ = self
-                .prober
-                .requests
-                .send(ProbeRequest::DisengageTensors { tgid: pid });
         }
+    }
+
+    /// Takes out `pid`'s tensors at `at_s` (on the series' axis, `x`): those outstanding are
+    /// forgotten at the next look (once the records made before the probes went are in), or
+    /// kept as they are (`kept`, their leak confirmed) until they are traced again.
+    fn take_out_tensors(&mut self, pid: u32, at_s: f64, x: f64, kept: bool) {
+        self.analysis.tensors_taken_out(pid, x, kept);
+        if kept {
+            self.ledger.keep_tensors(pid, at_s);
+        }
+        let Some(l) = self.layers.as_mut() else {
+            return;
+        };
+        if !kept {
+            l.forget.push(pid);
+        }
+        if let Some(t) = l.tensors.get_mut(&pid) {
+            (t.on, t.off_x) = (false, Some(x));
+            if kept {
+                t.again_s = Some(at_s + t.every_s);
+                t.every_s = (t.every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
+            }
+        }
+        let _ = self
+            .prober
+            .requests
+            .send(ProbeRequest::DisengageTensors { tgid: pid });
     }
 
     /// Asks, once per process, for the malloc family of each process with a page-level stack
