@@ -369,7 +369,7 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     const M: u64 = 1 << 20;
     // Samples every half second: pages grow by 1 MiB a sample all along; the tensors are
     // traced from 2 s, grow by 1 MiB a sample, and are kept at 8 s.
-    let mut sample = |a: &mut Analysis, i: u64, held: u64| {
+    let sample = |a: &mut Analysis, i: u64, held: u64| {
         let groups = [(tensors, held), (pages, (i + 1) * M), (faster, (i + 1) * 4 * M)];
         a.sample(i as f64 / 2.0, &ledger, &groups);
     };
