@@ -150,6 +150,7 @@ pub(crate) fn check_report(
     flags: &[&str],
     argv: &[&str],
 ) -> (Output, tests::report::Report) {
+    std::fs::create_dir_all(fixture::target_dir()).unwrap();
     let report = fixture::target_dir().join(format!("{name}.json"));
     let o = check(
         &[flags, &["--json", "-o", report.to_str().unwrap()]].concat(),

@@ -251,6 +251,19 @@ fn bad_history_arguments_are_clear_errors() {
         assert_eq!(o.status.code(), Some(6));
         assert!(String::from_utf8_lossy(&o.stderr).contains("cannot create /proc/no/such/dir"));
         assert!(!fixture::target_dir().join("must-not-exist").exists());
+        // So does a report file that cannot be written (the command once stayed stopped).
+        let o = fixture::leaktracer_cmd()
+            .args(["run", "-o", "/proc/no/such/dir/r.txt", "--", "touch"])
+            .arg(fixture::target_dir().join("must-not-exist"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("cannot write report file /proc/no/such/dir"),
+            "{err}"
+        );
+        assert!(!fixture::target_dir().join("must-not-exist").exists());
     }
 }
 

@@ -151,7 +151,8 @@ impl Analysis {
 
     /// The rate (bytes a second, on the series' axis) at which `pid`'s tensors leaked over the
     /// span they were last kept after, while they are kept or traced again since (not where a
-    /// span traced since ended without a leak).
+    /// span traced since ended without a leak): of all of them, or of the stacks judged a leak
+    /// together, whichever is more (the others' tensors may hide a leak in the total).
     fn kept_leak_rate(&self, pid: u32) -> Option<f64> {
         let spans = self.tensor_spans.get(&pid)?;
         let kept = match spans.as_slice() {
@@ -160,8 +161,19 @@ impl Analysis {
             _ => return None,
         };
         let (from, until) = kept.judged();
-        let e = classify(&self.procs.get(&pid)?.tensors.until(until), from)?;
-        (e.verdict == Verdict::Leak && span(&e) > 0.0).then(|| e.growth_bytes as f64 / span(&e))
+        let rate = |s: &Series| {
+            classify(&s.until(until), from)
+                .filter(|e| e.verdict == Verdict::Leak && span(e) > 0.0)
+                .map_or(0.0, |e| e.growth_bytes as f64 / span(&e))
+        };
+        let all = self.procs.get(&pid).map_or(0.0, |p| rate(&p.tensors));
+        let stacks: f64 = self
+            .groups
+            .iter()
+            .filter(|(k, _)| k.pid == pid && k.kind == Kind::Tensor)
+            .map(|(_, t)| rate(&t.series))
+            .sum();
+        Some(all.max(stacks)).filter(|&r| r > 0.0)
     }
 
     /// A page-level stack's evidence `e`, over the stretch its process's tensors tell what

@@ -370,7 +370,11 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     // Samples every half second: pages grow by 1 MiB a sample all along; the tensors are
     // traced from 2 s, grow by 1 MiB a sample, and are kept at 8 s.
     let sample = |a: &mut Analysis, i: u64, held: u64| {
-        let groups = [(tensors, held), (pages, (i + 1) * M), (faster, (i + 1) * 4 * M)];
+        let groups = [
+            (tensors, held),
+            (pages, (i + 1) * M),
+            (faster, (i + 1) * 4 * M),
+        ];
         a.sample(i as f64 / 2.0, &ledger, &groups);
     };
     for i in 0..40u64 {
@@ -388,7 +392,11 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
     assert_eq!(a.judge(&faster, 0.0).unwrap().verdict, Verdict::Leak);
     let grown = a.growing_pages(|_| 0.0, 1.0, 1);
-    assert_eq!(grown, vec![faster], "the pages that call for the malloc family");
+    assert_eq!(
+        grown,
+        vec![faster],
+        "the pages that call for the malloc family"
+    );
 
     // Traced again at 20 s: forgotten, the tensors seen since hold (2 MiB), but for too short
     // to tell.
@@ -403,6 +411,9 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
         sample(&mut a, i, 2 * M);
     }
     a.tensors_taken_out(1, 26.0, false);
-    assert!(a.judge(&tensors, 0.0).is_none(), "not judged while taken out");
+    assert!(
+        a.judge(&tensors, 0.0).is_none(),
+        "not judged while taken out"
+    );
     assert_ne!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
 }

@@ -43,10 +43,11 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         .probe_cost
         .then(crate::probes::cost::enable)
         .transpose()?;
-    // Before the command is started: a history or an address that cannot be opened stops the
-    // session here.
+    // Before the command is started: a history, an address or a report file that cannot be
+    // opened stops the session here.
     let ui = config.ui.as_ref().map(ui::listen).transpose()?;
     let history = open_history(&config, &target)?;
+    let out = output::Output::open(config.output.as_deref())?;
     let root = start_root(&target)?;
     match &target {
         // The command will most likely map the same libc as leaktracer: probed before it starts.
@@ -70,7 +71,14 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         .build()
         .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
     let command = describe(&target);
-    runtime.block_on(owner::trace(probes, root, command, history, ui, config))
+    runtime.block_on(owner::trace(
+        probes,
+        root,
+        command,
+        (history, out),
+        ui,
+        config,
+    ))
 }
 
 /// The eBPF object loaded and set as the configuration says, nothing attached yet but the

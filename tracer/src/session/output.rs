@@ -13,11 +13,9 @@ impl Output {
     pub(super) fn open(path: Option<&Path>) -> Result<Self, Error> {
         Ok(match path {
             None => Self::Stdout,
-            Some(p) => {
-                Self::File(File::create(p).map_err(|e| {
-                    anyhow::anyhow!("cannot write report file {}: {e}", p.display())
-                })?)
-            }
+            Some(p) => Self::File(File::create(p).map_err(|e| {
+                Error::Usage(format!("cannot write report file {}: {e}", p.display()))
+            })?),
         })
     }
 

@@ -93,7 +93,7 @@ pub(super) async fn trace(
     mut probes: Probes,
     root: Root,
     command: String,
-    history: Option<store::Writer>,
+    (history, out): (Option<store::Writer>, Output),
     ui: Option<Ui>,
     config: Config,
 ) -> Result<Outcome, Error> {
@@ -126,7 +126,7 @@ pub(super) async fn trace(
         ticks: Ticks::new(&config, history.is_some(), live.is_some(), serve.as_ref()),
     };
     let mut owner = Owner {
-        out: Output::open(config.output.as_deref())?,
+        out,
         heap_after: config.heap.after,
         layers: (config.heap.mode == HeapMode::Auto)
             .then(|| layers::Layers::new(config.heap.tensors)),
