@@ -418,17 +418,25 @@ impl Analysis {
     }
 }
 
-/// Whether a series' window floors rose between its last two windows only.
+/// Whether a series' window floors rose between its last two windows only, or floated by less
+/// than a tenth above the first before then (a heap's top between a scratch buffer's spikes).
 fn last_step_only(evidence: &Evidence) -> bool {
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
     let tol = verdict::tolerance(&floors);
     let rose: Vec<bool> = floors.windows(2).map(|f| f[1] > f[0] + tol).collect();
-    rose.last() == Some(&true) && rose.iter().filter(|&&r| r).count() == 1
+    let before = &floors[..floors.len().saturating_sub(1)];
+    rose.last() == Some(&true)
+        && (rose.iter().filter(|&&r| r).count() == 1 || floats_within_a_tenth(before))
 }
 
 /// Whether a series' window floors stay within a tenth above the first one (that is not 0).
 fn within_a_tenth(evidence: &Evidence) -> bool {
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
+    floats_within_a_tenth(&floors)
+}
+
+/// Whether `floors` stay within a tenth above the first (that is not 0).
+fn floats_within_a_tenth(floors: &[u64]) -> bool {
     let (Some(&first), Some(&most)) = (floors.first(), floors.iter().max()) else {
         return false;
     };
