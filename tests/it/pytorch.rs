@@ -304,6 +304,34 @@ fn a_job_whose_memory_grows_then_holds_has_its_tensors_traced_only_while_it_grow
     assert_eq!(r.losses()["unmatched_frees"], 0);
 }
 
+/// The same job whose cache fills for eight seconds, longer than it takes to confirm a leak of
+/// its tensors: they are kept as they were, and traced again as soon as its pages have held for
+/// three seconds (well before the ten seconds after which they would be anyway), then taken out
+/// for good; the cache that filled and held passes the check.
+#[test]
+fn tensors_kept_while_a_cache_filled_are_traced_again_once_the_pages_hold() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (o, r) = check_torch("tensor-phases-long", "tensor_phases", &[], &["14", "8"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let root = r.root_pid();
+    let engaged: Vec<f64> = tensor_layer(&r)
+        .into_iter()
+        .filter(|(pid, when, _)| *pid == Some(root) && when == "engaged")
+        .filter_map(|t| t.2)
+        .collect();
+    // Kept 3 s after they went in at the soonest, traced again 10 s after that unless the pages
+    // held.
+    assert!(
+        matches!(engaged[..], [first, again] if again - first < 13.0),
+        "{engaged:?}"
+    );
+    assert_eq!(r.process(root)["tensors"], "taken_out", "{out}");
+}
+
 /// A leak that is not of tensors in a PyTorch process (`request_log.py` with torch imported: a
 /// request body of 64 KiB logged every 50 ms), under default options: its pages grow, its
 /// tensors are traced first, and its malloc family once its pages still grow without them (two

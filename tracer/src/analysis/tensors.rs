@@ -153,7 +153,7 @@ impl Analysis {
     /// span they were last kept after, while they are kept or traced again since (not where a
     /// span traced since ended without a leak): of all of them, or of the stacks judged a leak
     /// together, whichever is more (the others' tensors may hide a leak in the total).
-    fn kept_leak_rate(&self, pid: u32) -> Option<f64> {
+    pub fn kept_leak_rate(&self, pid: u32) -> Option<f64> {
         let spans = self.tensor_spans.get(&pid)?;
         let kept = match spans.as_slice() {
             [.., k] if k.kept => k,
@@ -174,6 +174,22 @@ impl Analysis {
             .map(|(_, t)| rate(&t.series))
             .sum();
         Some(all.max(stacks)).filter(|&r| r > 0.0)
+    }
+
+    /// Bytes `pid`'s page-level stacks (not arenas) grew by since `x`, on the series' axis:
+    /// what a leak kept as it was at `x` still grows by (see `session/owner/layers.rs`).
+    pub fn pages_grown_since(&self, pid: u32, x: f64) -> i64 {
+        let at = |s: &Series, x: f64| {
+            let points = s.points();
+            let i = points.partition_point(|p| p.t0 <= x);
+            points.get(i.saturating_sub(1)).map_or(0, |p| p.last) as i64
+        };
+        self.groups
+            .iter()
+            .filter(|(k, _)| k.pid == pid && matches!(k.kind, Kind::Mmap | Kind::Brk))
+            .filter(|(k, _)| !self.arena_stacks.contains(k))
+            .map(|(_, t)| at(&t.series, f64::INFINITY) - at(&t.series, x))
+            .sum()
     }
 
     /// A page-level stack's evidence `e`, over the stretch its process's tensors tell what

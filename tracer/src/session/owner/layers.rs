@@ -51,14 +51,15 @@ pub(super) struct Layers {
     forget: Vec<u32>,
 }
 
-/// A process's tensors as a layer: when they were last asked for (seconds traced, and on the
-/// series' axis), whether the prober traces them now, where they were taken out last and, while
+/// A process's tensors as a layer: when they were last asked for (seconds traced), whether the
+/// prober traces them now and since when (on the series' axis: probes for one process take a
+/// while to go in), where they were taken out last and, while
 /// they are kept as they were (their leak confirmed), when they are traced again and how long
 /// after the next time.
 #[derive(Clone, Copy)]
 struct TensorLayer {
     asked_s: f64,
-    asked_x: f64,
+    on_x: f64,
     on: bool,
     off_x: Option<f64>,
     again_s: Option<f64>,
@@ -81,7 +82,7 @@ impl Owner {
     /// Asks for the next layer of each process whose memory calls for it. Looked at once a
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
-        self.note_tensors();
+        self.note_tensors(x);
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -115,7 +116,7 @@ impl Owner {
 
     /// Notes which processes' tensors the prober traces now, and tells the ledger and the
     /// analysis each time they went in.
-    fn note_tensors(&mut self) {
+    fn note_tensors(&mut self, x: f64) {
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -124,8 +125,9 @@ impl Owner {
             // Not while a taking out is on its way to the prober.
             let on = info.tensors_traced.contains(pid) && t.off_x.is_none();
             if on && !t.on {
+                t.on_x = x;
                 self.ledger.tensors_traced(*pid);
-                self.analysis.tensors_traced_from(*pid, t.asked_x);
+                self.analysis.tensors_traced_from(*pid, x);
             }
             t.on = on;
         }
@@ -152,6 +154,7 @@ impl Owner {
             .analysis
             .growing_pages(off, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
         let mut pids = self.not_arenas(grown);
+        self.kept_pages_held(at_s, x);
         if let Some(l) = &self.layers {
             let due = l.tensors.iter().filter(|(_, t)| t.again_s.is_some());
             pids.extend(due.map(|(&pid, _)| pid));
@@ -165,7 +168,7 @@ impl Owner {
         for tgid in pids {
             let t = layers.tensors.entry(tgid).or_insert(TensorLayer {
                 asked_s: f64::NEG_INFINITY,
-                asked_x: x,
+                on_x: x,
                 on: false,
                 off_x: None,
                 again_s: None,
@@ -181,13 +184,41 @@ impl Owner {
             if t.again_s.take().is_some() {
                 self.ledger.forget_tensors(tgid);
             }
-            (t.asked_s, t.asked_x, t.off_x) = (at_s, x, None);
+            (t.asked_s, t.off_x) = (at_s, None);
             self.ledger.tensors_asked(tgid);
             let ask = ProbeRequest::EngageTensors {
                 tgid,
                 after_s: at_s,
             };
             let _ = self.prober.requests.send(ask);
+        }
+    }
+
+    /// Brings forward the next tracing of the tensors kept as they were of each process whose
+    /// pages grew by less than a quarter of what their leak's rate says over the last
+    /// [`TENSORS_HOLD_S`] (all of them since they were kept): the leak may have stopped (a cache
+    /// that filled for longer than it took to confirm), and only its tensors can tell.
+    fn kept_pages_held(&mut self, at_s: f64, x: f64) {
+        let Some(layers) = &self.layers else {
+            return;
+        };
+        let held: Vec<u32> = layers
+            .tensors
+            .iter()
+            .filter_map(|(&pid, t)| {
+                let (off, again) = (t.off_x?, t.again_s?);
+                let rate = self.analysis.kept_leak_rate(pid)?;
+                let since = x - TENSORS_HOLD_S;
+                let grown = self.analysis.pages_grown_since(pid, since) as f64;
+                let held = since >= off && grown * 4.0 < rate * TENSORS_HOLD_S;
+                (held && again > at_s).then_some(pid)
+            })
+            .collect();
+        for pid in held {
+            tracing::debug!(pid, "pages held since the tensors were kept: traced again");
+            if let Some(t) = self.layers.as_mut().and_then(|l| l.tensors.get_mut(&pid)) {
+                t.again_s = Some(at_s);
+            }
         }
     }
 
@@ -214,12 +245,12 @@ impl Owner {
             .tensors
             .iter()
             .filter(|(_, t)| t.on && at_s - t.asked_s >= TENSORS_HOLD_S)
-            .map(|(&pid, t)| (pid, t.asked_x))
+            .map(|(&pid, t)| (pid, t.on_x))
             .collect();
-        for (pid, asked) in held {
+        for (pid, on) in held {
             // From when the tensors outstanding then were all seen (the first samples after the
             // probes went in rise to them from nothing).
-            let from = asked + crate::analysis::TENSOR_RAMP;
+            let from = on + crate::analysis::TENSOR_RAMP;
             match self.analysis.tensors_leak(pid, from) {
                 Some(span) if span >= crate::analysis::TENSORS_CONFIRM_S => {
                     self.take_out_tensors(pid, at_s, x, true)
@@ -243,6 +274,12 @@ impl Owner {
     /// forgotten at the next look (once the records made before the probes went are in), or
     /// kept as they are (`kept`, their leak confirmed) until they are traced again.
     fn take_out_tensors(&mut self, pid: u32, at_s: f64, x: f64, kept: bool) {
+        tracing::info!(
+            pid,
+            at_s,
+            kept,
+            "CPU tensors taken out (kept: their leak confirmed)"
+        );
         self.analysis.tensors_taken_out(pid, x, kept);
         if kept {
             self.ledger.keep_tensors(pid, at_s);
