@@ -201,6 +201,27 @@ impl Analysis {
         span_s: f64,
         min_bytes: i64,
     ) -> Vec<GroupKey> {
+        self.pages_grown(start, span_s, min_bytes, false)
+    }
+
+    /// As [`Analysis::growing_pages`], less those a leak of tensors kept as they were explains
+    /// (see `Analysis::under_kept_tensors`): what calls for a process's malloc family.
+    pub fn unexplained_pages(
+        &self,
+        start: impl Fn(u32) -> f64,
+        span_s: f64,
+        min_bytes: i64,
+    ) -> Vec<GroupKey> {
+        self.pages_grown(start, span_s, min_bytes, true)
+    }
+
+    fn pages_grown(
+        &self,
+        start: impl Fn(u32) -> f64,
+        span_s: f64,
+        min_bytes: i64,
+        unexplained: bool,
+    ) -> Vec<GroupKey> {
         let tensor = |k: &GroupKey| GroupKey {
             kind: Kind::Tensor,
             ..*k
@@ -216,7 +237,7 @@ impl Analysis {
                 let grows = e.verdict == Verdict::Leak
                     && e.growth_bytes >= min_bytes
                     && span >= span_s
-                    && !self.under_kept_tensors(k, &e);
+                    && !(unexplained && self.under_kept_tensors(k, &e));
                 if grows {
                     tracing::debug!(key = ?k, growth = e.growth_bytes, span, "pages grow");
                 }

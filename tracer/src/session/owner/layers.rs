@@ -310,7 +310,7 @@ impl Owner {
         let start = |pid: u32| self.judged_from(pid, at_s);
         let grown = self
             .analysis
-            .growing_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
+            .unexplained_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
         let pids = self.not_arenas(grown);
         // Its tensors first, where they are layered and it maps PyTorch.
         let waits = |o: &Self, pid: u32| {
