@@ -7,6 +7,8 @@ pub mod series;
 mod tensors;
 pub mod verdict;
 
+use tensors::Judged;
+
 use rustc_hash::FxHashMap;
 
 pub use objects::{KEPT_MIN, kept_by_keepers};
@@ -26,7 +28,7 @@ use series::Series;
 pub const TRACK_MIN: u64 = 16 << 10;
 
 /// The span a page-level stack's verdict needs at least when its process's tensors were traced
-/// late and it is judged from then on (see `Analysis::judged_span`).
+/// late and it is judged from then on (see `Analysis::judged_from`).
 const CUT_SPAN_S: f64 = 3.0;
 
 /// Series per stack group and per process.
@@ -268,8 +270,10 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let (from, until) = self.judged_span(key, warmup_s);
-        let evidence = classify(self.series_until(key, until)?.as_ref(), from)?;
+        let (from, evidence) = match self.judged_from(key, warmup_s) {
+            Judged::From(from) => (from, classify(&self.groups.get(key)?.series, from)?),
+            Judged::Kept(e) => (warmup_s, e?.clone()),
+        };
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
     }
@@ -292,9 +296,11 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let (from, until) = self.judged_span(key, warmup_s);
-        let series = self.series_until(key, until)?;
-        let series = series.as_ref();
+        let from = match self.judged_from(key, warmup_s) {
+            Judged::From(from) => from,
+            Judged::Kept(_) => return self.judge(key, warmup_s),
+        };
+        let series = &self.groups.get(key)?.series;
         let held = judge_released(series, from)?;
         let floor = held.windows.last().map_or(0, |w| w.floor);
         let evidence = if series.last().unwrap_or(0) < floor {
@@ -347,9 +353,8 @@ impl Analysis {
             }
             Kind::Brk | Kind::Mmap
                 if !self.heap_seen.contains_key(&key.pid)
-                    && self
-                        .pages_while_told(key, &evidence, warmup_s)
-                        .is_some_and(|p| self.under_tensors(key.pid, &p, warmup_s)) =>
+                    && self.tensors_tell(key.pid, &evidence)
+                    && self.under_tensors(key.pid, &evidence, warmup_s) =>
             {
                 evidence.verdict = Verdict::UnderTensors
             }
@@ -377,14 +382,12 @@ impl Analysis {
             kind: Kind::Tensor,
             ..*pages
         };
-        let (Some(t), Some(e)) = (
-            self.groups.get(&tensors),
-            self.pages_while_told(pages, e, warmup_s),
-        ) else {
+        let Some(t) = self.groups.get(&tensors) else {
             return false;
         };
-        classify(&same_span(&t.series, &e), span_start(&e, warmup_s))
-            .is_some_and(|t| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
+        self.tensors_tell(pages.pid, e)
+            && classify(&same_span(&t.series, e), span_start(e, warmup_s))
+                .is_some_and(|t| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over
@@ -413,9 +416,11 @@ impl Analysis {
             .groups
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
-            .filter_map(|(k, _)| {
-                let (from, until) = self.judged_span(k, warmup_s);
-                let e = judge_released(self.series_until(k, until)?.as_ref(), from)?;
+            .filter_map(|(k, t)| {
+                let (from, e) = match self.judged_from(k, warmup_s) {
+                    Judged::From(from) => (from, judge_released(&t.series, from)?),
+                    Judged::Kept(e) => (warmup_s, e?.clone()),
+                };
                 let e = self.long_enough(k, from > warmup_s, e)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })

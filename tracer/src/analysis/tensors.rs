@@ -5,9 +5,9 @@
 //! open; or the last kept one, where they were taken out once their leak was confirmed and kept
 //! as they were then, until a span traced again since has been traced long enough to judge.
 
-use std::borrow::Cow;
+use rustc_hash::FxHashMap;
 
-use super::{Analysis, Evidence, Series, Verdict, classify, span, span_start};
+use super::{Analysis, Evidence, Series, Verdict, classify, span};
 use crate::model::{GroupKey, Kind};
 
 /// How long after its tensors are traced again (`--tensors auto`) a process's tensors are judged
@@ -20,22 +20,31 @@ pub const TENSOR_RAMP: f64 = 1.0;
 pub const TENSORS_CONFIRM_S: f64 = 2.0;
 
 /// A span (on the series' axis) a process's CPU tensors were traced in.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(super) struct TensorSpan {
     from: f64,
     /// Infinite while they still are.
     to: f64,
     /// Taken out once their leak was confirmed: those outstanding then were kept, and the span
-    /// is judged up to its end.
-    kept: bool,
+    /// was judged as it ended.
+    kept: Option<KeptLeak>,
 }
 
-impl TensorSpan {
-    /// The stretch its tensors are judged over: from a little after it began (see
-    /// [`TENSOR_RAMP`]) to its end.
-    fn judged(&self) -> (f64, f64) {
-        (self.from + TENSOR_RAMP, self.to)
-    }
+/// A process's tensors as they were judged when they were kept as they were (their leak
+/// confirmed): each stack's verdict over the span, and the rate they leaked at. Judged then,
+/// once: series are merged as they age, and a span of a few seconds would soon be too few
+/// points to judge.
+#[derive(Debug, Default)]
+struct KeptLeak {
+    stacks: FxHashMap<GroupKey, Evidence>,
+    rate: f64,
+}
+
+/// Where a group is judged from: on its series from a point on the series' axis (infinite:
+/// never), or as its tensors were judged when they were kept.
+pub(super) enum Judged<'a> {
+    From(f64),
+    Kept(Option<&'a Evidence>),
 }
 
 impl Analysis {
@@ -64,7 +73,7 @@ impl Analysis {
             spans.push(TensorSpan {
                 from: x,
                 to: f64::INFINITY,
-                kept: false,
+                kept: None,
             });
         }
     }
@@ -80,61 +89,90 @@ impl Analysis {
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on: those outstanding
     /// were forgotten, or kept as they are where their leak was confirmed (`kept`).
     pub fn tensors_taken_out(&mut self, pid: u32, x: f64, kept: bool) {
+        let Some(from) = self
+            .tensor_spans
+            .get(&pid)
+            .and_then(|s| s.last())
+            .map(|s| s.from)
+        else {
+            return;
+        };
+        let leak = kept.then(|| self.judge_kept(pid, from + TENSOR_RAMP));
         if let Some(last) = self.tensor_spans.get_mut(&pid).and_then(|s| s.last_mut()) {
-            last.to = last.to.min(x);
-            last.kept = kept;
+            (last.to, last.kept) = (last.to.min(x), leak);
         }
     }
 
-    /// The stretch `key` is judged over, (from, until): from the warm-up; for the pages of a
-    /// process whose tensors were traced late, from then on; for its tensors, over the span
-    /// they are judged in (see the module's note), never when there is none.
-    pub(super) fn judged_span(&self, key: &GroupKey, warmup_s: f64) -> (f64, f64) {
-        let whole = (warmup_s, f64::INFINITY);
+    /// `pid`'s tensors judged from `from` on, as they are kept as they are: each stack, and the
+    /// rate they leak at, of all of them or of the stacks judged a leak together, whichever is
+    /// more (the others' tensors may hide a leak in the total).
+    fn judge_kept(&self, pid: u32, from: f64) -> KeptLeak {
+        let rate = |e: &Evidence| {
+            let leaks = e.verdict == Verdict::Leak && span(e) > 0.0;
+            if leaks {
+                e.growth_bytes as f64 / span(e)
+            } else {
+                0.0
+            }
+        };
+        let stacks: FxHashMap<GroupKey, Evidence> = self
+            .groups
+            .iter()
+            .filter(|(k, _)| k.pid == pid && k.kind == Kind::Tensor)
+            .filter_map(|(k, t)| Some((*k, classify(&t.series, from)?)))
+            .collect();
+        let all = self
+            .procs
+            .get(&pid)
+            .and_then(|p| classify(&p.tensors, from));
+        let together: f64 = stacks.values().map(rate).sum();
+        let rate = all.as_ref().map_or(0.0, rate).max(together);
+        KeptLeak { stacks, rate }
+    }
+
+    /// Where `key` is judged from: the warm-up; for the pages of a process whose tensors were
+    /// traced late, from then on; for its tensors, in the span they are judged in (see the
+    /// module's note), never when there is none.
+    pub(super) fn judged_from(&self, key: &GroupKey, warmup_s: f64) -> Judged<'_> {
         let Some(spans) = self.tensor_spans.get(&key.pid) else {
-            return whole;
+            return Judged::From(warmup_s);
         };
         match key.kind {
-            Kind::Mmap if self.arena_stacks.contains(key) => whole,
-            Kind::Mmap | Kind::Brk => (warmup_s.max(spans[0].from), f64::INFINITY),
+            Kind::Mmap if self.arena_stacks.contains(key) => Judged::From(warmup_s),
+            Kind::Mmap | Kind::Brk => Judged::From(warmup_s.max(spans[0].from)),
             Kind::Tensor => match self.tensors_judged_in(spans) {
-                Some((from, until)) => (warmup_s.max(from), until),
-                None => (f64::INFINITY, f64::INFINITY),
+                Some(TensorSpan {
+                    kept: Some(kept), ..
+                }) => Judged::Kept(kept.stacks.get(key)),
+                Some(open) => Judged::From(warmup_s.max(open.from + TENSOR_RAMP)),
+                None => Judged::From(f64::INFINITY),
             },
-            _ => whole,
+            _ => Judged::From(warmup_s),
         }
     }
 
-    /// The stretch of the span a process's tensors are judged in (see the module's note).
-    fn tensors_judged_in(&self, spans: &[TensorSpan]) -> Option<(f64, f64)> {
+    /// The span a process's tensors are judged in (see the module's note).
+    fn tensors_judged_in<'s>(&self, spans: &'s [TensorSpan]) -> Option<&'s TensorSpan> {
         let last = spans.last()?;
-        let kept = spans.iter().rev().find(|s| s.kept);
         if last.to.is_finite() {
-            return last.kept.then(|| last.judged());
+            return last.kept.is_some().then_some(last);
         }
+        let kept = spans.iter().rev().find(|s| s.kept.is_some());
         let young = self.last_x - last.from < TENSOR_RAMP + TENSORS_CONFIRM_S;
         match kept {
-            Some(k) if young => Some(k.judged()),
-            _ => Some(last.judged()),
+            Some(k) if young => Some(k),
+            _ => Some(last),
         }
     }
 
-    /// `key`'s series, up to `until` (the end of the span its tensors are judged in).
-    pub(super) fn series_until(&self, key: &GroupKey, until: f64) -> Option<Cow<'_, Series>> {
-        let series = &self.groups.get(key)?.series;
-        Some(if until.is_finite() {
-            Cow::Owned(series.until(until))
-        } else {
-            Cow::Borrowed(series)
-        })
-    }
-
-    /// Up to when `pid`'s tensors tell what they did: the end of their last span where they
-    /// were kept at its end (not traced since); for ever otherwise.
-    fn tensors_told_until(&self, pid: u32) -> f64 {
+    /// Whether `pid`'s tensors tell what they did over a page-level stack's evidence `e`: not
+    /// where they are kept as they were (not traced since) and `e` goes on past then (kept
+    /// tensors do not grow, whatever the pages do).
+    pub(super) fn tensors_tell(&self, pid: u32, e: &Evidence) -> bool {
+        let end = e.windows.last().map_or(0.0, |w| w.t1_s);
         match self.tensor_spans.get(&pid).and_then(|s| s.last()) {
-            Some(s) if s.kept => s.to,
-            _ => f64::INFINITY,
+            Some(s) if s.kept.is_some() => end <= s.to,
+            _ => true,
         }
     }
 
@@ -151,29 +189,15 @@ impl Analysis {
 
     /// The rate (bytes a second, on the series' axis) at which `pid`'s tensors leaked over the
     /// span they were last kept after, while they are kept or traced again since (not where a
-    /// span traced since ended without a leak): of all of them, or of the stacks judged a leak
-    /// together, whichever is more (the others' tensors may hide a leak in the total).
+    /// span traced since ended without a leak).
     pub fn kept_leak_rate(&self, pid: u32) -> Option<f64> {
-        let spans = self.tensor_spans.get(&pid)?;
-        let kept = match spans.as_slice() {
-            [.., k] if k.kept => k,
-            [.., k, open] if k.kept && open.to.is_infinite() => k,
+        let span = match self.tensor_spans.get(&pid)?.as_slice() {
+            [.., k] if k.kept.is_some() => k,
+            [.., k, open] if k.kept.is_some() && open.to.is_infinite() => k,
             _ => return None,
         };
-        let (from, until) = kept.judged();
-        let rate = |s: &Series| {
-            classify(&s.until(until), from)
-                .filter(|e| e.verdict == Verdict::Leak && span(e) > 0.0)
-                .map_or(0.0, |e| e.growth_bytes as f64 / span(&e))
-        };
-        let all = self.procs.get(&pid).map_or(0.0, |p| rate(&p.tensors));
-        let stacks: f64 = self
-            .groups
-            .iter()
-            .filter(|(k, _)| k.pid == pid && k.kind == Kind::Tensor)
-            .map(|(_, t)| rate(&t.series))
-            .sum();
-        Some(all.max(stacks)).filter(|&r| r > 0.0)
+        let rate = span.kept.as_ref()?.rate;
+        (rate > 0.0).then_some(rate)
     }
 
     /// Bytes `pid`'s page-level stacks (not arenas) grew by since `x`, on the series' axis:
@@ -190,23 +214,5 @@ impl Analysis {
             .filter(|(k, _)| !self.arena_stacks.contains(k))
             .map(|(_, t)| at(&t.series, f64::INFINITY) - at(&t.series, x))
             .sum()
-    }
-
-    /// A page-level stack's evidence `e`, over the stretch its process's tensors tell what
-    /// they did (see [`Analysis::tensors_told_until`]): pages are compared with tensors there
-    /// alone, as tensors kept as they were do not grow.
-    pub(super) fn pages_while_told<'e>(
-        &self,
-        pages: &GroupKey,
-        e: &'e Evidence,
-        warmup_s: f64,
-    ) -> Option<Cow<'e, Evidence>> {
-        let until = self.tensors_told_until(pages.pid);
-        let end = e.windows.last().map_or(f64::INFINITY, |w| w.t1_s);
-        if end <= until {
-            return Some(Cow::Borrowed(e));
-        }
-        let series = self.groups.get(pages)?.series.until(until);
-        classify(&series, span_start(e, warmup_s)).map(Cow::Owned)
     }
 }
