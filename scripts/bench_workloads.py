@@ -53,7 +53,7 @@ def workloads(build):
     src = BENCH / "alloc_heavy.cpp"
     if not cpp.exists() or cpp.stat().st_mtime < src.stat().st_mtime:
         subprocess.run(["g++", "-O2", "-g", "-o", str(cpp), str(src)], check=True)
-    epochs, requests, lines = ("10", "100000", "300000") if QUICK else ("60", "600000", "1500000")
+    epochs, requests, lines = ("10", "100000", "300000") if QUICK else ("200", "600000", "1500000")
     return [
         ("CPU PyTorch training", "python", [PY, str(BENCH / "torch_train.py"), epochs],
          BENCH / "torch_train.py"),
