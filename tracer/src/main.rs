@@ -167,6 +167,9 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         "{}",
         check::summary(&findings, gate.budget, outcome.exit_code)
     );
+    for note in tracer::render::tensor_notes(&outcome.last) {
+        println!("  note: {note}");
+    }
     if let Some(path) = &gate.junit {
         let xml = check::junit(&findings, gate.budget, outcome.exit_code);
         check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e.to_string()));

@@ -127,11 +127,12 @@ impl Ledger {
         }
     }
 
-    /// `pid`'s CPU tensors are traced from now on, where they were not before (`--tensors
-    /// auto`).
-    pub fn tensors_traced(&mut self, pid: u32) {
+    /// `pid`'s CPU tensors are traced from now on, `at_s` seconds into tracing, where they were
+    /// not before (`--tensors auto`).
+    pub fn tensors_traced(&mut self, pid: u32, at_s: f64) {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Traced), None);
+            p.tensors_since_s = Some(at_s);
         }
     }
 
@@ -141,6 +142,7 @@ impl Ledger {
     pub fn keep_tensors(&mut self, pid: u32, at_s: f64) {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
+            p.tensors_since_s = None;
         }
     }
 
@@ -151,6 +153,7 @@ impl Ledger {
             return;
         };
         (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::TakenOut), None);
+        p.tensors_since_s = None;
         let tensors: Vec<u64> = p
             .heap
             .iter()

@@ -82,6 +82,8 @@ pub struct Process {
     pub tensor_layer: Option<TensorLayer>,
     /// When its CPU tensors were last kept as they were (seconds traced), where they are now.
     pub tensors_as_of_s: Option<f64>,
+    /// When its CPU tensors were last traced from (seconds traced), where they are now.
+    pub tensors_since_s: Option<f64>,
     /// Its CPU tensors were asked for after its start (`--tensors auto`): a free of an address
     /// with no block is then a tensor's made while they were not traced.
     pub tensors_late: bool,

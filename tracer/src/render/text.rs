@@ -237,14 +237,7 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
                 .into(),
         );
     }
-    for p in &r.processes {
-        if let (Some(TensorLayer::Kept), Some(at)) = (p.tensors, p.tensors_as_of_s) {
-            notes.push(format!(
-                "tensors of pid {}: as of {at:.1} s, when their leak was confirmed (traced again now and then)",
-                p.pid
-            ));
-        }
-    }
+    notes.extend(tensor_notes(r));
     let from = match h.after {
         Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
         Some(crate::model::HeapAfter::Steps(n)) => format!("step {n}"),
@@ -254,6 +247,37 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
         "heap: probed from {from} on (--heap-after): blocks allocated before are not seen"
     ));
     notes
+}
+
+/// What a reader must know of the CPU tensors of each process whose tensors were traced for a
+/// while (`--tensors auto`); `check` prints them under its verdict too.
+pub fn tensor_notes(r: &Report) -> Vec<String> {
+    r.processes
+        .iter()
+        .filter_map(|p| tensor_note(r, p))
+        .collect()
+}
+
+/// What a reader must know of a process's CPU tensors traced for a while (`--tensors auto`):
+/// kept as they were when their leak was confirmed, or traced from too shortly before the end
+/// for a leak of them to be sure to show (a second of ramp and two of growth, as a confirmed
+/// one needs).
+fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
+    let needs = crate::analysis::TENSOR_RAMP + crate::analysis::TENSORS_CONFIRM_S;
+    match (p.tensors?, p.tensors_as_of_s, p.tensors_since_s) {
+        (TensorLayer::Kept, Some(at), _) => Some(format!(
+            "tensors of pid {}: as of {at:.1} s, when their leak was confirmed (traced again now and then)",
+            p.pid
+        )),
+        (TensorLayer::Traced, _, Some(since)) if r.final_report && r.elapsed_s - since < needs => {
+            Some(format!(
+                "tensors of pid {}: traced only from {since:.1} s, {:.1} s before the end: a leak of them may not have had the time to show (--tensors all traces them from the start)",
+                p.pid,
+                r.elapsed_s - since
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// `--probe-cost`: "probe cost: 1234 runs, 2.1 ms in the kernel (alloc_return 700 × 596 ns, …)".
@@ -427,6 +451,37 @@ mod tests {
             super::one_line("python3 -c \nimport x\tprint()"),
             "python3 -c \\nimport x\\tprint()"
         );
+    }
+
+    /// `--tensors auto`: a process whose tensors were kept is reported as of then; one whose
+    /// tensors went in too shortly before the end (a ramp and a confirmation's span) is said
+    /// to be, and one traced for longer is not.
+    #[test]
+    fn tensor_notes_say_what_the_tensors_could_show() {
+        use crate::report::synthetic::{ledger_with, report_of};
+        let (mut ledger, analysis) = ledger_with(1, 5);
+        let notes = |ledger: &crate::ledger::Ledger, elapsed_s: f64| {
+            let mut r = report_of(ledger, &analysis, 1);
+            r.elapsed_s = elapsed_s;
+            super::tensor_notes(&r)
+        };
+        ledger.tensors_traced(1, 4.3);
+        assert_eq!(
+            notes(&ledger, 6.2),
+            [
+                "tensors of pid 1: traced only from 4.3 s, 1.9 s before the end: a leak of them may not have had the time to show (--tensors all traces them from the start)"
+            ]
+        );
+        assert!(notes(&ledger, 7.4).is_empty());
+        ledger.keep_tensors(1, 8.6);
+        assert_eq!(
+            notes(&ledger, 9.0),
+            [
+                "tensors of pid 1: as of 8.6 s, when their leak was confirmed (traced again now and then)"
+            ]
+        );
+        ledger.forget_tensors(1);
+        assert!(notes(&ledger, 9.0).is_empty());
     }
 
     #[test]

@@ -106,6 +106,9 @@ pub struct ProcReport {
     pub tensors: Option<crate::ledger::TensorLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors_as_of_s: Option<f64>,
+    /// Where they are `traced`: since when (seconds into tracing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors_since_s: Option<f64>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -475,6 +478,7 @@ fn proc_report(p: &Process) -> ProcReport {
         malloc_traced: p.malloc_seen,
         tensors: p.tensor_layer,
         tensors_as_of_s: p.tensors_as_of_s,
+        tensors_since_s: p.tensors_since_s,
         objects: None,
     }
 }

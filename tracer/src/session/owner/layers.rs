@@ -82,7 +82,7 @@ impl Owner {
     /// Asks for the next layer of each process whose memory calls for it. Looked at once a
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
-        self.note_tensors(x);
+        self.note_tensors(at_s, x);
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -116,7 +116,7 @@ impl Owner {
 
     /// Notes which processes' tensors the prober traces now, and tells the ledger and the
     /// analysis each time they went in.
-    fn note_tensors(&mut self, x: f64) {
+    fn note_tensors(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -126,7 +126,7 @@ impl Owner {
             let on = info.tensors_traced.contains(pid) && t.off_x.is_none();
             if on && !t.on {
                 t.on_x = x;
-                self.ledger.tensors_traced(*pid);
+                self.ledger.tensors_traced(*pid, at_s);
                 self.analysis.tensors_traced_from(*pid, x);
             }
             t.on = on;
