@@ -71,6 +71,26 @@ fn wait_adopted(url: &str, pids: &[u32]) {
     }
 }
 
+/// Waits until the explorer at `url` lists a library whose path contains `name` among those
+/// probed (an adopted process's own libraries are probed after it is listed).
+fn wait_probed(url: &str, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http_get(url, "/api/v1/health");
+        let probed = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["libraries"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|l| l["path"].as_str().is_some_and(|p| p.contains(name)));
+        if probed {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} not probed: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Lets each ready fixture leak (SIGUSR1) and exit, then stops the daemon: its last report.
 fn finish(
     targets: Vec<Child>,
@@ -129,6 +149,7 @@ fn serve_adopts_matching_processes_and_accounts_them_exactly() {
     let mut wanted = vec![by_name.id(), in_cgroup.id(), on_gpu.id()];
     wanted.sort_unstable();
     wait_adopted(&url, &wanted);
+    wait_probed(&url, "libcudart.so");
     let (log, r) = finish(vec![by_name, in_cgroup, on_gpu, other], tracer, rest, &out);
     for pid in &wanted {
         assert!(
