@@ -227,11 +227,7 @@ fn a_confirmed_tensor_leak_has_its_tensors_kept_as_they_were_and_traced_again_la
     let at = site("predictions.append");
     assert!(out.contains("LEAK tensor") && out.contains(&at), "{out}");
     let root = r.root_pid();
-    let engaged: Vec<f64> = tensor_layer(&r)
-        .into_iter()
-        .filter(|(pid, when, _)| *pid == Some(root) && when == "engaged")
-        .filter_map(|t| t.2)
-        .collect();
+    let engaged = engaged_at(&r, root);
     assert!(
         matches!(engaged[..], [first, again, ..] if again - first >= 10.0),
         "{engaged:?}"
@@ -255,6 +251,16 @@ fn a_confirmed_tensor_leak_has_its_tensors_kept_as_they_were_and_traced_again_la
         (input + outputs).abs_diff(inputs * STEP) <= STEP,
         "{input} + {outputs} for {inputs} steps"
     );
+}
+
+/// When PyTorch's CPU allocator was probed for `pid` after its start (seconds into tracing),
+/// each time.
+fn engaged_at(r: &Report, pid: u64) -> Vec<f64> {
+    tensor_layer(r)
+        .into_iter()
+        .filter(|(p, when, _)| *p == Some(pid) && when == "engaged")
+        .filter_map(|t| t.2)
+        .collect()
 }
 
 /// The libraries probed as PyTorch's CPU allocator: (pid, when, after_s) each.
@@ -318,11 +324,7 @@ fn tensors_kept_while_a_cache_filled_are_traced_again_once_the_pages_hold() {
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(0), "{out}");
     let root = r.root_pid();
-    let engaged: Vec<f64> = tensor_layer(&r)
-        .into_iter()
-        .filter(|(pid, when, _)| *pid == Some(root) && when == "engaged")
-        .filter_map(|t| t.2)
-        .collect();
+    let engaged = engaged_at(&r, root);
     // Kept 3 s after they went in at the soonest, traced again 10 s after that unless the pages
     // held.
     assert!(
