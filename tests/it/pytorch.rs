@@ -208,9 +208,11 @@ fn predictions_kept_with_their_graphs_fail_the_check_at_the_validation_line() {
     );
 }
 
-/// The same leak over 600 steps (some 20 s), under default options: once the leak of its
+/// The same leak over 800 steps (some 27 s), under default options: once the leak of its
 /// tensors is confirmed, they are taken out and kept as they were, traced again ten seconds
-/// later and kept again. Each time libc10's probes go in for the process alone, and the
+/// later and kept again (the loop ends some 8 s after that, well before the next tracing:
+/// a leak that stops while its tensors are traced again is not reported, see
+/// docs/usage.md). Each time libc10's probes go in for the process alone, and the
 /// malloc family never does: the pages grown while the tensors were out are the leak's. The
 /// check fails at the validation line; the tensors outstanding there are whole steps of the
 /// last span they were traced in (an input of 64 KiB at one line; a ReLU output of 128 KiB and
@@ -221,7 +223,7 @@ fn a_confirmed_tensor_leak_has_its_tensors_kept_as_they_were_and_traced_again_la
         return;
     }
     let _x = fixture::exclusive();
-    let (o, r, kept) = check_train("train-validation-kept", &[], &["validation", "600"]);
+    let (o, r, kept) = check_train("train-validation-kept", &[], &["validation", "800"]);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let at = site("predictions.append");
@@ -241,11 +243,11 @@ fn a_confirmed_tensor_leak_has_its_tensors_kept_as_they_were_and_traced_again_la
     }
     let (kept_bytes, _) = kept.expect("the script's accounting");
     const STEP: u64 = 4 * 64 * (256 + 512 + 256);
-    assert_eq!(kept_bytes, 600 * STEP, "PyTorch's own figure");
+    assert_eq!(kept_bytes, 800 * STEP, "PyTorch's own figure");
     let (input, inputs) = tensors_at(&r, &[line("train_loop", "# VALIDATION INPUT")]);
     let (outputs, _) = tensors_at(&r, &[line("train_loop", "predictions.append")]);
     assert_eq!(input, inputs * 64 * 1024, "inputs of 64 KiB each");
-    assert!(inputs > 0 && inputs < 600, "{inputs} steps");
+    assert!(inputs > 0 && inputs < 800, "{inputs} steps");
     // A span may begin or end within a step's validation.
     assert!(
         (input + outputs).abs_diff(inputs * STEP) <= STEP,
