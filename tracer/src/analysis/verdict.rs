@@ -168,13 +168,18 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
 /// fall between the two has a floor as high as the gradients, the windows before it lower ones,
 /// yet nothing stays. A leak under an early spike keeps its old blocks; a container that grows
 /// by reallocation rises above its earlier peaks, unless one of them was higher still: that one
-/// is read as a working set too.
+/// is read as a working set too. A working set never goes above what it reached before; a stack
+/// whose last window peaks above every earlier one is growing still, whatever its blocks' ages
+/// (the teardown of a process that kept Python objects frees their arenas but the last one,
+/// young, yet the arenas grew to the end).
 pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
     let Some((last, earlier)) = e.windows.split_last() else {
         return false;
     };
     let reached = earlier.iter().map(|w| w.peak).max().unwrap_or(0);
-    e.verdict == Verdict::Leak && last.floor <= reached && oldest_age_s < now_s - last.t0_s
+    let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
+    let above = last.peak > reached + tolerance(&floors);
+    e.verdict == Verdict::Leak && last.floor <= reached && !above && oldest_age_s < now_s - last.t0_s
 }
 
 /// The points up to the last one in which the stack was used, when the quiet stretch after it is
@@ -364,8 +369,8 @@ mod tests {
 
     /// The gradients of a training step, sampled: floors [0, 78 KB, 141 KB, 405 KB] under peaks
     /// of 470 KB in every window, the oldest block 0.7 s old 8.5 s in, the last window from
-    /// 6.7 s: a working set. With a block as old as the first window, or a last floor above
-    /// every earlier peak, it is memory kept.
+    /// 6.7 s: a working set. With a block as old as the first window, or a last floor or peak
+    /// above every earlier peak, it is memory kept.
     #[test]
     fn a_working_set_sampled_across_its_cycle_is_told_by_its_blocks_ages() {
         let window = |t0_s: f64, floor: u64, peak: u64| Window {
@@ -391,7 +396,36 @@ mod tests {
         e.windows[3].floor = 480_000;
         assert!(!working_set(&e, 0.7, 8.5), "above every earlier peak");
         e.windows[3].floor = 405_544;
+        e.windows[3].peak = 600_000;
+        assert!(!working_set(&e, 0.7, 8.5), "peaks above every earlier peak");
+        e.windows[3].peak = 470_056;
         e.verdict = Verdict::BoundedCache;
         assert!(!working_set(&e, 0.7, 8.5), "not a leak");
+    }
+
+    /// The arenas of Python objects a loop kept, 12 s judged, their teardown freeing all but the
+    /// last arena (1.5 s old): the last floor is the peak before it (the arenas stood still
+    /// across the window's edge), yet the last window peaks far above every earlier one.
+    #[test]
+    fn arenas_growing_to_the_end_are_no_working_set_whatever_the_ages_left() {
+        let window = |t0_s: f64, floor: u64, peak: u64| Window {
+            t0_s,
+            t1_s: t0_s + 2.7,
+            floor,
+            peak,
+        };
+        let e = Evidence {
+            verdict: Verdict::Leak,
+            confidence: 1.0,
+            growth_bytes: 115_343_360,
+            slope_bytes_per_s: 14_495_310.0,
+            windows: vec![
+                window(0.3, 2_097_152, 40_894_464),
+                window(3.0, 42_991_616, 78_643_200),
+                window(5.6, 80_740_352, 117_440_512),
+                window(8.3, 117_440_512, 157_286_400),
+            ],
+        };
+        assert!(!working_set(&e, 1.5, 12.0));
     }
 }
