@@ -49,9 +49,9 @@ pub struct Analysis {
     /// Per process: its window of sampled Python objects, once closed.
     objects: FxHashMap<u32, objects::ObjectWindow>,
     /// Per process: the spans (on the series' axis) its CPU tensors were traced in, where they
-    /// were not from the start (`--tensors auto`), the last open while they still are (see
-    /// tensors.rs).
-    tensor_spans: FxHashMap<u32, Vec<tensors::TensorSpan>>,
+    /// were not from the start (`--tensors auto`), the last open while they still are, and
+    /// their chain (see tensors.rs).
+    tensors: FxHashMap<u32, tensors::TensorHistory>,
     /// The mmap stacks that map arenas of Python objects (`--heap auto`): not judged from when
     /// tensors were traced, as other pages are (no tensor lands in an arena).
     arena_stacks: rustc_hash::FxHashSet<GroupKey>,
@@ -85,7 +85,7 @@ struct ProcBytes {
 
 /// A group's series, the sample it was last given a value in, and its stack's activity count
 /// then (see `Ledger::activity`).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Tracked {
     series: Series,
     round: u64,
@@ -122,7 +122,7 @@ impl Default for Analysis {
             procs: FxHashMap::default(),
             heap_seen: FxHashMap::default(),
             objects: FxHashMap::default(),
-            tensor_spans: FxHashMap::default(),
+            tensors: FxHashMap::default(),
             arena_stacks: Default::default(),
             round: 0,
             last_x: 0.0,
@@ -190,6 +190,7 @@ impl Analysis {
             s.pages.push(t_s, b.pages);
             s.tensors.push(t_s, b.tensors);
         }
+        self.sample_chains(t_s, ledger, groups);
     }
 
     /// Page-level stacks (mmap, brk) that no tensor explains, judged a leak from `start(pid)` on
@@ -270,12 +271,27 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let (from, evidence) = match self.judged_from(key, warmup_s) {
-            Judged::From(from) => (from, classify(&self.groups.get(key)?.series, from)?),
-            Judged::Kept(e) => (warmup_s, e?.clone()),
-        };
+        let (from, evidence) = self.judged(key, warmup_s, classify)?;
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
+    }
+
+    /// `key`'s evidence by `how` (a verdict of a series from a point on), on the series where
+    /// [`Analysis::judged_from`] says, with where it was judged from; or as its tensors were
+    /// judged when they were kept.
+    fn judged(
+        &self,
+        key: &GroupKey,
+        warmup_s: f64,
+        how: fn(&Series, f64) -> Option<Evidence>,
+    ) -> Option<(f64, Evidence)> {
+        match self.judged_from(key, warmup_s) {
+            Judged::From(from) => Some((from, how(&self.groups.get(key)?.series, from)?)),
+            Judged::Chain(series, from, chain) => {
+                Some((warmup_s, chain.on_series_axis(how(series?, from)?)))
+            }
+            Judged::Kept(e) => Some((warmup_s, e?.clone())),
+        }
     }
 
     /// `evidence` of `key`, unless it was cut at when its process's tensors went in (`cut`) and
@@ -296,18 +312,7 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let from = match self.judged_from(key, warmup_s) {
-            Judged::From(from) => from,
-            Judged::Kept(_) => return self.judge(key, warmup_s),
-        };
-        let series = &self.groups.get(key)?.series;
-        let held = judge_released(series, from)?;
-        let floor = held.windows.last().map_or(0, |w| w.floor);
-        let evidence = if series.last().unwrap_or(0) < floor {
-            held
-        } else {
-            classify(series, from)?
-        };
+        let (from, evidence) = self.judged(key, warmup_s, judge_at_end)?;
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
     }
@@ -416,11 +421,8 @@ impl Analysis {
             .groups
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
-            .filter_map(|(k, t)| {
-                let (from, e) = match self.judged_from(k, warmup_s) {
-                    Judged::From(from) => (from, judge_released(&t.series, from)?),
-                    Judged::Kept(e) => (warmup_s, e?.clone()),
-                };
+            .filter_map(|(k, _)| {
+                let (from, e) = self.judged(k, warmup_s, judge_released)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
                 (e.verdict == Verdict::Leak).then_some((*k, e))
             })
@@ -499,6 +501,19 @@ fn span_start(stack: &Evidence, warmup_s: f64) -> f64 {
 /// on what it held before a teardown is compared with its process before that teardown too).
 fn same_span(process: &Series, stack: &Evidence) -> Series {
     process.until(stack.windows.last().map_or(f64::INFINITY, |w| w.t1_s))
+}
+
+/// The verdict of a series at the end of a run: on what it held before a fall at the end
+/// ([`judge_released`]) when it ends below the floor of the last window before the fall, else on
+/// the whole series.
+fn judge_at_end(series: &Series, from: f64) -> Option<Evidence> {
+    let held = judge_released(series, from)?;
+    let floor = held.windows.last().map_or(0, |w| w.floor);
+    if series.last().unwrap_or(0) < floor {
+        Some(held)
+    } else {
+        classify(series, from)
+    }
 }
 
 /// The verdict of a series that ends released: on what it held before its final fall when the

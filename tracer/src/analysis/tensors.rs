@@ -1,14 +1,18 @@
 //! `--tensors auto`: the spans a process's CPU tensors were traced in, and what they mean for
 //! its verdicts. Its pages are judged from the first span on (before, what filled them could not
-//! be told, and what they did then is what called for the tensors). Its tensors are judged in
-//! one span alone (outside the spans no tensor is seen made or freed): the last, while it is
-//! open; or the last kept one, where they were taken out once their leak was confirmed and kept
-//! as they were then, until a span traced again since has been traced long enough to judge.
+//! be told, and what they did then is what called for the tensors). Its tensors are judged on
+//! their chain (outside the spans no tensor is seen made or freed): the spans since they were
+//! last forgotten, each traced again after their leak was confirmed and they were kept as they
+//! were, put end to end; while one is open, on the chain so far, else as the chain was judged
+//! when they were last kept.
 
 use rustc_hash::FxHashMap;
 
-use super::{Analysis, Evidence, Series, Verdict, classify, span};
-use crate::model::{GroupKey, Kind};
+use super::{Analysis, Evidence, Series, Tracked, Verdict, classify, span};
+use crate::{
+    ledger::Ledger,
+    model::{GroupKey, Kind},
+};
 
 /// How long after its tensors are traced again (`--tensors auto`) a process's tensors are judged
 /// from, on the series' axis: the samples in between rise from nothing to what it holds as the
@@ -19,94 +23,179 @@ pub const TENSOR_RAMP: f64 = 1.0;
 /// traced, at two probe traps each, for as long as it leaks.
 pub const TENSORS_CONFIRM_S: f64 = 2.0;
 
+/// A process's CPU tensors as a layer: the spans (on the series' axis) they were traced in, and
+/// their chain.
+#[derive(Debug, Default)]
+pub(super) struct TensorHistory {
+    spans: Vec<TensorSpan>,
+    chain: Chain,
+}
+
 /// A span (on the series' axis) a process's CPU tensors were traced in.
 #[derive(Debug)]
-pub(super) struct TensorSpan {
+struct TensorSpan {
     from: f64,
     /// Infinite while they still are.
     to: f64,
-    /// Taken out once their leak was confirmed: those outstanding then were kept, and the span
-    /// was judged as it ended.
+    /// Taken out once their leak was confirmed: those outstanding then were kept, and the
+    /// chain was judged as it ended.
     kept: Option<KeptLeak>,
 }
 
+/// A process's tensors over the spans they were traced in since they were last forgotten: the
+/// first span, and each traced again after a confirmed leak (those kept were kept, not
+/// forgotten, so each span goes on from where the last ended). Sampled only while a span is
+/// open, on an axis of the seconds traced: what the tensors would show had they been traced
+/// without the stretches between, where a leak of them went on unseen, or stopped. On that
+/// axis a span of a few seconds keeps its grain however long the run (the series' own grain
+/// widens with the run, to half a minute a point after half an hour), and a leak that stopped
+/// shows as a growth, then a quiet stretch.
+#[derive(Debug, Default)]
+pub(super) struct Chain {
+    stacks: FxHashMap<GroupKey, Tracked>,
+    all: Series,
+    round: u64,
+    /// Where each span begins: on the chain's axis, and on the series' axis.
+    starts: Vec<(f64, f64)>,
+}
+
+impl Chain {
+    /// `e`, judged on the chain's axis, with its windows put on the series' axis.
+    pub(super) fn on_series_axis(&self, mut e: Evidence) -> Evidence {
+        let at = |t: f64| {
+            let i = self.starts.partition_point(|s| s.0 <= t).saturating_sub(1);
+            self.starts.get(i).map_or(t, |&(c, x)| x + (t - c))
+        };
+        for w in &mut e.windows {
+            (w.t0_s, w.t1_s) = (at(w.t0_s), at(w.t1_s));
+        }
+        e
+    }
+
+    /// Whether a stack judged a leak on the chain holds more at the end of the open span than
+    /// it did as the span began: the leak goes on (it may have stopped where none does).
+    fn grew_in_last_span(&self) -> bool {
+        let Some(&(began, _)) = self.starts.last() else {
+            return false;
+        };
+        self.stacks.values().any(|t| {
+            let leak = classify(&t.series, TENSOR_RAMP).is_some_and(|e| e.verdict == Verdict::Leak);
+            let points = t.series.points();
+            let i = points.partition_point(|p| p.t0 < began).saturating_sub(1);
+            let then = points.get(i).map_or(0, |p| p.last);
+            leak && t.series.last().is_some_and(|now| now > then + 4096)
+        })
+    }
+}
+
 /// A process's tensors as they were judged when they were kept as they were (their leak
-/// confirmed): each stack's verdict over the span, and the rate they leaked at. Judged then,
-/// once: series are merged as they age, and a span of a few seconds would soon be too few
-/// points to judge.
+/// confirmed): each stack's verdict over the chain, on the series' axis, the rate they leaked
+/// at while traced, and whether they had stopped growing (a leak that ended, or a cache that
+/// filled, kept until a quiet stretch longer than its growth tells which). Judged then, once.
 #[derive(Debug, Default)]
 struct KeptLeak {
     stacks: FxHashMap<GroupKey, Evidence>,
     rate: f64,
+    stopped: bool,
 }
 
 /// Where a group is judged from: on its series from a point on the series' axis (infinite:
-/// never), or as its tensors were judged when they were kept.
+/// never), on its tensors' chain series from a point on the chain's axis, or as its tensors
+/// were judged when they were kept.
 pub(super) enum Judged<'a> {
     From(f64),
+    Chain(Option<&'a Series>, f64, &'a Chain),
     Kept(Option<&'a Evidence>),
 }
 
 impl Analysis {
-    /// How long `pid`'s tensors, all together or at any stack, have been judged a leak from
-    /// `from_x` on (a little after they were last asked for, see [`TENSOR_RAMP`]); None where
-    /// they are not.
-    pub fn tensors_leak(&self, pid: u32, from_x: f64) -> Option<f64> {
+    /// How long `pid`'s tensors, all together or at any stack, have been judged a leak on their
+    /// chain (from a little after they were first traced in it, see [`TENSOR_RAMP`]); None
+    /// where they are not.
+    pub fn tensors_leak(&self, pid: u32) -> Option<f64> {
+        let chain = &self.tensors.get(&pid)?.chain;
         let leak = |s: &Series| {
-            classify(s, from_x)
+            classify(s, TENSOR_RAMP)
                 .filter(|e| e.verdict == Verdict::Leak)
                 .map(|e| span(&e))
         };
-        let all = self.procs.get(&pid).and_then(|p| leak(&p.tensors));
-        let stacks = self
-            .groups
-            .iter()
-            .filter(|(k, _)| k.pid == pid && k.kind == Kind::Tensor)
-            .filter_map(|(_, t)| leak(&t.series));
-        all.into_iter().chain(stacks).reduce(f64::max)
+        let stacks = chain.stacks.values().filter_map(|t| leak(&t.series));
+        leak(&chain.all).into_iter().chain(stacks).reduce(f64::max)
     }
 
-    /// `pid`'s CPU tensors are traced from the sample at `x` on (`--tensors auto`).
+    /// `pid`'s CPU tensors are traced from the sample at `x` on (`--tensors auto`): their chain
+    /// goes on where they were kept as they were, else begins.
     pub fn tensors_traced_from(&mut self, pid: u32, x: f64) {
-        let spans = self.tensor_spans.entry(pid).or_default();
-        if spans.last().is_none_or(|s| s.to.is_finite()) {
-            spans.push(TensorSpan {
-                from: x,
-                to: f64::INFINITY,
-                kept: None,
-            });
+        let h = self.tensors.entry(pid).or_default();
+        let last = h.spans.last();
+        if last.is_some_and(|s| s.to.is_infinite()) {
+            return;
+        }
+        let traced = match last {
+            Some(s) if s.kept.is_some() => h.chain.starts.last().map_or(0.0, |c| c.0) + s.to - s.from,
+            _ => {
+                h.chain = Chain::default();
+                0.0
+            }
+        };
+        h.chain.starts.push((traced, x));
+        h.spans.push(TensorSpan {
+            from: x,
+            to: f64::INFINITY,
+            kept: None,
+        });
+    }
+
+    /// Samples the chain of each process whose tensors are traced now, at `x` on the series'
+    /// axis: each tensor stack of `groups` (the ledger's group bytes), those gone as 0.
+    pub(super) fn sample_chains(&mut self, x: f64, ledger: &Ledger, groups: &[(GroupKey, u64)]) {
+        for (&pid, h) in self.tensors.iter_mut() {
+            let (Some(span), Some(&(at, _))) = (h.spans.last(), h.chain.starts.last()) else {
+                continue;
+            };
+            if span.to.is_finite() {
+                continue;
+            }
+            let (t, chain) = (at + x - span.from, &mut h.chain);
+            chain.round += 1;
+            let mut all = 0;
+            for &(key, bytes) in groups {
+                if key.pid == pid && key.kind == Kind::Tensor {
+                    let activity = super::activity(ledger, &key);
+                    chain.stacks.entry(key).or_default().push(t, bytes, chain.round, activity);
+                    all += bytes;
+                }
+            }
+            for (key, tracked) in chain.stacks.iter_mut() {
+                if tracked.round != chain.round {
+                    tracked.push(t, 0, chain.round, super::activity(ledger, key));
+                }
+            }
+            chain.all.push(t, all);
         }
     }
 
     /// Where `pid`'s CPU tensors were first traced from, where they were traced late.
     pub fn tensors_first(&self, pid: u32) -> Option<f64> {
-        self.tensor_spans
-            .get(&pid)
-            .and_then(|s| s.first())
-            .map(|s| s.from)
+        let h = self.tensors.get(&pid)?;
+        h.spans.first().map(|s| s.from)
     }
 
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on: those outstanding
     /// were forgotten, or kept as they are where their leak was confirmed (`kept`).
     pub fn tensors_taken_out(&mut self, pid: u32, x: f64, kept: bool) {
-        let Some(from) = self
-            .tensor_spans
-            .get(&pid)
-            .and_then(|s| s.last())
-            .map(|s| s.from)
-        else {
+        let leak = kept.then(|| self.judge_kept(pid));
+        let Some(last) = self.tensors.get_mut(&pid).and_then(|h| h.spans.last_mut()) else {
             return;
         };
-        let leak = kept.then(|| self.judge_kept(pid, from + TENSOR_RAMP));
-        if let Some(last) = self.tensor_spans.get_mut(&pid).and_then(|s| s.last_mut()) {
-            (last.to, last.kept) = (last.to.min(x), leak);
-        }
+        (last.to, last.kept) = (last.to.min(x), leak.flatten());
     }
 
-    /// `pid`'s tensors judged from `from` on, as they are kept as they are: each stack, and the
+    /// `pid`'s tensors judged on their chain, as they are kept as they are: each stack, the
     /// rate they leak at, of all of them or of the stacks judged a leak together, whichever is
-    /// more (the others' tensors may hide a leak in the total).
-    fn judge_kept(&self, pid: u32, from: f64) -> KeptLeak {
+    /// more (the others' tensors may hide a leak in the total), and whether they stopped.
+    fn judge_kept(&self, pid: u32) -> Option<KeptLeak> {
+        let chain = &self.tensors.get(&pid)?.chain;
         let rate = |e: &Evidence| {
             let leaks = e.verdict == Verdict::Leak && span(e) > 0.0;
             if leaks {
@@ -115,53 +204,50 @@ impl Analysis {
                 0.0
             }
         };
-        let stacks: FxHashMap<GroupKey, Evidence> = self
-            .groups
+        let judged: Vec<(GroupKey, Evidence)> = chain
+            .stacks
             .iter()
-            .filter(|(k, _)| k.pid == pid && k.kind == Kind::Tensor)
-            .filter_map(|(k, t)| Some((*k, classify(&t.series, from)?)))
+            .filter_map(|(k, t)| Some((*k, classify(&t.series, TENSOR_RAMP)?)))
             .collect();
-        let all = self
-            .procs
-            .get(&pid)
-            .and_then(|p| classify(&p.tensors, from));
-        let together: f64 = stacks.values().map(rate).sum();
+        let together: f64 = judged.iter().map(|(_, e)| rate(e)).sum();
+        let all = classify(&chain.all, TENSOR_RAMP);
         let rate = all.as_ref().map_or(0.0, rate).max(together);
-        KeptLeak { stacks, rate }
+        let stacks = judged
+            .into_iter()
+            .map(|(k, e)| (k, chain.on_series_axis(e)))
+            .collect();
+        let stopped = !chain.grew_in_last_span();
+        Some(KeptLeak {
+            stacks,
+            rate,
+            stopped,
+        })
     }
 
     /// Where `key` is judged from: the warm-up; for the pages of a process whose tensors were
-    /// traced late, from then on; for its tensors, in the span they are judged in (see the
-    /// module's note), never when there is none.
+    /// traced late, from then on; for its tensors, on their chain while a span of it is open,
+    /// as they were judged when they were last kept, never where they were taken out without.
     pub(super) fn judged_from(&self, key: &GroupKey, warmup_s: f64) -> Judged<'_> {
-        let Some(spans) = self.tensor_spans.get(&key.pid) else {
+        let Some(h) = self.tensors.get(&key.pid) else {
+            return Judged::From(warmup_s);
+        };
+        let Some(first) = h.spans.first() else {
             return Judged::From(warmup_s);
         };
         match key.kind {
             Kind::Mmap if self.arena_stacks.contains(key) => Judged::From(warmup_s),
-            Kind::Mmap | Kind::Brk => Judged::From(warmup_s.max(spans[0].from)),
-            Kind::Tensor => match self.tensors_judged_in(spans) {
+            Kind::Mmap | Kind::Brk => Judged::From(warmup_s.max(first.from)),
+            Kind::Tensor => match h.spans.last() {
+                Some(open) if open.to.is_infinite() => {
+                    let series = h.chain.stacks.get(key).map(|t| &t.series);
+                    Judged::Chain(series, TENSOR_RAMP, &h.chain)
+                }
                 Some(TensorSpan {
                     kept: Some(kept), ..
                 }) => Judged::Kept(kept.stacks.get(key)),
-                Some(open) => Judged::From(warmup_s.max(open.from + TENSOR_RAMP)),
-                None => Judged::From(f64::INFINITY),
+                _ => Judged::From(f64::INFINITY),
             },
             _ => Judged::From(warmup_s),
-        }
-    }
-
-    /// The span a process's tensors are judged in (see the module's note).
-    fn tensors_judged_in<'s>(&self, spans: &'s [TensorSpan]) -> Option<&'s TensorSpan> {
-        let last = spans.last()?;
-        if last.to.is_finite() {
-            return last.kept.is_some().then_some(last);
-        }
-        let kept = spans.iter().rev().find(|s| s.kept.is_some());
-        let young = self.last_x - last.from < TENSOR_RAMP + TENSORS_CONFIRM_S;
-        match kept {
-            Some(k) if young => Some(k),
-            _ => Some(last),
         }
     }
 
@@ -170,7 +256,7 @@ impl Analysis {
     /// tensors do not grow, whatever the pages do).
     pub(super) fn tensors_tell(&self, pid: u32, e: &Evidence) -> bool {
         let end = e.windows.last().map_or(0.0, |w| w.t1_s);
-        match self.tensor_spans.get(&pid).and_then(|s| s.last()) {
+        match self.tensors.get(&pid).and_then(|h| h.spans.last()) {
             Some(s) if s.kept.is_some() => end <= s.to,
             _ => true,
         }
@@ -187,32 +273,46 @@ impl Analysis {
                 .is_some_and(|rate| e.growth_bytes as f64 <= 2.0 * rate * span(e))
     }
 
-    /// The rate (bytes a second, on the series' axis) at which `pid`'s tensors leaked over the
-    /// span they were last kept after, while they are kept or traced again since (not where a
-    /// span traced since ended without a leak).
+    /// `pid`'s tensors as they were last kept, while they are kept or traced again since (not
+    /// where a span traced since ended without a leak).
+    fn last_kept(&self, pid: u32) -> Option<&KeptLeak> {
+        let (last, before) = self.tensors.get(&pid)?.spans.split_last()?;
+        if last.to.is_infinite() {
+            before.last()?.kept.as_ref()
+        } else {
+            last.kept.as_ref()
+        }
+    }
+
+    /// The rate (bytes a second traced) at which `pid`'s tensors leaked over their chain when
+    /// they were last kept, while they are kept or traced again since.
     pub fn kept_leak_rate(&self, pid: u32) -> Option<f64> {
-        let span = match self.tensor_spans.get(&pid)?.as_slice() {
-            [.., k] if k.kept.is_some() => k,
-            [.., k, open] if k.kept.is_some() && open.to.is_infinite() => k,
-            _ => return None,
-        };
-        let rate = span.kept.as_ref()?.rate;
+        let rate = self.last_kept(pid)?.rate;
         (rate > 0.0).then_some(rate)
     }
 
-    /// Bytes `pid`'s page-level stacks (not arenas) grew by since `x`, on the series' axis:
-    /// what a leak kept as it was at `x` still grows by (see `session/owner/layers.rs`).
-    pub fn pages_grown_since(&self, pid: u32, x: f64) -> i64 {
-        let at = |s: &Series, x: f64| {
-            let points = s.points();
-            let i = points.partition_point(|p| p.t0 <= x);
-            points.get(i.saturating_sub(1)).map_or(0, |p| p.last) as i64
+    /// The stacks judged a leak when `pid`'s tensors were last kept.
+    pub fn kept_leak_stacks(&self, pid: u32) -> Vec<Option<crate::model::StackId>> {
+        let Some(kept) = self.last_kept(pid) else {
+            return Vec::new();
         };
+        let leaks = kept.stacks.iter().filter(|(_, e)| e.verdict == Verdict::Leak);
+        leaks.map(|(k, _)| k.stack).collect()
+    }
+
+    /// Whether `pid`'s tensors, when they were last kept, had stopped growing (the chain
+    /// judged a leak on its growth before a quiet stretch).
+    pub fn kept_leak_stopped(&self, pid: u32) -> bool {
+        self.last_kept(pid).is_some_and(|k| k.stopped)
+    }
+
+    /// Bytes `pid`'s page-level stacks (not arenas) held at the last sample.
+    pub fn pages_now(&self, pid: u32) -> i64 {
         self.groups
             .iter()
             .filter(|(k, _)| k.pid == pid && matches!(k.kind, Kind::Mmap | Kind::Brk))
             .filter(|(k, _)| !self.arena_stacks.contains(k))
-            .map(|(_, t)| at(&t.series, f64::INFINITY) - at(&t.series, x))
+            .map(|(_, t)| t.series.last().unwrap_or(0) as i64)
             .sum()
     }
 }

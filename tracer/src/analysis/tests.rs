@@ -376,8 +376,8 @@ fn memory_released_long_before_the_end_or_never_leaking_is_not_a_released_leak()
 
 /// `--tensors auto`, a tensor leak confirmed: its tensors taken out and kept as they were are
 /// judged up to then (they are flat since), and the pages grown since at the leak's rate are the
-/// leak's, while pages that grow four times faster are not; traced again, the kept span still
-/// stands until the new one is long enough, and a new span without a leak ends both.
+/// leak's, while pages that grow four times faster are not; traced again, the chain of both spans
+/// is judged: a leak that stopped while its quiet stretch is shorter than its growth, not after.
 #[test]
 fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     let mut ledger = Ledger::default();
@@ -402,7 +402,7 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
         if i == 16 {
             a.tensors_taken_out(1, 8.0, true);
         }
-        sample(&mut a, i, i.clamp(4, 16).saturating_sub(4) * M + M);
+        sample(&mut a, i, i.clamp(4, 15).saturating_sub(4) * M + M);
     }
     let t = a.judge(&tensors, 0.0).expect("judged");
     assert_eq!(t.verdict, Verdict::Leak);
@@ -415,19 +415,31 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     grown.sort_unstable_by_key(|k| k.stack);
     assert_eq!(grown, vec![pages, faster], "what grows");
 
-    // Traced again at 20 s: forgotten, the tensors seen since hold (2 MiB), but for too short
-    // to tell.
+    // Traced again at 20 s: those kept were kept (12 MiB) and hold, for 2 s: on the chain (the
+    // first span, then this one), a growth then a shorter quiet stretch, a leak still, its
+    // windows on the series' axis.
     a.tensors_traced_from(1, 20.0);
     for i in 40..44u64 {
-        sample(&mut a, i, 2 * M);
+        sample(&mut a, i, 12 * M);
     }
-    assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
+    let t = a.judge(&tensors, 0.0).unwrap();
+    assert_eq!(t.verdict, Verdict::Leak);
+    let last = t.windows.last().unwrap();
+    assert!(last.t1_s > 20.0 && last.t1_s < 22.0, "{t:?}");
+    assert!(a.tensors_leak(1).is_some());
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
-    // Not leaking now: the span ends, and with it what the kept one told.
-    for i in 44..52u64 {
-        sample(&mut a, i, 2 * M);
+    // Kept again: they had stopped growing.
+    a.tensors_taken_out(1, 22.0, true);
+    assert!(a.kept_leak_stopped(1));
+    assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
+    // Traced again at 24 s, held 4 s more: quiet for longer than they grew, a cache that
+    // filled; taken out, the chain ends, and with it what the kept span told.
+    a.tensors_traced_from(1, 24.0);
+    for i in 48..56u64 {
+        sample(&mut a, i, 12 * M);
     }
-    a.tensors_taken_out(1, 26.0, false);
+    assert_eq!(a.tensors_leak(1), None);
+    a.tensors_taken_out(1, 28.0, false);
     assert!(
         a.judge(&tensors, 0.0).is_none(),
         "not judged while taken out"

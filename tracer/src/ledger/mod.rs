@@ -137,12 +137,17 @@ impl Ledger {
     }
 
     /// `pid`'s CPU tensors are no longer traced, `at_s` seconds into tracing, once their leak
-    /// was confirmed: those outstanding are kept as they are, to be reported as of then (until
-    /// they are traced again, when they are forgotten).
+    /// was confirmed: those outstanding are kept as they are, to be reported as of then. Traced
+    /// again, those of its leak stay (see [`Ledger::forget_tensors_but`]): a free of one of them
+    /// releases it; one whose free was not seen (made before now) goes when a new block takes
+    /// its address.
     pub fn keep_tensors(&mut self, pid: u32, at_s: f64) {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
             p.tensors_since_s = None;
+            let made = p.heap.iter().filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor);
+            let latest = made.map(|(_, b)| b.origin.ts_ns).max().unwrap_or(0);
+            p.tensors_kept_ns = p.tensors_kept_ns.max(latest);
         }
     }
 
@@ -154,10 +159,20 @@ impl Ledger {
         };
         (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::TakenOut), None);
         p.tensors_since_s = None;
+        self.forget_tensors_but(pid, |_| false);
+    }
+
+    /// Forgets `pid`'s outstanding CPU tensors but those at the stacks `leaks` picks: traced
+    /// again after they were kept as they were, the tensors of a leak are likely held still, and
+    /// those of other stacks (a step's, outstanding as they were kept) likely freed unseen.
+    pub fn forget_tensors_but(&mut self, pid: u32, leaks: impl Fn(Option<StackId>) -> bool) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
         let tensors: Vec<u64> = p
             .heap
             .iter()
-            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor)
+            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor && !leaks(b.origin.stack))
             .map(|(&a, _)| a)
             .collect();
         for addr in tensors {

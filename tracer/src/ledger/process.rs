@@ -87,6 +87,10 @@ pub struct Process {
     /// Its CPU tensors were asked for after its start (`--tensors auto`): a free of an address
     /// with no block is then a tensor's made while they were not traced.
     pub tensors_late: bool,
+    /// Its CPU tensors made up to then (kernel ns) were kept as they were while untraced
+    /// (`Ledger::keep_tensors`): a new block at the address of one of them replaces it, as its
+    /// free was not seen.
+    pub tensors_kept_ns: u64,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -242,7 +246,10 @@ impl Process {
             self.pages_to_tensor(addr, size, &origin);
         }
         let replaced = self.heap.insert(addr, Block { size, origin });
-        if replaced.is_some_and(|old| !same_tensor(&old, size, func)) {
+        let kept = |old: &Block| {
+            Kind::of(old.origin.func) == Kind::Tensor && old.origin.ts_ns <= self.tensors_kept_ns
+        };
+        if replaced.is_some_and(|old| !same_tensor(&old, size, func) && !kept(&old)) {
             self.mismatches.reused_addresses += 1;
             *self.displaced.entry(addr).or_default() += 1;
         }

@@ -528,3 +528,34 @@ fn torch_blocks_sit_beside_the_segments_they_are_cut_from() {
     assert_eq!(outstanding(&l, Kind::Device), (0, 0));
     assert_eq!(outstanding(&l, Kind::TorchBlock), (1024, 1));
 }
+
+/// Tensors kept as they were while untraced stay outstanding when traced again, those of the
+/// leak's stacks: a free seen
+/// releases one; a new block at the address of one whose free was not seen replaces it without
+/// a mismatch; a new block over a tensor made since still counts one.
+#[test]
+fn kept_tensors_stay_until_freed_or_their_address_is_taken() {
+    let tensor = |addr, size, ts_ns| {
+        Input::Event(Event {
+            ts_ns,
+            stack: Some(StackId::new(4)),
+            ..ev(AllocFn::C10AllocCpu, What::Alloc { addr, size })
+        })
+    };
+    let mut l = ledger(vec![
+        tensor(0x5000, 4096, 10),
+        tensor(0x6000, 4096, 11),
+        alloc(AllocFn::C10AllocCpu, 0x7000, 4096, 5),
+    ]);
+    l.keep_tensors(PID, 1.0);
+    // Traced again: those of the leak's stack (4) stay, the others are forgotten.
+    l.forget_tensors_but(PID, |s| s == Some(StackId::new(4)));
+    assert_eq!(outstanding(&l, Kind::Tensor), (8192, 2));
+    l.apply(free(0x5000));
+    assert_eq!(outstanding(&l, Kind::Tensor), (4096, 1));
+    l.apply(tensor(0x6000, 8192, 20));
+    assert_eq!(outstanding(&l, Kind::Tensor), (8192, 1));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    l.apply(tensor(0x6000, 4096, 21));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
+}

@@ -266,7 +266,7 @@ fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
     let needs = crate::analysis::TENSOR_RAMP + crate::analysis::TENSORS_CONFIRM_S;
     match (p.tensors?, p.tensors_as_of_s, p.tensors_since_s) {
         (TensorLayer::Kept, Some(at), _) => Some(format!(
-            "tensors of pid {}: as of {at:.1} s, when their leak was confirmed (traced again now and then)",
+            "tensors of pid {}: as of {at:.1} s, when their leak was confirmed; traced now and then since, so only those made while traced are counted (--tensors all counts every one)",
             p.pid
         )),
         (TensorLayer::Traced, _, Some(since)) if r.final_report && r.elapsed_s - since < needs => {
@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(
             notes(&ledger, 9.0),
             [
-                "tensors of pid 1: as of 8.6 s, when their leak was confirmed (traced again now and then)"
+                "tensors of pid 1: as of 8.6 s, when their leak was confirmed; traced now and then since, so only those made while traced are counted (--tensors all counts every one)"
             ]
         );
         ledger.forget_tensors(1);

@@ -64,6 +64,9 @@ struct TensorLayer {
     off_x: Option<f64>,
     again_s: Option<f64>,
     every_s: f64,
+    /// While they are kept: when (on the series' axis) its pages were last looked at, and what
+    /// they held then.
+    pages_at: Option<(f64, i64)>,
 }
 
 impl Layers {
@@ -173,6 +176,7 @@ impl Owner {
                 off_x: None,
                 again_s: None,
                 every_s: TENSORS_AGAIN_S,
+                pages_at: None,
             });
             // Asked for already, and neither given up nor taken out since; or kept as they
             // were, and not yet time to trace them again.
@@ -180,9 +184,11 @@ impl Owner {
             if asked || t.again_s.is_some_and(|again| at_s < again) {
                 continue;
             }
-            // Those kept are forgotten: their frees since were not seen.
+            // Those of the leak kept stay: frees of theirs seen from now on release them (see
+            // `Ledger::keep_tensors`).
             if t.again_s.take().is_some() {
-                self.ledger.forget_tensors(tgid);
+                let leaks = self.analysis.kept_leak_stacks(tgid);
+                self.ledger.forget_tensors_but(tgid, |s| leaks.contains(&s));
             }
             (t.asked_s, t.off_x) = (at_s, None);
             self.ledger.tensors_asked(tgid);
@@ -195,28 +201,40 @@ impl Owner {
     }
 
     /// Brings forward the next tracing of the tensors kept as they were of each process whose
-    /// pages grew by less than a quarter of what their leak's rate says over the last
-    /// [`TENSORS_HOLD_S`] (all of them since they were kept): the leak may have stopped (a cache
-    /// that filled for longer than it took to confirm), and only its tensors can tell.
+    /// pages grew by less than a quarter of what their leak's rate says over [`TENSORS_HOLD_S`]
+    /// or more (looked at every so long since they were kept): the leak may have stopped (a
+    /// cache that filled for longer than it took to confirm), and only its tensors can tell. Not
+    /// where it had stopped when they were kept: the next tracing tells whether it has for
+    /// longer than it grew.
     fn kept_pages_held(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
         };
-        let held: Vec<u32> = layers
-            .tensors
-            .iter()
-            .filter_map(|(&pid, t)| {
-                let (off, again) = (t.off_x?, t.again_s?);
-                let rate = self.analysis.kept_leak_rate(pid)?;
-                let since = x - TENSORS_HOLD_S;
-                let grown = self.analysis.pages_grown_since(pid, since) as f64;
-                let held = since >= off && grown * 4.0 < rate * TENSORS_HOLD_S;
-                (held && again > at_s).then_some(pid)
-            })
-            .collect();
-        for pid in held {
-            tracing::debug!(pid, "pages held since the tensors were kept: traced again");
-            if let Some(t) = self.layers.as_mut().and_then(|l| l.tensors.get_mut(&pid)) {
+        let mut looked: Vec<(u32, Option<(f64, i64)>, bool)> = Vec::new();
+        for (&pid, t) in &layers.tensors {
+            let (Some((since, then)), Some(again)) = (t.pages_at, t.again_s) else {
+                continue;
+            };
+            let Some(rate) = self.analysis.kept_leak_rate(pid) else {
+                continue;
+            };
+            if x - since < TENSORS_HOLD_S || self.analysis.kept_leak_stopped(pid) {
+                continue;
+            }
+            let now = self.analysis.pages_now(pid);
+            let held = ((now - then) as f64) * 4.0 < rate * (x - since);
+            looked.push((pid, Some((x, now)), held && again > at_s));
+        }
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        for (pid, pages_at, held) in looked {
+            let Some(t) = layers.tensors.get_mut(&pid) else {
+                continue;
+            };
+            t.pages_at = pages_at;
+            if held {
+                tracing::debug!(pid, "pages held since the tensors were kept: traced again");
                 t.again_s = Some(at_s);
             }
         }
@@ -233,10 +251,11 @@ impl Owner {
 
     /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
     /// tensors and pages have not grown since (a CPU training job's pages grow for its first
-    /// steps, then hold), or whose tensors have been judged a leak for
-    /// [`crate::analysis::TENSORS_CONFIRM_S`] (kept as they are then, and traced again later):
-    /// a training loop makes tens of thousands of tensors a second, each two probe traps. Its
-    /// pages growing again bring them back.
+    /// steps, then hold), or whose tensors have been judged a leak on their chain for
+    /// [`crate::analysis::TENSORS_CONFIRM_S`] (kept as they are then, and traced again later; a
+    /// leak that stopped is one until it has been quiet for longer than it grew): a training
+    /// loop makes tens of thousands of tensors a second, each two probe traps. Its pages growing
+    /// again bring them back.
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
@@ -251,7 +270,7 @@ impl Owner {
             // From when the tensors outstanding then were all seen (the first samples after the
             // probes went in rise to them from nothing).
             let from = on + crate::analysis::TENSOR_RAMP;
-            match self.analysis.tensors_leak(pid, from) {
+            match self.analysis.tensors_leak(pid) {
                 Some(span) if span >= crate::analysis::TENSORS_CONFIRM_S => {
                     self.take_out_tensors(pid, at_s, x, true)
                 }
@@ -295,6 +314,7 @@ impl Owner {
             if kept {
                 t.again_s = Some(at_s + t.every_s);
                 t.every_s = (t.every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
+                t.pages_at = Some((x, self.analysis.pages_now(pid)));
             }
         }
         let _ = self
