@@ -21,7 +21,7 @@ fn line_all(name: &str, marker: &str) -> Vec<u64> {
 }
 
 /// The first line `check` printed for a stack over budget.
-fn first_leak(out: &str) -> &str {
+pub(crate) fn first_leak(out: &str) -> &str {
     out.lines()
         .find(|l| l.trim_start().starts_with("LEAK "))
         .unwrap_or("")

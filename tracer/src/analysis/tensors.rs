@@ -92,11 +92,22 @@ impl Chain {
 /// confirmed): each stack's verdict over the chain, on the series' axis, the rate they leaked
 /// at while traced, and whether they had stopped growing (a leak that ended, or a cache that
 /// filled, kept until a quiet stretch longer than its growth tells which). Judged then, once.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct KeptLeak {
     stacks: FxHashMap<GroupKey, Evidence>,
     rate: f64,
     stopped: bool,
+}
+
+/// How a process's tensors were taken out: forgotten (their memory held, or a leak of theirs that
+/// stopped has been quiet for longer than it grew: a cache that filled); kept as they were once
+/// their leak was confirmed on their chain; or kept still, as they were judged when last kept,
+/// their leak having stopped a while before (as a training loop's does when it ends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakenOut {
+    Forgotten,
+    Kept,
+    Stopped,
 }
 
 /// Where a group is judged from: on its series from a point on the series' axis (infinite:
@@ -183,17 +194,37 @@ impl Analysis {
 
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on: those outstanding
     /// were forgotten, or kept as they are where their leak was confirmed (`kept`).
-    pub fn tensors_taken_out(&mut self, pid: u32, x: f64, kept: bool) {
-        let leak = kept.then(|| self.judge_kept(pid));
+    pub fn tensors_taken_out(&mut self, pid: u32, x: f64, how: TakenOut) {
+        let leak = match how {
+            TakenOut::Forgotten => None,
+            TakenOut::Kept => self.judge_kept(pid),
+            TakenOut::Stopped => self.last_kept(pid).map(|k| KeptLeak {
+                stopped: true,
+                ..k.clone()
+            }),
+        };
         let Some(last) = self.tensors.get_mut(&pid).and_then(|h| h.spans.last_mut()) else {
             return;
         };
-        (last.to, last.kept) = (last.to.min(x), leak.flatten());
+        (last.to, last.kept) = (last.to.min(x), leak);
     }
 
-    /// `pid`'s tensors judged on their chain, as they are kept as they are: each stack, the
+    /// Whether a stack judged a leak on `pid`'s chain grew in the span open now.
+    pub fn tensors_grew(&self, pid: u32) -> bool {
+        self.tensors
+            .get(&pid)
+            .is_some_and(|h| h.chain.grew_in_last_span())
+    }
+
+    /// Where (on the series' axis) `pid`'s chain of tensors began.
+    pub fn tensors_chain_from(&self, pid: u32) -> Option<f64> {
+        let h = self.tensors.get(&pid)?;
+        h.chain.starts.first().map(|s| s.1)
+    }
+
+    /// `pid`'s tensors judged on their chain, as they are kept as they are: each stack, and the
     /// rate they leak at, of all of them or of the stacks judged a leak together, whichever is
-    /// more (the others' tensors may hide a leak in the total), and whether they stopped.
+    /// more (the others' tensors may hide a leak in the total).
     fn judge_kept(&self, pid: u32) -> Option<KeptLeak> {
         let chain = &self.tensors.get(&pid)?.chain;
         let rate = |e: &Evidence| {
@@ -216,11 +247,10 @@ impl Analysis {
             .into_iter()
             .map(|(k, e)| (k, chain.on_series_axis(e)))
             .collect();
-        let stopped = !chain.grew_in_last_span();
         Some(KeptLeak {
             stacks,
             rate,
-            stopped,
+            stopped: false,
         })
     }
 
@@ -238,6 +268,11 @@ impl Analysis {
             Kind::Mmap if self.arena_stacks.contains(key) => Judged::From(warmup_s),
             Kind::Mmap | Kind::Brk => Judged::From(warmup_s.max(first.from)),
             Kind::Tensor => match h.spans.last() {
+                // Traced again after their leak stopped: as they were judged until this span
+                // tells (a quiet chain reads as a cache that filled, not as the leak it was).
+                Some(open) if open.to.is_infinite() && self.kept_leak_stopped(key.pid) => {
+                    Judged::Kept(self.last_kept(key.pid).and_then(|k| k.stacks.get(key)))
+                }
                 Some(open) if open.to.is_infinite() => {
                     let series = h.chain.stacks.get(key).map(|t| &t.series);
                     Judged::Chain(series, TENSOR_RAMP, &h.chain)
@@ -300,8 +335,7 @@ impl Analysis {
         leaks.map(|(k, _)| k.stack).collect()
     }
 
-    /// Whether `pid`'s tensors, when they were last kept, had stopped growing (the chain
-    /// judged a leak on its growth before a quiet stretch).
+    /// Whether `pid`'s tensors had stopped growing when they were last kept.
     pub fn kept_leak_stopped(&self, pid: u32) -> bool {
         self.last_kept(pid).is_some_and(|k| k.stopped)
     }

@@ -99,7 +99,7 @@ fn late_tensors_cut_what_their_process_is_judged_on() {
         Verdict::Leak,
         "the rise as they went in is left out"
     );
-    a.tensors_taken_out(1, 14.0, false);
+    a.tensors_taken_out(1, 14.0, TakenOut::Forgotten);
     assert!(
         a.judge(&tensors, 0.0).is_none(),
         "not judged while taken out"
@@ -400,7 +400,7 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
             a.tensors_traced_from(1, 2.0);
         }
         if i == 16 {
-            a.tensors_taken_out(1, 8.0, true);
+            a.tensors_taken_out(1, 8.0, TakenOut::Kept);
         }
         sample(&mut a, i, i.clamp(4, 15).saturating_sub(4) * M + M);
     }
@@ -417,7 +417,7 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
 
     // Traced again at 20 s: those kept were kept (12 MiB) and hold, for 2 s: on the chain (the
     // first span, then this one), a growth then a shorter quiet stretch, a leak still, its
-    // windows on the series' axis.
+    // windows on the series' axis; but it did not grow in this span.
     a.tensors_traced_from(1, 20.0);
     for i in 40..44u64 {
         sample(&mut a, i, 12 * M);
@@ -427,19 +427,21 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     let last = t.windows.last().unwrap();
     assert!(last.t1_s > 20.0 && last.t1_s < 22.0, "{t:?}");
     assert!(a.tensors_leak(1).is_some());
+    assert!(!a.tensors_grew(1));
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
-    // Kept again: they had stopped growing.
-    a.tensors_taken_out(1, 22.0, true);
+    // Kept as they were judged, their leak stopped: judged so while traced again too.
+    a.tensors_taken_out(1, 22.0, TakenOut::Stopped);
     assert!(a.kept_leak_stopped(1));
     assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
-    // Traced again at 24 s, held 4 s more: quiet for longer than they grew, a cache that
-    // filled; taken out, the chain ends, and with it what the kept span told.
     a.tensors_traced_from(1, 24.0);
     for i in 48..56u64 {
         sample(&mut a, i, 12 * M);
     }
+    assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
+    // Quiet for longer than they grew, on the chain: a cache that filled; forgotten, the chain
+    // ends, and with it what the kept span told.
     assert_eq!(a.tensors_leak(1), None);
-    a.tensors_taken_out(1, 28.0, false);
+    a.tensors_taken_out(1, 28.0, TakenOut::Forgotten);
     assert!(
         a.judge(&tensors, 0.0).is_none(),
         "not judged while taken out"

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
+    analysis::TakenOut,
     model::{Kind, TensorsMode},
     probes::prober::ProbeRequest,
 };
@@ -67,6 +68,10 @@ struct TensorLayer {
     /// While they are kept: when (on the series' axis) its pages were last looked at, and what
     /// they held then.
     pages_at: Option<(f64, i64)>,
+    /// When (on the series' axis) its tensors' leak last grew, by its pages: when it was
+    /// confirmed, or when a look at its pages since found it growing (or about when it
+    /// stopped).
+    stop_x: f64,
 }
 
 impl Layers {
@@ -177,6 +182,7 @@ impl Owner {
                 again_s: None,
                 every_s: TENSORS_AGAIN_S,
                 pages_at: None,
+                stop_x: x,
             });
             // Asked for already, and neither given up nor taken out since; or kept as they
             // were, and not yet time to trace them again.
@@ -203,16 +209,17 @@ impl Owner {
     /// Brings forward the next tracing of the tensors kept as they were of each process whose
     /// pages grew by less than a quarter of what their leak's rate says over [`TENSORS_HOLD_S`]
     /// or more (looked at every so long since they were kept): the leak may have stopped (a
-    /// cache that filled for longer than it took to confirm), and only its tensors can tell. Not
-    /// where it had stopped when they were kept: the next tracing tells whether it has for
-    /// longer than it grew.
+    /// cache that filled for longer than it took to confirm), and only its tensors can tell.
+    /// Each look also dates when the leak last grew, by its pages (see
+    /// [`Owner::leak_stopped`]). Not where it had stopped when they were kept: the next
+    /// tracing is when it will have been quiet for as long as it grew.
     fn kept_pages_held(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
         };
-        let mut looked: Vec<(u32, Option<(f64, i64)>, bool)> = Vec::new();
+        let mut looked: Vec<(u32, i64, Option<f64>)> = Vec::new();
         for (&pid, t) in &layers.tensors {
-            let (Some((since, then)), Some(again)) = (t.pages_at, t.again_s) else {
+            let (Some((since, then)), Some(_)) = (t.pages_at, t.again_s) else {
                 continue;
             };
             let Some(rate) = self.analysis.kept_leak_rate(pid) else {
@@ -222,18 +229,22 @@ impl Owner {
                 continue;
             }
             let now = self.analysis.pages_now(pid);
-            let held = ((now - then) as f64) * 4.0 < rate * (x - since);
-            looked.push((pid, Some((x, now)), held && again > at_s));
+            let grown = (now - then).max(0) as f64;
+            // Still growing at the leak's rate, or until about when (at that rate).
+            let held = grown * 4.0 < rate * (x - since);
+            let stop = since + (grown / rate).min(x - since);
+            looked.push((pid, now, held.then_some(stop)));
         }
         let Some(layers) = &mut self.layers else {
             return;
         };
-        for (pid, pages_at, held) in looked {
+        for (pid, now, held) in looked {
             let Some(t) = layers.tensors.get_mut(&pid) else {
                 continue;
             };
-            t.pages_at = pages_at;
-            if held {
+            t.pages_at = Some((x, now));
+            t.stop_x = held.unwrap_or(x);
+            if held.is_some() && t.again_s.is_some_and(|again| again > at_s) {
                 tracing::debug!(pid, "pages held since the tensors were kept: traced again");
                 t.again_s = Some(at_s);
             }
@@ -252,10 +263,11 @@ impl Owner {
     /// Takes out the tensors of each process traced for [`TENSORS_HOLD_S`] at least whose
     /// tensors and pages have not grown since (a CPU training job's pages grow for its first
     /// steps, then hold), or whose tensors have been judged a leak on their chain for
-    /// [`crate::analysis::TENSORS_CONFIRM_S`] (kept as they are then, and traced again later; a
-    /// leak that stopped is one until it has been quiet for longer than it grew): a training
-    /// loop makes tens of thousands of tensors a second, each two probe traps. Its pages growing
-    /// again bring them back.
+    /// [`crate::analysis::TENSORS_CONFIRM_S`] (kept as they are then, and traced again later):
+    /// a training loop makes tens of thousands of tensors a second, each two probe traps. Its
+    /// pages growing again bring them back. Traced again after a confirmed leak, those whose
+    /// leak no longer grows are kept as they were judged, or forgotten (see
+    /// [`Owner::leak_stopped`]).
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
@@ -267,39 +279,66 @@ impl Owner {
             .map(|(&pid, t)| (pid, t.on_x))
             .collect();
         for (pid, on) in held {
-            // From when the tensors outstanding then were all seen (the first samples after the
-            // probes went in rise to them from nothing).
-            let from = on + crate::analysis::TENSOR_RAMP;
+            let again = self.analysis.kept_leak_rate(pid).is_some();
+            if again && !self.analysis.tensors_grew(pid) {
+                self.leak_stopped(pid, at_s, x);
+                continue;
+            }
             match self.analysis.tensors_leak(pid) {
                 Some(span) if span >= crate::analysis::TENSORS_CONFIRM_S => {
-                    self.take_out_tensors(pid, at_s, x, true)
+                    self.take_out_tensors(pid, at_s, x, TakenOut::Kept)
                 }
                 Some(_) => {}
-                None => {
-                    let pages = self.analysis.growing_pages(
-                        |p| if p == pid { from } else { f64::INFINITY },
-                        TENSORS_SPAN_S,
-                        TENSORS_MIN_BYTES,
-                    );
-                    if self.not_arenas(pages).is_empty() {
-                        self.take_out_tensors(pid, at_s, x, false);
-                    }
+                // From when the tensors outstanding then were all seen (the first samples after
+                // the probes went in rise to them from nothing).
+                None if self.pages_held(pid, on + crate::analysis::TENSOR_RAMP) => {
+                    self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten)
                 }
+                None => {}
             }
+        }
+    }
+
+    /// Whether none of `pid`'s page-level stacks (not arenas) grows as a leak from `from` on.
+    fn pages_held(&mut self, pid: u32, from: f64) -> bool {
+        let pages = self.analysis.growing_pages(
+            |p| if p == pid { from } else { f64::INFINITY },
+            TENSORS_SPAN_S,
+            TENSORS_MIN_BYTES,
+        );
+        self.not_arenas(pages).is_empty()
+    }
+
+    /// `pid`'s tensors, traced again after their leak was confirmed, grew no more: the leak
+    /// stopped, by its pages about when they last grew at its rate. Until it has been quiet for
+    /// as long as it grew (from when its tensors were first traced), it is the leak it was (a
+    /// training loop that leaked until it ended, then evaluation, saving and exit): its tensors
+    /// are kept as they were judged, and traced again when that time comes. After, it was a
+    /// cache that filled: they are forgotten.
+    fn leak_stopped(&mut self, pid: u32, at_s: f64, x: f64) {
+        let Some(t) = self.layers.as_ref().and_then(|l| l.tensors.get(&pid)) else {
+            return;
+        };
+        let from = self.analysis.tensors_chain_from(pid).unwrap_or(t.stop_x);
+        let (grew, quiet) = (t.stop_x - from, x - t.stop_x);
+        tracing::debug!(pid, grew, quiet, "a leak of tensors stopped");
+        if quiet >= grew {
+            self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten);
+            return;
+        }
+        self.take_out_tensors(pid, at_s, x, TakenOut::Stopped);
+        if let Some(t) = self.layers.as_mut().and_then(|l| l.tensors.get_mut(&pid)) {
+            t.again_s = Some(at_s + grew - quiet + ENGAGE_EVERY_S);
         }
     }
 
     /// Takes out `pid`'s tensors at `at_s` (on the series' axis, `x`): those outstanding are
     /// forgotten at the next look (once the records made before the probes went are in), or
-    /// kept as they are (`kept`, their leak confirmed) until they are traced again.
-    fn take_out_tensors(&mut self, pid: u32, at_s: f64, x: f64, kept: bool) {
-        tracing::info!(
-            pid,
-            at_s,
-            kept,
-            "CPU tensors taken out (kept: their leak confirmed)"
-        );
-        self.analysis.tensors_taken_out(pid, x, kept);
+    /// kept as they are (their leak confirmed, or stopped) until they are traced again.
+    fn take_out_tensors(&mut self, pid: u32, at_s: f64, x: f64, how: TakenOut) {
+        tracing::info!(pid, at_s, ?how, "CPU tensors taken out");
+        self.analysis.tensors_taken_out(pid, x, how);
+        let kept = how != TakenOut::Forgotten;
         if kept {
             self.ledger.keep_tensors(pid, at_s);
         }
@@ -315,6 +354,9 @@ impl Owner {
                 t.again_s = Some(at_s + t.every_s);
                 t.every_s = (t.every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
                 t.pages_at = Some((x, self.analysis.pages_now(pid)));
+            }
+            if how == TakenOut::Kept {
+                t.stop_x = x;
             }
         }
         let _ = self
