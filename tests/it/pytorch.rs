@@ -288,7 +288,10 @@ fn a_leak_that_stopped_while_its_tensors_were_kept_still_fails_the_check() {
     assert!(engaged.len() >= 2, "traced again: {engaged:?}");
     let p = r.process(root);
     assert_eq!(p["malloc_traced"], false, "{p}");
-    assert!(matches!(p["tensors"].as_str(), Some("kept" | "traced")), "{p}");
+    assert!(
+        matches!(p["tensors"].as_str(), Some("kept" | "traced")),
+        "{p}"
+    );
 }
 
 /// When PyTorch's CPU allocator was probed for `pid` after its start (seconds into tracing),
@@ -372,7 +375,10 @@ fn tensors_kept_while_a_cache_filled_are_traced_again_once_the_pages_hold() {
     );
     // Taken out for good, or traced once more as the job ends.
     let tensors = r.process(root)["tensors"].clone();
-    assert!(tensors == "taken_out" || tensors == "traced", "{engaged:?} {out}");
+    assert!(
+        tensors == "taken_out" || tensors == "traced",
+        "{engaged:?} {out}"
+    );
 }
 
 /// A leak that is not of tensors in a PyTorch process (`request_log.py` with torch imported: a

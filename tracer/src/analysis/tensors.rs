@@ -143,7 +143,9 @@ impl Analysis {
             return;
         }
         let traced = match last {
-            Some(s) if s.kept.is_some() => h.chain.starts.last().map_or(0.0, |c| c.0) + s.to - s.from,
+            Some(s) if s.kept.is_some() => {
+                h.chain.starts.last().map_or(0.0, |c| c.0) + s.to - s.from
+            }
             _ => {
                 h.chain = Chain::default();
                 0.0
@@ -173,7 +175,11 @@ impl Analysis {
             for &(key, bytes) in groups {
                 if key.pid == pid && key.kind == Kind::Tensor {
                     let activity = super::activity(ledger, &key);
-                    chain.stacks.entry(key).or_default().push(t, bytes, chain.round, activity);
+                    chain
+                        .stacks
+                        .entry(key)
+                        .or_default()
+                        .push(t, bytes, chain.round, activity);
                     all += bytes;
                 }
             }
@@ -331,7 +337,10 @@ impl Analysis {
         let Some(kept) = self.last_kept(pid) else {
             return Vec::new();
         };
-        let leaks = kept.stacks.iter().filter(|(_, e)| e.verdict == Verdict::Leak);
+        let leaks = kept
+            .stacks
+            .iter()
+            .filter(|(_, e)| e.verdict == Verdict::Leak);
         leaks.map(|(k, _)| k.stack).collect()
     }
 

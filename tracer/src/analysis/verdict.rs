@@ -179,7 +179,10 @@ pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
     let reached = earlier.iter().map(|w| w.peak).max().unwrap_or(0);
     let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
     let above = last.peak > reached + tolerance(&floors);
-    e.verdict == Verdict::Leak && last.floor <= reached && !above && oldest_age_s < now_s - last.t0_s
+    e.verdict == Verdict::Leak
+        && last.floor <= reached
+        && !above
+        && oldest_age_s < now_s - last.t0_s
 }
 
 /// The points up to the last one in which the stack was used, when the quiet stretch after it is

@@ -145,7 +145,10 @@ impl Ledger {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
             p.tensors_since_s = None;
-            let made = p.heap.iter().filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor);
+            let made = p
+                .heap
+                .iter()
+                .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor);
             let latest = made.map(|(_, b)| b.origin.ts_ns).max().unwrap_or(0);
             p.tensors_kept_ns = p.tensors_kept_ns.max(latest);
         }
