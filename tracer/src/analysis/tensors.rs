@@ -14,9 +14,10 @@ use crate::{
     model::{GroupKey, Kind},
 };
 
-/// How long after its tensors are traced again (`--tensors auto`) a process's tensors are judged
-/// from, on the series' axis: the samples in between rise from nothing to what it holds as the
-/// probes see the tensors made since.
+/// How long after its tensors went in (`--tensors auto`) a process's tensors are judged from, at
+/// the start of their chain (on its axis): the samples in between rise from nothing to what it
+/// holds as the probes see the tensors made since. (Traced again, those of the leak were kept:
+/// the chain goes on from where it was.)
 pub const TENSOR_RAMP: f64 = 1.0;
 /// How long a leak of tensors must have been judged one before they are taken out and kept as
 /// they are (`--tensors auto`): the tensors of a leaking training job would otherwise stay
