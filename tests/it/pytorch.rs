@@ -36,6 +36,17 @@ fn check_torch(
     options: &[&str],
     args: &[&str],
 ) -> (std::process::Output, Report) {
+    check_torch_env(name, script_name, &[], options, args)
+}
+
+/// As [`check_torch`], with the script's environment `vars` ("NAME=VALUE") added.
+fn check_torch_env(
+    name: &str,
+    script_name: &str,
+    vars: &[&str],
+    options: &[&str],
+    args: &[&str],
+) -> (std::process::Output, Report) {
     let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
     assert!(
         pydeps.join("torch").is_dir(),
@@ -44,7 +55,13 @@ fn check_torch(
     );
     let env = format!("PYTHONPATH={}", pydeps.display());
     let (py, path) = (python(), script(script_name));
-    let argv = [&["/usr/bin/env", &env, &py, path.to_str().unwrap()], args].concat();
+    let argv = [
+        &["/usr/bin/env", &env],
+        vars,
+        &[&py, path.to_str().unwrap()],
+        args,
+    ]
+    .concat();
     crate::check::check_report(name, &[&["--no-store"], options].concat(), &argv)
 }
 
@@ -264,18 +281,13 @@ fn a_leak_that_stopped_while_its_tensors_were_kept_still_fails_the_check() {
         return;
     }
     let _x = fixture::exclusive();
-    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
-    let (py, path) = (python(), script("train_loop"));
-    let argv = [
-        "/usr/bin/env",
-        &format!("PYTHONPATH={}", pydeps.display()),
-        "AFTER=6",
-        &py,
-        path.to_str().unwrap(),
-        "validation",
-        "400",
-    ];
-    let (o, r) = crate::check::check_report("train-validation-stopped", &["--no-store"], &argv);
+    let (o, r) = check_torch_env(
+        "train-validation-stopped",
+        "train_loop",
+        &["AFTER=6"],
+        &[],
+        &["validation", "400"],
+    );
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let leak = crate::objects::first_leak(&out);
@@ -392,19 +404,13 @@ fn a_leak_of_buffers_in_a_pytorch_process_has_its_tensors_traced_first_then_its_
         return;
     }
     let _x = fixture::exclusive();
-    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
-    let env = format!("PYTHONPATH={}", pydeps.display());
-    let (py, path) = (python(), script("request_log"));
-    let argv = [
-        "/usr/bin/env",
-        &env,
-        "TORCH=1",
-        &py,
-        path.to_str().unwrap(),
-        "400",
-        "abrupt",
-    ];
-    let (o, r) = crate::check::check_report("torch-buffers", &["--no-store"], &argv);
+    let (o, r) = check_torch_env(
+        "torch-buffers",
+        "request_log",
+        &["TORCH=1"],
+        &[],
+        &["400", "abrupt"],
+    );
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let root = r.root_pid();

@@ -376,24 +376,15 @@ mod tests {
     /// above every earlier peak, it is memory kept.
     #[test]
     fn a_working_set_sampled_across_its_cycle_is_told_by_its_blocks_ages() {
-        let window = |t0_s: f64, floor: u64, peak: u64| Window {
-            t0_s,
-            t1_s: t0_s + 1.2,
-            floor,
-            peak,
-        };
-        let mut e = Evidence {
-            verdict: Verdict::Leak,
-            confidence: 1.0,
-            growth_bytes: 405_544,
-            slope_bytes_per_s: 90_000.0,
-            windows: vec![
-                window(2.6, 0, 470_056),
-                window(4.0, 78_376, 405_544),
-                window(5.4, 141_352, 405_544),
-                window(6.7, 405_544, 470_056),
+        let mut e = leak_in_windows(
+            1.2,
+            &[
+                (2.6, 0, 470_056),
+                (4.0, 78_376, 405_544),
+                (5.4, 141_352, 405_544),
+                (6.7, 405_544, 470_056),
             ],
-        };
+        );
         assert!(working_set(&e, 0.7, 8.5));
         assert!(!working_set(&e, 6.0, 8.5), "a block kept from the start");
         e.windows[3].floor = 480_000;
@@ -411,24 +402,36 @@ mod tests {
     /// across the window's edge), yet the last window peaks far above every earlier one.
     #[test]
     fn arenas_growing_to_the_end_are_no_working_set_whatever_the_ages_left() {
-        let window = |t0_s: f64, floor: u64, peak: u64| Window {
-            t0_s,
-            t1_s: t0_s + 2.7,
-            floor,
-            peak,
-        };
-        let e = Evidence {
+        let e = leak_in_windows(
+            2.7,
+            &[
+                (0.3, 2_097_152, 40_894_464),
+                (3.0, 42_991_616, 78_643_200),
+                (5.6, 80_740_352, 117_440_512),
+                (8.3, 117_440_512, 157_286_400),
+            ],
+        );
+        assert!(!working_set(&e, 1.5, 12.0));
+    }
+
+    /// A leak verdict over `windows`, each `long_s` long from its start: (start, floor, peak).
+    fn leak_in_windows(long_s: f64, windows: &[(f64, u64, u64)]) -> Evidence {
+        let windows: Vec<Window> = windows
+            .iter()
+            .map(|&(t0_s, floor, peak)| Window {
+                t0_s,
+                t1_s: t0_s + long_s,
+                floor,
+                peak,
+            })
+            .collect();
+        let growth = windows[windows.len() - 1].floor as i64 - windows[0].floor as i64;
+        Evidence {
             verdict: Verdict::Leak,
             confidence: 1.0,
-            growth_bytes: 115_343_360,
-            slope_bytes_per_s: 14_495_310.0,
-            windows: vec![
-                window(0.3, 2_097_152, 40_894_464),
-                window(3.0, 42_991_616, 78_643_200),
-                window(5.6, 80_740_352, 117_440_512),
-                window(8.3, 117_440_512, 157_286_400),
-            ],
-        };
-        assert!(!working_set(&e, 1.5, 12.0));
+            growth_bytes: growth,
+            slope_bytes_per_s: slope(&windows),
+            windows,
+        }
     }
 }
