@@ -91,24 +91,26 @@ impl Chain {
 
 /// A process's tensors as they were judged when they were kept as they were (their leak
 /// confirmed): each stack's verdict over the chain, on the series' axis, the rate they leaked
-/// at while traced, and whether they had stopped growing (a leak that ended, or a cache that
-/// filled, kept until a quiet stretch longer than its growth tells which). Judged then, once.
+/// at while traced, and, where they had stopped growing (a leak that ended, or a cache that
+/// filled), until when (on the series' axis) that stands: once its quiet stretch is as long as
+/// its growth, it was a cache. Judged then, once.
 #[derive(Clone, Debug, Default)]
 struct KeptLeak {
     stacks: FxHashMap<GroupKey, Evidence>,
     rate: f64,
-    stopped: bool,
+    stopped: Option<f64>,
 }
 
 /// How a process's tensors were taken out: forgotten (their memory held, or a leak of theirs that
 /// stopped has been quiet for longer than it grew: a cache that filled); kept as they were once
 /// their leak was confirmed on their chain; or kept still, as they were judged when last kept,
 /// their leak having stopped a while before (as a training loop's does when it ends).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum TakenOut {
     Forgotten,
     Kept,
-    Stopped,
+    /// Until when (on the series' axis) the stopped leak stands.
+    Stopped(f64),
 }
 
 /// Where a group is judged from: on its series from a point on the series' axis (infinite:
@@ -205,8 +207,8 @@ impl Analysis {
         let leak = match how {
             TakenOut::Forgotten => None,
             TakenOut::Kept => self.judge_kept(pid),
-            TakenOut::Stopped => self.last_kept(pid).map(|k| KeptLeak {
-                stopped: true,
+            TakenOut::Stopped(until_x) => self.last_kept(pid).map(|k| KeptLeak {
+                stopped: Some(until_x),
                 ..k.clone()
             }),
         };
@@ -257,7 +259,7 @@ impl Analysis {
         Some(KeptLeak {
             stacks,
             rate,
-            stopped: false,
+            stopped: None,
         })
     }
 
@@ -277,19 +279,28 @@ impl Analysis {
             Kind::Tensor => match h.spans.last() {
                 // Traced again after their leak stopped: as they were judged until this span
                 // tells (a quiet chain reads as a cache that filled, not as the leak it was).
-                Some(open) if open.to.is_infinite() && self.kept_leak_stopped(key.pid) => {
-                    Judged::Kept(self.last_kept(key.pid).and_then(|k| k.stacks.get(key)))
-                }
+                Some(open) if open.to.is_infinite() && self.kept_leak_stopped(key.pid) => self
+                    .last_kept(key.pid)
+                    .map_or(Judged::From(f64::INFINITY), |k| self.as_kept(k, key)),
                 Some(open) if open.to.is_infinite() => {
                     let series = h.chain.stacks.get(key).map(|t| &t.series);
                     Judged::Chain(series, TENSOR_RAMP, &h.chain)
                 }
                 Some(TensorSpan {
                     kept: Some(kept), ..
-                }) => Judged::Kept(kept.stacks.get(key)),
+                }) => self.as_kept(kept, key),
                 _ => Judged::From(f64::INFINITY),
             },
             _ => Judged::From(warmup_s),
+        }
+    }
+
+    /// `key` as its tensors were judged when they were `kept`; not judged once a leak of
+    /// theirs that had stopped has been quiet for as long as it grew (a cache that filled).
+    fn as_kept<'a>(&self, kept: &'a KeptLeak, key: &GroupKey) -> Judged<'a> {
+        match kept.stopped {
+            Some(until_x) if self.last_x >= until_x => Judged::From(f64::INFINITY),
+            _ => Judged::Kept(kept.stacks.get(key)),
         }
     }
 
@@ -347,7 +358,7 @@ impl Analysis {
 
     /// Whether `pid`'s tensors had stopped growing when they were last kept.
     pub fn kept_leak_stopped(&self, pid: u32) -> bool {
-        self.last_kept(pid).is_some_and(|k| k.stopped)
+        self.last_kept(pid).is_some_and(|k| k.stopped.is_some())
     }
 
     /// Bytes `pid`'s page-level stacks (not arenas) held at the last sample.

@@ -430,7 +430,7 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     assert!(!a.tensors_grew(1));
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
     // Kept as they were judged, their leak stopped: judged so while traced again too.
-    a.tensors_taken_out(1, 22.0, TakenOut::Stopped);
+    a.tensors_taken_out(1, 22.0, TakenOut::Stopped(40.0));
     assert!(a.kept_leak_stopped(1));
     assert_eq!(a.judge(&tensors, 0.0).unwrap().verdict, Verdict::Leak);
     a.tensors_traced_from(1, 24.0);

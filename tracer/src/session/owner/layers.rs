@@ -326,7 +326,7 @@ impl Owner {
             self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten);
             return;
         }
-        self.take_out_tensors(pid, at_s, x, TakenOut::Stopped);
+        self.take_out_tensors(pid, at_s, x, TakenOut::Stopped(t.stop_x + grew));
         if let Some(t) = self.layers.as_mut().and_then(|l| l.tensors.get_mut(&pid)) {
             t.again_s = Some(at_s + grew - quiet + ENGAGE_EVERY_S);
         }
