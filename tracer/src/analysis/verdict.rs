@@ -88,12 +88,7 @@ pub fn tolerance(floors: &[u64]) -> u64 {
 /// Classifies `series` from time `warmup_s` on; None while there are too few samples. A stack the
 /// program stopped using is judged on the span it was used ([`until_quiet`]).
 pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
-    let pts: Vec<&Point> = series
-        .points()
-        .iter()
-        .filter(|p| p.t0 >= warmup_s)
-        .collect();
-    let pts = until_quiet(pts);
+    let pts = until_quiet(series.points(), warmup_s);
     if pts.len() < MIN_POINTS {
         return None;
     }
@@ -185,16 +180,20 @@ pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
         && oldest_age_s < now_s - last.t0_s
 }
 
-/// The points up to the last one in which the stack was used, when the quiet stretch after it is
-/// shorter than the span before: a training loop that leaked until it ended, then evaluation,
-/// saving and exit, is judged on the loop, not read as a cache that filled up. A cache at work
-/// allocates and frees through its plateau; one filled once and kept for long has a quiet
-/// stretch longer than its filling and is judged whole. Series without activity are whole.
-fn until_quiet(pts: Vec<&Point>) -> Vec<&Point> {
+/// The points from `warmup_s` on, up to the last one in which the stack was used, when the quiet
+/// stretch after it is shorter than the span it was used (from its first point, warm-up included:
+/// a process's tensors traced late rise from nothing for their first second, and a short loop
+/// that leaked through it has used the stack for that second too): a training loop that leaked
+/// until it ended, then evaluation, saving and exit, is judged on the loop, not read as a cache
+/// that filled up. A cache at work allocates and frees through its plateau; one filled once and
+/// kept for long has a quiet stretch longer than its filling and is judged whole. Series without
+/// activity from `warmup_s` on are whole.
+fn until_quiet(points: &[Point], warmup_s: f64) -> Vec<&Point> {
+    let pts: Vec<&Point> = points.iter().filter(|p| p.t0 >= warmup_s).collect();
     let Some(last) = pts.iter().rposition(|p| p.active) else {
         return pts;
     };
-    let (first, end) = (pts[0].t0, pts[pts.len() - 1].t1);
+    let (first, end) = (points[0].t0, pts[pts.len() - 1].t1);
     let used_until = pts[last].t1;
     if end - used_until < used_until - first {
         pts[..=last].to_vec()
@@ -258,6 +257,16 @@ mod tests {
         assert_eq!(verdict(&loop_then_tail(45, true)), Verdict::BoundedCache);
         // Filled once and kept for longer than its filling: not a leak either.
         assert_eq!(verdict(&loop_then_tail(60, false)), Verdict::BoundedCache);
+    }
+
+    #[test]
+    fn the_span_a_stack_was_used_counts_from_its_first_sample_not_from_the_warm_up() {
+        // Judged from 20 s: 10 s of the loop against 12 s quiet; used since 0 s, it was used
+        // for 30 s, and the loop is what is judged.
+        let late = |tail| classify(&loop_then_tail(tail, false), 20.0).map(|e| e.verdict);
+        assert_eq!(late(12), Some(Verdict::Leak));
+        // Quiet for longer than it was used: judged whole, a cache.
+        assert_eq!(late(40), Some(Verdict::BoundedCache));
     }
 
     #[test]
