@@ -411,7 +411,9 @@ impl Analysis {
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
     /// at teardown: destructors, the interpreter's exit): a CI gate must still see them.
     /// `outstanding` are the groups that hold memory. Each is judged on what it held before its
-    /// final fall, when that fall came at the end of the run (within one verdict window of it).
+    /// final fall, when that fall came at the end of the run (within one verdict window of it);
+    /// a leak by some windows only, within what an earlier one reached, is a working set
+    /// ([`verdict::released_working_set`]).
     pub fn released_leaks(
         &self,
         outstanding: &std::collections::HashSet<GroupKey>,
@@ -424,7 +426,8 @@ impl Analysis {
             .filter_map(|(k, _)| {
                 let (from, e) = self.judged(k, warmup_s, judge_released)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
-                (e.verdict == Verdict::Leak).then_some((*k, e))
+                let leak = e.verdict == Verdict::Leak && !verdict::released_working_set(&e);
+                leak.then_some((*k, e))
             })
             .collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.1.growth_bytes));

@@ -180,6 +180,18 @@ pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
         && oldest_age_s < now_s - last.t0_s
 }
 
+/// Whether a leak verdict of a group that holds nothing now (released at the end) is a working
+/// set by its series alone, its blocks' ages gone with them: its floor did not rise in every
+/// window, and its last window stays within what an earlier one reached ([`working_set`]). A
+/// training step's temporaries, kept as they were when their process's tensors were taken out
+/// and freed later, read so: a floor of nothing, then one block sampled in the last window.
+pub fn released_working_set(e: &Evidence) -> bool {
+    let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
+    let tol = tolerance(&floors);
+    let every = floors.windows(2).all(|f| f[1] > f[0] + tol);
+    !every && working_set(e, 0.0, f64::INFINITY)
+}
+
 /// The points from `warmup_s` on, up to the last one in which the stack was used, when the quiet
 /// stretch after it is shorter than the span it was used (from its first point, warm-up included:
 /// a process's tensors traced late rise from nothing for their first second, and a short loop
@@ -404,6 +416,37 @@ mod tests {
         e.windows[3].peak = 470_056;
         e.verdict = Verdict::BoundedCache;
         assert!(!working_set(&e, 0.7, 8.5), "not a leak");
+    }
+
+    /// A step's temporary sampled in the last window of four, its floors nothing before: a leak
+    /// by one rise, and a working set once released (no block left to date); a floor rising in
+    /// every window stays a leak.
+    #[test]
+    fn a_released_leak_by_one_rise_within_earlier_peaks_is_a_working_set() {
+        let mut e = leak_in_windows(
+            0.5,
+            &[
+                (5.26, 0, 131_072),
+                (5.96, 0, 0),
+                (6.34, 0, 131_072),
+                (6.96, 65_536, 131_072),
+            ],
+        );
+        assert!(released_working_set(&e));
+        e.windows[3].peak = 262_144;
+        assert!(!released_working_set(&e), "peaks above every earlier peak");
+        let mut steps = leak_in_windows(
+            0.5,
+            &[
+                (5.26, 0, 131_072),
+                (5.96, 32_768, 131_072),
+                (6.34, 65_536, 131_072),
+                (6.96, 98_304, 131_072),
+            ],
+        );
+        assert!(!released_working_set(&steps), "rose in every window");
+        steps.verdict = Verdict::BoundedCache;
+        assert!(!released_working_set(&steps), "not a leak");
     }
 
     /// The arenas of Python objects a loop kept, 12 s judged, their teardown freeing all but the
