@@ -72,6 +72,12 @@ struct TensorLayer {
     /// confirmed, or when a look at its pages since found it growing (or about when it
     /// stopped).
     stop_x: f64,
+    /// Taken out without a leak of theirs (forgotten): not asked for again before then,
+    /// however its pages grow, and how long after the next time (twice as long each time, see
+    /// [`TENSORS_AGAIN_S`]). Pages that grow while the tensors do not (a leak of the malloc
+    /// family, of Python objects) would otherwise call for them every few seconds.
+    quiet_until_s: f64,
+    quiet_every_s: f64,
 }
 
 impl Layers {
@@ -183,11 +189,14 @@ impl Owner {
                 every_s: TENSORS_AGAIN_S,
                 pages_at: None,
                 stop_x: x,
+                quiet_until_s: f64::NEG_INFINITY,
+                quiet_every_s: TENSORS_AGAIN_S,
             });
             // Asked for already, and neither given up nor taken out since; or kept as they
             // were, and not yet time to trace them again.
             let asked = t.asked_s.is_finite() && (t.on || t.off_x.is_none());
-            if asked || t.again_s.is_some_and(|again| at_s < again) {
+            let quiet = t.again_s.is_none() && at_s < t.quiet_until_s;
+            if asked || quiet || t.again_s.is_some_and(|again| at_s < again) {
                 continue;
             }
             // Those of the leak kept stay: frees of theirs seen from now on release them (see
@@ -350,6 +359,10 @@ impl Owner {
         }
         if let Some(t) = l.tensors.get_mut(&pid) {
             (t.on, t.off_x) = (false, Some(x));
+            if !kept {
+                t.quiet_until_s = at_s + t.quiet_every_s;
+                t.quiet_every_s = (t.quiet_every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
+            }
             if kept {
                 t.again_s = Some(at_s + t.every_s);
                 t.every_s = (t.every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
