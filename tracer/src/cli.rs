@@ -77,7 +77,7 @@ pub enum Command {
     },
     /// The CI gate: run CMD under the tracer and fail (exit 1) when a stack leaks faster than the
     /// budget. Exit 0 clean, 1 leak over budget, 2 leaktracer failed, 3 CMD failed (no leak over
-    /// budget). Reports (-o, --json) hold every stack with its verdict.
+    /// budget). Reports (-o, --json) hold the 1000 largest stacks and every leak, with verdicts.
     Check {
         #[command(flatten)]
         report: ReportArgs,

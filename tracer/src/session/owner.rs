@@ -351,6 +351,15 @@ impl Owner {
         self.config.top.max(STORED_STACKS)
     }
 
+    /// Stacks in a periodic snapshot: as many as the output's reports, at most `check`'s
+    /// ([`crate::config::CHECK_TOP`]), at least [`STORED_STACKS`].
+    fn snapshot_top(&self) -> usize {
+        self.config
+            .top
+            .min(crate::config::CHECK_TOP)
+            .max(STORED_STACKS)
+    }
+
     /// `--interval`: a report to the output.
     fn print_report(&mut self) -> Result<(), Error> {
         let r = self.report(self.config.top, false);
@@ -379,7 +388,7 @@ impl Owner {
         if self.history.is_none() {
             return tracing::warn!("snapshot asked for, but no history is kept (--no-store)");
         }
-        let r = self.report(self.stored_top(), false);
+        let r = self.report(self.snapshot_top(), false);
         if let Some(w) = &self.history {
             w.snapshot(r, reason);
         }
