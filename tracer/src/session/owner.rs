@@ -356,8 +356,7 @@ impl Owner {
     fn snapshot_top(&self) -> usize {
         self.config
             .top
-            .min(crate::config::CHECK_TOP)
-            .max(STORED_STACKS)
+            .clamp(STORED_STACKS, crate::config::CHECK_TOP)
     }
 
     /// `--interval`: a report to the output.
