@@ -167,7 +167,9 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         "{}",
         check::summary(&findings, gate.budget, outcome.exit_code)
     );
-    for note in tracer::render::tensor_notes(&outcome.last) {
+    let last = &outcome.last;
+    let notes = tracer::render::tensor_notes(last);
+    for note in notes.into_iter().chain(tracer::render::pages_notes(last)) {
         println!("  note: {note}");
     }
     if let Some(path) = &gate.junit {

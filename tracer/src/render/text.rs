@@ -238,6 +238,7 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
         );
     }
     notes.extend(tensor_notes(r));
+    notes.extend(pages_notes(r));
     let from = match h.after {
         Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
         Some(crate::model::HeapAfter::Steps(n)) => format!("step {n}"),
@@ -278,6 +279,33 @@ fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// What a reader of a leak of pages must know: in a process whose malloc family was not traced,
+/// a leak of the heap's pages is named by the lines whose allocations grew the heap, which need
+/// not be those that keep the memory (a training loop keeping each step's loss keeps its
+/// autograd graph's nodes, allocated through the step, and the heap grows at whichever line of
+/// the loop needs a new page). Not for the arenas of Python objects, whose window names the
+/// lines that keep them.
+pub fn pages_notes(r: &Report) -> Vec<String> {
+    let leaks = |pid: u32| {
+        r.stacks.iter().any(|s| {
+            s.pid == pid
+                && matches!(s.kind, Kind::Brk | Kind::Mmap)
+                && !s.python_arenas()
+                && s.verdict
+                    .as_ref()
+                    .is_some_and(|v| v.verdict == Verdict::Leak)
+        })
+    };
+    r.processes
+        .iter()
+        .filter(|p| !p.malloc_traced && leaks(p.pid))
+        .map(|p| format!(
+            "pages of pid {}: leaking at the lines where its heap grew, which need not be where the memory is kept: its malloc family was not traced (--heap full traces it from the start)",
+            p.pid
+        ))
+        .collect()
 }
 
 /// `--probe-cost`: "probe cost: 1234 runs, 2.1 ms in the kernel (alloc_return 700 × 596 ns, …)".
@@ -482,6 +510,40 @@ mod tests {
         );
         ledger.forget_tensors(1);
         assert!(notes(&ledger, 9.0).is_empty());
+    }
+
+    /// A leak of brk pages in a process whose malloc family was not traced is said to be named
+    /// by where the heap grew; not once its malloc family is traced, nor for a page-level stack
+    /// that is not a leak.
+    #[test]
+    fn pages_notes_say_where_a_leak_of_pages_is_named() {
+        use crate::{
+            analysis::{Evidence, Verdict},
+            model::Kind,
+            report::synthetic::{ledger_with, report_of},
+        };
+        let (ledger, analysis) = ledger_with(1, 5);
+        let mut r = report_of(&ledger, &analysis, 1);
+        r.processes[0].malloc_traced = false;
+        r.stacks[0].kind = Kind::Brk;
+        r.stacks[0].verdict = Some(Evidence {
+            verdict: Verdict::Leak,
+            confidence: 1.0,
+            growth_bytes: 1 << 20,
+            slope_bytes_per_s: 1e5,
+            windows: Vec::new(),
+        });
+        assert_eq!(
+            super::pages_notes(&r),
+            [
+                "pages of pid 1: leaking at the lines where its heap grew, which need not be where the memory is kept: its malloc family was not traced (--heap full traces it from the start)"
+            ]
+        );
+        r.processes[0].malloc_traced = true;
+        assert!(super::pages_notes(&r).is_empty());
+        r.processes[0].malloc_traced = false;
+        r.stacks[0].verdict.as_mut().unwrap().verdict = Verdict::BoundedCache;
+        assert!(super::pages_notes(&r).is_empty());
     }
 
     #[test]
