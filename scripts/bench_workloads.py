@@ -4,14 +4,17 @@ and under the peers (memray for Python, heaptrack for all), in one run: wall tim
 to untraced, leaktracer's own peak memory, records lost, and whether the leak was found at the
 line marked LEAK-SITE in the program's source. Run through scripts/bench-workloads.sh, which
 installs what it needs. Environment: LT (the leaktracer binary), PEERS (memray's directory),
-QUICK=1 (smaller workloads), ONLY (a substring of the workloads' names to run), LONG=EPOCHS (adds
-a long training job, EPOCHS epochs of which one in 20 keeps its leak, untraced and under the
-default alone: some 16 epochs a second here, so 30000 is half an hour)."""
+QUICK=1 (smaller workloads), ONLY (a substring of the workloads' names to run), PEER_TIMEOUT (the
+seconds a peer may run, 300 by default: heaptrack did not finish the job with DataLoader workers
+in eight minutes here), LONG=EPOCHS (adds a long training job, EPOCHS epochs of which one in 20
+keeps its leak, untraced and under the default alone: some 16 epochs a second here, so 30000 is
+half an hour)."""
 
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +28,8 @@ PEERS = os.environ.get("PEERS", str(ROOT / ".peers"))
 QUICK = os.environ.get("QUICK") == "1"
 ONLY = os.environ.get("ONLY", "")
 PY = sys.executable
+# How long a peer may take (heaptrack did not finish the job with DataLoader workers).
+PEER_TIMEOUT = int(os.environ.get("PEER_TIMEOUT", "300"))
 PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / ".pydeps")}
 # The counters of records the tracer lost (the rest of `losses` are unmatched frees and such).
 LOST = (
@@ -62,6 +67,10 @@ def workloads(build):
         # The same job without its leak: nothing to find, and what tracing costs a correct one.
         ("CPU PyTorch training, no leak", "python",
          [PY, str(BENCH / "torch_train.py"), epochs, "fixed"], None),
+        # Each step's loss kept: its autograd graph's nodes, malloc'd, not tensors.
+        ("CPU PyTorch training, losses kept", "python",
+         [PY, str(BENCH / "loss_history.py"), "10" if QUICK else "100"],
+         BENCH / "loss_history.py"),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
@@ -85,11 +94,20 @@ def settle():
         time.sleep(0.2)
 
 
-def timed(argv, env):
+def timed(argv, env, timeout=None):
+    """Wall seconds and the finished process; None for the process when it ran past `timeout`
+    (it and its process group are killed: a DataLoader's workers outlive their parent)."""
     settle()
     t = time.monotonic()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return time.monotonic() - t, p
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            return time.monotonic() - t, None
+    return time.monotonic() - t, subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
 def leaktracer(argv, env, flags, site, tmp):
@@ -120,7 +138,9 @@ def memray(argv, env, site, tmp):
     out = Path(tmp) / "memray.bin"
     env = {**env, "PYTHONPATH": f"{PEERS}:{env.get('PYTHONPATH', '')}"}
     wall, p = timed([PY, "-m", "memray", "run", "--native", "-q", "-f", "-o", str(out), *argv[1:]],
-                    env)
+                    env, PEER_TIMEOUT)
+    if p is None:
+        return wall, {"note": f"did not finish in {PEER_TIMEOUT} s (killed)"}
     if p.returncode != 0:
         return wall, {"note": f"exit {p.returncode}"}
     stats = subprocess.run([PY, "-m", "memray", "stats", str(out)], env=env,
@@ -133,7 +153,9 @@ def memray(argv, env, site, tmp):
 
 def heaptrack(argv, env, site, tmp):
     out = Path(tmp) / "heaptrack"
-    wall, p = timed(["heaptrack", "-o", str(out), *argv], env)
+    wall, p = timed(["heaptrack", "-o", str(out), *argv], env, PEER_TIMEOUT)
+    if p is None:
+        return wall, {"note": f"did not finish in {PEER_TIMEOUT} s (killed)"}
     data = next(Path(tmp).glob("heaptrack*.zst"), None)
     if p.returncode != 0 or data is None:
         return wall, {"note": f"exit {p.returncode}"}
