@@ -37,6 +37,13 @@ const TENSORS_HOLD_S: f64 = 3.0;
 const TENSORS_AGAIN_S: f64 = 10.0;
 const TENSORS_AGAIN_MOST_S: f64 = 160.0;
 
+/// `at_s` plus `every_s`, which doubles for the next time, up to [`TENSORS_AGAIN_MOST_S`].
+fn doubling(every_s: &mut f64, at_s: f64) -> f64 {
+    let when = at_s + *every_s;
+    *every_s = (*every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
+    when
+}
+
 /// The layers asked for, per process.
 pub(super) struct Layers {
     /// When the verdicts were last looked at, in seconds traced.
@@ -359,14 +366,11 @@ impl Owner {
         }
         if let Some(t) = l.tensors.get_mut(&pid) {
             (t.on, t.off_x) = (false, Some(x));
-            if !kept {
-                t.quiet_until_s = at_s + t.quiet_every_s;
-                t.quiet_every_s = (t.quiet_every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
-            }
             if kept {
-                t.again_s = Some(at_s + t.every_s);
-                t.every_s = (t.every_s * 2.0).min(TENSORS_AGAIN_MOST_S);
+                t.again_s = Some(doubling(&mut t.every_s, at_s));
                 t.pages_at = Some((x, self.analysis.pages_now(pid)));
+            } else {
+                t.quiet_until_s = doubling(&mut t.quiet_every_s, at_s);
             }
             if how == TakenOut::Kept {
                 t.stop_x = x;
