@@ -261,3 +261,52 @@ fn a_slow_leak_of_logged_metrics_is_found_at_its_line() {
         assert!(reason.contains("emulated instruction"), "{p}");
     }
 }
+
+/// A loop that imports a module of the standard library every step for two thirds of its run,
+/// as a training loop's first steps import what they use, and keeps nothing: its arenas grow with
+/// the modules' objects, so the objects' window opens, and finds only imports keeping theirs
+/// (the modules' state). `check` passes: those objects, the arenas they filled and the pages the
+/// imports grew are `imported`. The same loop keeping a chain of tuples every step fails at the
+/// lines that keep it, and at no import.
+#[test]
+fn what_a_librarys_import_keeps_is_its_modules_state_not_a_leak() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let py = python();
+    let _x = fixture::exclusive();
+    let (code, out, r) = check_json(&py, "lazy_imports", &["12"]);
+    assert_eq!(code, Some(0), "{out}");
+    let import = format!(
+        "step (lazy_imports.py:{})",
+        line("lazy_imports", "# IMPORT")
+    );
+    let rows = r.process(r.root_pid())["objects"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no window: {out}"))
+        .clone();
+    let imports = rows.iter().find(|x| x["site"] == import.as_str());
+    let imports = imports.unwrap_or_else(|| panic!("{rows:?}"));
+    let imported = imports["imported_bytes"].as_u64().unwrap();
+    assert!(imported >= 8192 && imports["keeps"] == false, "{imports}");
+    assert_eq!(imports["kept_bytes"].as_u64(), Some(imported), "{imports}");
+    let verdict = |kind: &str, v: &str| {
+        let of = |s: &&serde_json::Value| s["kind"] == kind && s["verdict"]["verdict"] == v;
+        r.stacks().iter().filter(of).count()
+    };
+    assert!(verdict("object", "imported") >= 1, "{out}");
+    assert_eq!(verdict("object", "leak") + verdict("mmap", "leak"), 0);
+
+    let (code, out, _) = check_json(&py, "lazy_imports", &["12", "leak"]);
+    assert_eq!(code, Some(1), "{out}");
+    // The tuples' line, the ints its loop makes (kept by the tuples), the list that keeps them.
+    let kept = line("lazy_imports", "# LEAK") - 1..=line("lazy_imports", "# LEAK") + 1;
+    let leaks: Vec<&str> = out.lines().filter(|l| l.contains("LEAK ")).collect();
+    assert!(!leaks.is_empty(), "{out}");
+    for l in leaks {
+        let at_kept = kept
+            .clone()
+            .any(|k| l.ends_with(&format!("step (lazy_imports.py:{k})")));
+        assert!(l.contains("LEAK object") && at_kept, "{out}");
+    }
+}

@@ -25,6 +25,7 @@ const VERDICT_RANK: Record<string, number> = {
   moved: 2,
   under_tensors: 2,
   under_objects: 2,
+  imported: 4,
   spike: 3,
   bounded_cache: 4,
   steady: 5,

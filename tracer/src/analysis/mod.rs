@@ -17,7 +17,7 @@ pub use verdict::{Evidence, Verdict, classify, working_set};
 
 use crate::{
     ledger::Ledger,
-    model::{GroupKey, Kind},
+    model::{GroupKey, Kind, StackId},
 };
 use series::Series;
 
@@ -55,6 +55,8 @@ pub struct Analysis {
     /// The mmap stacks that map arenas of Python objects (`--heap auto`): not judged from when
     /// tensors were traced, as other pages are (no tensor lands in an arena).
     arena_stacks: rustc_hash::FxHashSet<GroupKey>,
+    /// Page-level stacks made while a library's module was imported (`Analysis::imported`).
+    imported: rustc_hash::FxHashSet<StackId>,
     /// Samples taken so far, and when the last was (on the series' axis).
     round: u64,
     last_x: f64,
@@ -124,6 +126,7 @@ impl Default for Analysis {
             objects: FxHashMap::default(),
             tensors: FxHashMap::default(),
             arena_stacks: Default::default(),
+            imported: Default::default(),
             round: 0,
             last_x: 0.0,
         }
@@ -327,6 +330,9 @@ impl Analysis {
                 .is_some_and(|r| r.retention)
         };
         match key.kind {
+            Kind::Brk | Kind::Mmap if self.made_by_import(key) => {
+                evidence.verdict = Verdict::Imported
+            }
             Kind::Brk | Kind::Mmap if self.under_kept_tensors(key, &evidence) => {
                 evidence.verdict = Verdict::UnderTensors
             }
@@ -423,6 +429,7 @@ impl Analysis {
             .groups
             .iter()
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
+            .filter(|(k, _)| !self.made_by_import(k))
             .filter_map(|(k, _)| {
                 let (from, e) = self.judged(k, warmup_s, judge_released)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
@@ -432,6 +439,20 @@ impl Analysis {
             .collect();
         out.sort_by_key(|x| std::cmp::Reverse(x.1.growth_bytes));
         out
+    }
+
+    /// Marks a page-level stack as made while a library's module was imported (the owner looks
+    /// at each stack's Python frames once, [`crate::report::made_by_import`]).
+    pub fn imported(&mut self, stack: StackId) {
+        self.imported.insert(stack);
+    }
+
+    /// Whether `key` is a page-level stack made by a library's import, or arenas that grew
+    /// with the objects of imports alone.
+    fn made_by_import(&self, key: &GroupKey) -> bool {
+        matches!(key.kind, Kind::Brk | Kind::Mmap)
+            && (key.stack.is_some_and(|s| self.imported.contains(&s))
+                || self.arenas_of_imports(key))
     }
 
     /// Allocator retention of a process, from `warmup_s` on, or from when its malloc family was

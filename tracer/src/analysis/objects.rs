@@ -37,6 +37,12 @@ impl ObjectWindow {
     fn kept(&self) -> u64 {
         keepers_kept(&self.sites)
     }
+
+    /// Bytes kept by libraries' imports (the modules' state).
+    fn imports_kept(&self) -> u64 {
+        let imported = self.lines.values().filter(|(l, _)| l.imported);
+        imported.map(|(l, _)| l.kept).sum()
+    }
 }
 
 /// Whether a site that made and kept (`made`, `kept`) bytes early in a window kept its objects: a
@@ -48,12 +54,15 @@ fn site_keeps((made, kept): (u64, u64)) -> bool {
     kept >= KEPT_MIN && kept.saturating_mul(4) >= made
 }
 
-/// Each site's bytes made and kept, from its stacks' (`lines`, with their sites).
+/// Each site's bytes made and kept, from its stacks' (`lines`, with their sites). What an import
+/// kept counts as made, not kept: it is the module's state (a line that imports a library as a
+/// loop's first step makes its objects).
 fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
     let mut sites: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
     for (l, site) in lines {
         let s = sites.entry(*site).or_default();
-        (s.0, s.1) = (s.0 + l.made, s.1 + l.kept);
+        let kept = if l.imported { 0 } else { l.kept };
+        (s.0, s.1) = (s.0 + l.made, s.1 + kept);
     }
     sites
 }
@@ -182,6 +191,15 @@ impl Analysis {
         })
     }
 
+    /// Whether `key` is an arena stack of a process whose window found no site that keeps its
+    /// objects, and imports that kept theirs ([`KEPT_MIN`] at least): the arenas grew with the
+    /// modules it imported, as a training loop's first steps import what they use.
+    pub(super) fn arenas_of_imports(&self, key: &GroupKey) -> bool {
+        self.objects.get(&key.pid).is_some_and(|w| {
+            w.arenas.contains(key) && w.kept() == 0 && w.imports_kept() >= KEPT_MIN
+        })
+    }
+
     /// The verdict of a stack of Python objects: a leak where it kept its objects and its
     /// process's arenas leak, at their rate times its share of the kept bytes; steady otherwise
     /// (temporaries, or arenas that do not grow). None before its window closed.
@@ -196,6 +214,12 @@ impl Analysis {
             slope_bytes_per_s: 0.0,
             windows: Vec::new(),
         };
+        if line.imported {
+            return Some(Evidence {
+                verdict: Verdict::Imported,
+                ..steady()
+            });
+        }
         let Some(arenas) = arenas.filter(|_| w.keeps(*site)) else {
             return Some(steady());
         };
@@ -307,6 +331,7 @@ mod tests {
             stack: Some(StackId::new(s)),
             made,
             kept,
+            imported: false,
         }
     }
 
@@ -379,6 +404,45 @@ mod tests {
             vec![1, 2, 5, 6],
             "those that keep first, then by bytes made"
         );
+    }
+
+    #[test]
+    fn what_imports_keep_is_no_keeping_and_arenas_filled_by_imports_alone_are_theirs() {
+        let imported = |s, made, kept| KeptLine {
+            imported: true,
+            ..line(s, made, kept)
+        };
+        // A line that imports (a loop's first steps) and one that keeps, on one site: only what
+        // the second kept counts, a quarter of all made.
+        let mut a = arenas(true);
+        let (arena, other) = (key(3, Kind::Mmap), key(4, Kind::Mmap));
+        let lines = vec![
+            (imported(1, 2 * KEPT_MIN, 2 * KEPT_MIN), 7),
+            (line(2, 2 * KEPT_MIN, KEPT_MIN), 7),
+        ];
+        a.objects_sampled(1, NO_SPAN, vec![arena, other], lines);
+        let judge = |a: &Analysis, s| a.judge(&key(s, Kind::Object), 0.0).unwrap().verdict;
+        assert_eq!(judge(&a, 1), Verdict::Imported);
+        assert_eq!(judge(&a, 2), Verdict::Leak);
+        assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::UnderObjects);
+        // Imports alone kept: the arenas grew with the modules.
+        let mut b = arenas(true);
+        let lines = vec![
+            (imported(1, 4 * KEPT_MIN, 2 * KEPT_MIN), 1),
+            (line(5, 50 * KEPT_MIN, 0), 5),
+        ];
+        b.objects_sampled(1, NO_SPAN, vec![arena, other], lines);
+        assert_eq!(judge(&b, 1), Verdict::Imported);
+        assert_eq!(judge(&b, 5), Verdict::Steady);
+        assert_eq!(b.judge(&arena, 0.0).unwrap().verdict, Verdict::Imported);
+        // Too few samples of the imports to say: the arenas are judged as pages.
+        let mut c = arenas(true);
+        let lines = vec![(imported(1, KEPT_MIN, KEPT_MIN / 2), 1)];
+        c.objects_sampled(1, NO_SPAN, vec![arena, other], lines);
+        assert_eq!(c.judge(&arena, 0.0).unwrap().verdict, Verdict::Leak);
+        // A page-level stack the owner found made by an import.
+        c.imported(StackId::new(4));
+        assert_eq!(c.judge(&other, 0.0).unwrap().verdict, Verdict::Imported);
     }
 
     #[test]

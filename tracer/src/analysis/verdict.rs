@@ -39,6 +39,10 @@ pub enum Verdict {
     /// objects were sampled, and whose window found the stacks that keep them: the leak is
     /// reported on those stacks (kind `object`), at their lines.
     UnderObjects,
+    /// Not from the series alone: pages or Python objects made while a library's module was
+    /// imported ([`crate::report::made_by_import`]): the module's state, made once and held for as
+    /// long as it is loaded, however many modules a training loop's first steps import.
+    Imported,
 }
 
 impl Verdict {
@@ -53,6 +57,7 @@ impl Verdict {
             Self::Moved => "moved",
             Self::UnderTensors => "under_tensors",
             Self::UnderObjects => "under_objects",
+            Self::Imported => "imported",
         }
     }
 }

@@ -29,12 +29,15 @@ pub const BUCKET_NS: u64 = 50_000_000;
 /// Buckets kept at most (a window of this many steps is long past its end).
 const MAX_BUCKETS: u64 = 1200;
 
-/// One stack's objects in a window: bytes made in its first half, and of those, bytes still held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One stack's objects in a window: bytes made in its first half, and of those, bytes still held;
+/// and whether they were made by a library's import (set by the window's owner, which looks at
+/// the stack's frames: what an import keeps is the module's state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeptLine {
     pub stack: Option<StackId>,
     pub made: u64,
     pub kept: u64,
+    pub imported: bool,
 }
 
 impl ObjectWindow {
@@ -115,6 +118,7 @@ impl Process {
                 stack,
                 made,
                 kept: kept.get(&stack).copied().unwrap_or(0),
+                imported: false,
             })
             .collect();
         lines.sort_by_key(|l| {
@@ -191,7 +195,12 @@ mod tests {
         // 90 ms in, the first half is under one bucket: nothing counts yet.
         assert!(p.kept_objects(5090 * MS).is_empty());
         // 200 ms in, the first half is the first two buckets, [5000, 5100) ms.
-        let line = |stack, made, kept| KeptLine { stack, made, kept };
+        let line = |stack, made, kept| KeptLine {
+            stack,
+            made,
+            kept,
+            ..KeptLine::default()
+        };
         assert_eq!(
             p.kept_objects(5200 * MS),
             vec![line(s1, 150, 100), line(s2, 700, 0)]
@@ -233,6 +242,7 @@ mod tests {
             stack: Some(StackId::new(stack)),
             made,
             kept,
+            ..KeptLine::default()
         };
         assert_eq!(
             l.procs[&PID].kept_objects(300 * MS),

@@ -157,6 +157,7 @@ fn verdict(e: &Evidence, per: &str) -> String {
         Verdict::Moved => "moved here from other stacks (not a leak)",
         Verdict::UnderTensors => "pages under tensors (a leak is on the tensors)",
         Verdict::UnderObjects => "arenas under Python objects (a leak is on the objects)",
+        Verdict::Imported => "a library's module, made when imported (not a leak)",
     };
     let sign = if e.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let unit = if per == "step" { "step" } else { "s" };
@@ -180,9 +181,13 @@ fn objects(s: &mut String, lines: &[crate::report::ObjectLine]) {
     for l in lines.iter().take(4) {
         let _ = writeln!(
             s,
-            "        {} of {} kept{}: {}",
+            "        {} of {} kept{}{}: {}",
             human(l.kept_bytes),
             human(l.made_bytes),
+            match l.imported_bytes {
+                0 => String::new(),
+                b => format!(", {} by imports", human(b)),
+            },
             if l.keeps { " (keeps)" } else { "" },
             l.site
         );

@@ -20,7 +20,7 @@ mod device;
 mod pages;
 mod site;
 
-pub use site::site_of;
+pub use site::{made_by_import, site_of};
 pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
@@ -118,12 +118,15 @@ pub struct ProcReport {
 /// A site's Python objects in its process's window (its stacks together): bytes made in the
 /// window's first half and, of those, bytes still held at its end (estimates from samples), and
 /// whether it keeps them (a quarter or more, and enough samples): the leak of the arenas is
-/// reported on those that keep.
+/// reported on those that keep. Of what it kept, `imported_bytes` was made by a library's import
+/// (the module's state), which does not count as kept.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ObjectLine {
     pub site: String,
     pub made_bytes: u64,
     pub kept_bytes: u64,
+    #[serde(default)]
+    pub imported_bytes: u64,
     pub keeps: bool,
 }
 
@@ -446,14 +449,17 @@ fn object_lines(
     let mut rows: Vec<ObjectLine> = Vec::new();
     for (l, keeps) in lines {
         let site = site(sym, l.stack);
+        let imported = if l.imported { l.kept } else { 0 };
         match rows.iter_mut().find(|r| r.site == site) {
             Some(r) => {
-                (r.made_bytes, r.kept_bytes) = (r.made_bytes + l.made, r.kept_bytes + l.kept)
+                (r.made_bytes, r.kept_bytes) = (r.made_bytes + l.made, r.kept_bytes + l.kept);
+                r.imported_bytes += imported;
             }
             None => rows.push(ObjectLine {
                 site,
                 made_bytes: l.made,
                 kept_bytes: l.kept,
+                imported_bytes: imported,
                 keeps,
             }),
         }

@@ -81,12 +81,40 @@ fn in_library(f: &SymFrame) -> bool {
 /// A frame of code the user did not write (see [`THIRD_PARTY`]; headers; Python packages
 /// installed anywhere, as `pip install --target DIR` does).
 fn third_party(f: &SymFrame) -> bool {
-    f.file.as_deref().is_some_and(|file| {
-        THIRD_PARTY.iter().any(|d| file.contains(d))
-            || file.ends_with(".h")
-            || file.ends_with(".hpp")
-            || (f.module.as_deref() == Some(PYTHON_MODULE) && installed(file))
-    })
+    f.file
+        .as_deref()
+        .is_some_and(|file| third_party_file(file, f.module.as_deref() == Some(PYTHON_MODULE)))
+}
+
+/// Whether `file` (a Python source file where `python`) is code the user did not write.
+fn third_party_file(file: &str, python: bool) -> bool {
+    THIRD_PARTY.iter().any(|d| file.contains(d))
+        || file.ends_with(".h")
+        || file.ends_with(".hpp")
+        || (python && installed(file))
+}
+
+/// Whether a stack's Python frames, `(file, function)` innermost first, were made while a
+/// library's module was imported: inside the import system's `_find_and_load`, the module run
+/// is not the user's (its outermost frame above the import system is a library's or the
+/// standard library's), or no module runs yet (the import system's own objects: a module's
+/// compiled code, its spec). What an import makes is the module's state, made once and held as
+/// long as the module is loaded, however many imports a training loop's first steps make. A
+/// user's module that runs its work when imported is still judged; a frame whose code is not
+/// known (`?`: a module's body, freed once run) tells nothing.
+pub fn made_by_import<'f>(python: impl IntoIterator<Item = (&'f str, &'f str)>) -> bool {
+    const IMPORT_SYSTEM: &str = "<frozen importlib._bootstrap";
+    let mut module = None;
+    for (file, function) in python {
+        if file.starts_with(IMPORT_SYSTEM) {
+            if function == "_find_and_load" {
+                return module.is_none_or(|m| third_party_file(m, true));
+            }
+        } else if file != "?" {
+            module = Some(file);
+        }
+    }
+    false
 }
 
 /// Whether a Python source file lies in a directory packages were installed into: one of its
@@ -113,6 +141,62 @@ fn installed(file: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The frames of an import made from `importer`, running `module`'s body (when some), with
+    /// `inner` inside it; innermost first.
+    fn import<'f>(
+        inner: &[(&'f str, &'f str)],
+        module: Option<&'f str>,
+        importer: &'f str,
+    ) -> Vec<(&'f str, &'f str)> {
+        let boot = "<frozen importlib._bootstrap>";
+        let mut frames = inner.to_vec();
+        frames.extend(module.map(|m| (m, "<module>")));
+        frames.extend([
+            (boot, "_call_with_frames_removed"),
+            (
+                "<frozen importlib._bootstrap_external>",
+                "_LoaderBasics.exec_module",
+            ),
+            (boot, "_load_unlocked"),
+            (boot, "_find_and_load_unlocked"),
+            (boot, "_find_and_load"),
+            (importer, "step"),
+            (importer, "<module>"),
+        ]);
+        frames
+    }
+
+    #[test]
+    fn what_a_librarys_import_makes_is_its_modules_state_and_the_users_work_is_not() {
+        let torch = "/venv/lib/python3.12/site-packages/torch/_library/custom_ops.py";
+        let user = "/home/u/train.py";
+        let define = [(torch, "Library.define")];
+        assert!(made_by_import(import(&define, Some(torch), user)));
+        assert!(made_by_import(import(
+            &[],
+            Some("/usr/lib/python3.12/pydoc.py"),
+            user
+        )));
+        // The import system's own objects: the module's compiled code, before it runs.
+        let compile = [(
+            "<frozen importlib._bootstrap_external>",
+            "_compile_bytecode",
+        )];
+        assert!(made_by_import(import(&compile, None, user)));
+        // A module body freed once run, as the report names it.
+        assert!(made_by_import(import(&[("?", "<code 0x1>")], None, user)));
+        // A user's module whose body trains when imported, and what its steps keep.
+        let step = [(user, "train_step")];
+        assert!(!made_by_import(import(
+            &step,
+            Some("/home/u/experiment.py"),
+            user
+        )));
+        // No import at all, and the user's loop around a library's call.
+        assert!(!made_by_import([(torch, "Library.define"), (user, "step")]));
+        assert!(!made_by_import([]));
+    }
 
     fn frame(module: &str, function: &str, file: &str, line: u32) -> SymFrame {
         SymFrame {

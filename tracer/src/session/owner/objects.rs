@@ -43,6 +43,8 @@ pub(super) struct ObjectWindows {
     judged: Vec<u32>,
     /// Whether each mmap stack seen maps arenas (`Owner::is_arena`).
     pub(super) arena_stacks: HashMap<StackId, bool>,
+    /// Whether each stack looked at was made by a library's import (`Owner::is_import`).
+    import_stacks: HashMap<StackId, bool>,
 }
 
 /// A window open: its process, when it was asked for, when it is given up without an object,
@@ -163,6 +165,38 @@ impl Owner {
         self.analysis.sample_arenas(x, &sums, keys);
     }
 
+    /// Tells the analysis which page-level stacks were made by a library's import, each looked
+    /// at once.
+    pub(super) fn note_imports(&mut self, groups: &[(GroupKey, u64)]) {
+        for (key, _) in groups {
+            if let Some(id) = key
+                .stack
+                .filter(|_| matches!(key.kind, Kind::Brk | Kind::Mmap))
+                && self.is_import(id)
+            {
+                self.analysis.imported(id);
+            }
+        }
+    }
+
+    /// Whether stack `id` was made while a library's module was imported
+    /// ([`crate::report::made_by_import`]), from its Python frames (no symbolizing).
+    fn is_import(&mut self, id: StackId) -> bool {
+        if let Some(&known) = self.objects.import_stacks.get(&id) {
+            return known;
+        }
+        let imported = self.ledger.stacks.get(id).is_some_and(|(frames, _)| {
+            crate::report::made_by_import(
+                frames
+                    .iter()
+                    .filter_map(|f| f.as_python())
+                    .map(|(file, function, _)| (file, function)),
+            )
+        });
+        self.objects.import_stacks.insert(id, imported);
+        imported
+    }
+
     /// Ends `pid`'s window: the probes go, and what its stacks kept goes to the analysis, unless
     /// there is nothing to judge (the process ended before the window's first look, or no object
     /// was recorded).
@@ -193,7 +227,8 @@ impl Owner {
     fn by_site(&mut self, kept: Vec<KeptLine>) -> Vec<(KeptLine, u32)> {
         let mut sites: Vec<String> = Vec::new();
         let mut lines = Vec::with_capacity(kept.len());
-        for l in kept {
+        for mut l in kept {
+            l.imported = l.stack.is_some_and(|id| self.is_import(id));
             let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
             let frames = frames.map_or_else(Vec::new, |(f, _)| {
                 // The site is a Python frame where there is one: the native ones are left
