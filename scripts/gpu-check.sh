@@ -13,7 +13,7 @@
 # It prints one table: check's exit code and the line it names, the tensor blocks (torch_block)
 # at the script's lines beside the oracle and torch.cuda.memory_allocated(), the device segments
 # and their verdicts, NVML, losses, and the times untraced and traced.
-#   LT=path/to/leaktracer PY=path/to/python3 bash scripts/gpu-check.sh [STEPS]
+#   LT=path/to/leaktracer PY=path/to/python3 [ONLY="leak fixed"] bash scripts/gpu-check.sh [STEPS]
 # DEVICE=cpu runs the same cases on the CPU (no oracle, no blocks): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,13 @@ CASES=(
   "bounded|none||bounded $STEPS"
   "spike|none||spike $STEPS"
 )
+# ONLY="leak fixed" runs those cases alone.
+if [ -n "${ONLY:-}" ]; then
+  for i in "${!CASES[@]}"; do
+    [[ " $ONLY " == *" ${CASES[$i]%%|*} "* ]] || unset 'CASES[i]'
+  done
+  CASES=("${CASES[@]}")
+fi
 field() { cut -d'|' -f"$2" <<<"$1"; }
 stamp() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(stamp)" 'BEGIN { printf "%.2f\n", b - a }'; }
@@ -61,7 +68,7 @@ for case in "${CASES[@]}"; do
   since "$start" > "$DIR/$name.untraced-s"
   start=$(stamp)
   # shellcheck disable=SC2046
-  timeout 300 "$LT" check --no-store --json -o "$DIR/$name.json" -- \
+  timeout 300 "$LT" check --no-store --top 100000 --json -o "$DIR/$name.json" -- \
     /usr/bin/env DEVICE="$DEVICE" $(field "$case" 3) "$PY" "$SCRIPT" $(field "$case" 4) \
     > "$DIR/$name.out" 2> "$DIR/$name.err"
   echo $? > "$DIR/$name.rc"

@@ -462,8 +462,9 @@ fn check(
                 .into()
         });
     }
-    // The largest stacks and every leak get a verdict; the full report goes to -o only.
-    config.top = CHECK_TOP;
+    // The largest stacks (more where --top asks) and every leak get a verdict; the full report
+    // goes to -o only.
+    config.top = config.top.max(CHECK_TOP);
     config.output.get_or_insert_with(|| "/dev/null".into());
     Ok(Job::Check {
         command,
