@@ -68,7 +68,7 @@ for case in "${CASES[@]}"; do
   since "$start" > "$DIR/$name.untraced-s"
   start=$(stamp)
   # shellcheck disable=SC2046
-  timeout 300 "$LT" check --no-store --top 100000 --json -o "$DIR/$name.json" -- \
+  timeout 300 "$LT" check --no-store --json -o "$DIR/$name.json" -- \
     /usr/bin/env DEVICE="$DEVICE" $(field "$case" 3) "$PY" "$SCRIPT" $(field "$case" 4) \
     > "$DIR/$name.out" 2> "$DIR/$name.err"
   echo $? > "$DIR/$name.rc"

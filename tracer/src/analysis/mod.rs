@@ -11,7 +11,7 @@ use tensors::Judged;
 
 use rustc_hash::FxHashMap;
 
-pub use objects::{KEPT_MIN, kept_by_keepers};
+pub use objects::{KEPT_MIN, kept_by_imports, kept_by_keepers};
 pub use tensors::{TENSOR_RAMP, TENSORS_CONFIRM_S, TakenOut};
 pub use verdict::{Evidence, Verdict, classify, working_set};
 

@@ -40,8 +40,7 @@ impl ObjectWindow {
 
     /// Bytes kept by libraries' imports (the modules' state).
     fn imports_kept(&self) -> u64 {
-        let imported = self.lines.values().filter(|(l, _)| l.imported);
-        imported.map(|(l, _)| l.kept).sum()
+        kept_by_imports(self.lines.values())
     }
 }
 
@@ -70,6 +69,12 @@ fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
 /// Bytes kept by the sites that keep, of a window's stacks `lines` (with their sites).
 pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
     keepers_kept(&site_sums(lines))
+}
+
+/// Bytes kept by libraries' imports, of a window's stacks `lines`.
+pub fn kept_by_imports<'l>(lines: impl IntoIterator<Item = &'l (KeptLine, u32)>) -> u64 {
+    let imported = lines.into_iter().filter(|(l, _)| l.imported);
+    imported.map(|(l, _)| l.kept).sum()
 }
 
 /// Bytes kept by the sites that keep, of `sites`' sums.

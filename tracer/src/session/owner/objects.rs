@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::Owner;
 use crate::{
-    analysis::{KEPT_MIN, kept_by_keepers},
+    analysis::{KEPT_MIN, kept_by_imports, kept_by_keepers},
     ledger::KeptLine,
     model::{GroupKey, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
@@ -89,7 +89,9 @@ impl Owner {
     /// which can only hide a leak, never make one. It has seen enough when the sites that keep kept
     /// [`SURE_BYTES`] together; sites, not stacks: one line's dict and its strings are stacks of
     /// their own, and a stack of tuples that CPython's free list holds on to keeps a quarter of
-    /// what it made while its line's other stacks keep nothing.
+    /// what it made while its line's other stacks keep nothing. Or when libraries' imports kept
+    /// as much: the arenas grew with modules (a GPU job imports for seconds after its start),
+    /// and every object they make is a probe trap while the window is open.
     fn look_at_window(&mut self, w: &mut OpenWindow, now: u64) -> Look {
         let Some(p) = self.ledger.procs.get(&w.pid) else {
             return Look::Close(None);
@@ -111,7 +113,8 @@ impl Owner {
         }
         let kept = p.kept_objects(now);
         let lines = self.by_site(kept);
-        if kept_by_keepers(&lines) >= SURE_BYTES || elapsed_s >= MAX_S {
+        let sure = |kept: u64| kept >= SURE_BYTES;
+        if sure(kept_by_keepers(&lines)) || sure(kept_by_imports(&lines)) || elapsed_s >= MAX_S {
             Look::Close(Some(lines))
         } else {
             Look::Open(Some(lines))
