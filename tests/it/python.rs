@@ -435,11 +435,14 @@ fn a_full_ring_never_leaves_a_process_stopped_for_new_code() {
 /// first (importing and starting cost no malloc probe), the heap's pages grow at the line for over
 /// ten seconds, and from then on the process's malloc family is traced: each body logged after is
 /// a heap block of exactly its size at that line, judged a leak, beside the pages judged so.
+/// Once that leak has been judged one for two seconds, the malloc family is taken out (its traps
+/// would cost the rest of the run): the bodies logged after are not seen, and the stack is
+/// reported as it was then, still a leak.
 #[test]
 fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_grow() {
     let py = python();
     let path = script("request_log");
-    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "320", "abrupt"]) else {
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "600", "abrupt"]) else {
         return;
     };
     let pid = r.root_pid();
@@ -464,10 +467,22 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     };
     let heap = at_body("heap");
     let blocks = heap["blocks"].as_u64().unwrap();
-    // bytearray(64 KiB): a buffer of 64 KiB + 1 each. 320 bodies in all, those logged before
-    // the malloc family was traced not seen.
+    // bytearray(64 KiB): a buffer of 64 KiB + 1 each. 600 bodies in all, those logged before
+    // the malloc family was traced, and after it was taken out, not seen: 20 a second at most
+    // (50 ms apart) while it was traced.
     assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * ((64 << 10) + 1));
-    assert!((10..320).contains(&blocks), "{blocks} bodies seen");
+    let as_of = r.process(pid)["heap_as_of_s"].as_f64();
+    let as_of = as_of.unwrap_or_else(|| panic!("not taken out: {}", r.process(pid)));
+    let elapsed = r.0["elapsed_s"].as_f64().unwrap();
+    assert!(
+        as_of > after_s + 2.0 && as_of < elapsed,
+        "{after_s} {as_of} {elapsed}"
+    );
+    let most = ((as_of - after_s) * 20.0).ceil() as u64 + 2;
+    assert!(
+        (10..=most).contains(&blocks),
+        "{blocks} bodies seen, {most} at most"
+    );
     assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
     assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
 }

@@ -168,7 +168,7 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         check::summary(&findings, gate.budget, outcome.exit_code)
     );
     let last = &outcome.last;
-    let notes = tracer::render::tensor_notes(last);
+    let notes = tracer::render::layer_notes(last);
     for note in notes.into_iter().chain(tracer::render::pages_notes(last)) {
         println!("  note: {note}");
     }

@@ -2,6 +2,7 @@
 //! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
 //! at each sample tick; read by the report.
 
+mod heap;
 mod objects;
 pub mod series;
 mod tensors;
@@ -57,6 +58,9 @@ pub struct Analysis {
     arena_stacks: rustc_hash::FxHashSet<GroupKey>,
     /// Page-level stacks made while a library's module was imported (`Analysis::imported`).
     imported: rustc_hash::FxHashSet<StackId>,
+    /// Per process: when (on the series' axis) its malloc family was taken out, its leak
+    /// confirmed (heap.rs).
+    heap_out: FxHashMap<u32, f64>,
     /// Samples taken so far, and when the last was (on the series' axis).
     round: u64,
     last_x: f64,
@@ -127,6 +131,7 @@ impl Default for Analysis {
             tensors: FxHashMap::default(),
             arena_stacks: Default::default(),
             imported: Default::default(),
+            heap_out: FxHashMap::default(),
             round: 0,
             last_x: 0.0,
         }
@@ -289,7 +294,10 @@ impl Analysis {
         how: fn(&Series, f64) -> Option<Evidence>,
     ) -> Option<(f64, Evidence)> {
         match self.judged_from(key, warmup_s) {
-            Judged::From(from) => Some((from, how(&self.groups.get(key)?.series, from)?)),
+            Judged::From(from) => {
+                let series = self.as_judged(key, &self.groups.get(key)?.series);
+                Some((from, how(&series, from)?))
+            }
             Judged::Chain(series, from, chain) => {
                 Some((warmup_s, chain.on_series_axis(how(series?, from)?)))
             }
@@ -409,7 +417,8 @@ impl Analysis {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        classify(&same_span(&s.heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
+        let heap = self.heap_as_judged(pid, &s.heap);
+        classify(&same_span(&heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
             p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
         })
     }
@@ -460,7 +469,11 @@ impl Analysis {
     pub fn retention(&self, pid: u32, warmup_s: f64) -> Option<Retention> {
         let s = self.procs.get(&pid)?;
         let from = self.heap_seen.get(&pid)?.max(warmup_s);
-        let (heap, pages) = (classify(&s.heap, from)?, classify(&s.pages, from)?);
+        let (heap, pages) = (
+            self.heap_as_judged(pid, &s.heap),
+            self.heap_as_judged(pid, &s.pages),
+        );
+        let (heap, pages) = (classify(&heap, from)?, classify(&pages, from)?);
         Some(Retention {
             retention: pages.verdict == Verdict::Leak && heap.verdict != Verdict::Leak,
             heap: heap.verdict,

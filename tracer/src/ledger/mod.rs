@@ -154,6 +154,15 @@ impl Ledger {
         }
     }
 
+    /// `pid`'s malloc family is no longer traced, `at_s` seconds into tracing, once its leak was
+    /// confirmed: its heap blocks outstanding stay as they are (their frees will not be seen),
+    /// to be reported as of then.
+    pub fn heap_taken_out(&mut self, pid: u32, at_s: f64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.heap_as_of_s = Some(at_s);
+        }
+    }
+
     /// `pid`'s CPU tensors are no longer traced: those outstanding are forgotten (their frees
     /// will not be seen, and tensors as they were last seen would stay forever).
     pub fn forget_tensors(&mut self, pid: u32) {

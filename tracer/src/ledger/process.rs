@@ -91,6 +91,9 @@ pub struct Process {
     /// (`Ledger::keep_tensors`): a new block at the address of one of them replaces it, as its
     /// free was not seen.
     pub tensors_kept_ns: u64,
+    /// When its malloc family was taken out once its leak was confirmed (seconds traced,
+    /// `--heap auto`): its heap blocks are as they were then.
+    pub heap_as_of_s: Option<f64>,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.

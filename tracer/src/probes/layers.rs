@@ -57,8 +57,9 @@ pub(super) struct HeapLayers {
     /// Malloc families attached for every process, and their links.
     attached: Vec<Found>,
     links: Vec<AttachedLink>,
-    /// Layered processes whose malloc family is traced now.
-    pub(super) engaged: HashSet<u32>,
+    /// Layered processes whose malloc family is traced now, with the links attached for them
+    /// alone (none while the malloc family is attached for every process).
+    pub(super) engaged: HashMap<u32, Vec<AttachedLink>>,
     /// Layered processes whose CPU tensors are traced now, with the links attached for them
     /// alone (none while the layer's probes are attached for every process).
     pub(super) tensors_engaged: HashMap<u32, Vec<AttachedLink>>,
@@ -141,6 +142,7 @@ impl Probes {
     /// attached for every process is detached [`NATIVE_GONE_S`] later.
     pub fn process_gone(&mut self, pid: u32) {
         self.objects_gone(pid);
+        self.layers.engaged.remove(&pid);
         self.layers.tensors_engaged.remove(&pid);
         self.layers.pythons.remove(&pid);
         if self.layers.natives.remove(&pid) && self.layers.natives.is_empty() {
@@ -189,9 +191,11 @@ impl Probes {
                 self.layers.tensors_engaged.insert(pid, links);
             }
         }
-        for pid in self.layers.engaged.clone() {
+        let engaged: Vec<u32> = self.layers.engaged.keys().copied().collect();
+        for pid in engaged {
             let flags = self.traced.get(&pid, 0).unwrap_or(0);
-            if self.attach_local(pid, None, &HEAP).is_some() {
+            if let Some(links) = self.attach_local(pid, None, &HEAP) {
+                self.layers.engaged.insert(pid, links);
                 let _ = self
                     .traced
                     .insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
@@ -235,7 +239,7 @@ impl Probes {
     /// tracing), its pages having grown: a process already engaged, not traced, or whose malloc
     /// family is traced already is left as it is.
     pub fn engage_heap(&mut self, pid: u32, after_s: f64) {
-        if !self.layers.on || self.layers.engaged.contains(&pid) {
+        if !self.layers.on || self.layers.engaged.contains_key(&pid) {
             return;
         }
         // The layer below first: a block of posix_memalign's is a tensor's where tensors count.
@@ -247,16 +251,18 @@ impl Probes {
             return;
         }
         let mut new = flags & !TRACED_NO_HEAP;
+        let mut links = Vec::new();
         if !self.layers.everywhere {
-            if self.attach_local(pid, Some(after_s), &HEAP).is_none() {
+            let Some(local) = self.attach_local(pid, Some(after_s), &HEAP) else {
                 return;
-            }
+            };
+            links = local;
             new |= TRACED_HEAP_LOCAL;
         }
         if self.traced.insert(&pid, &new, BPF_EXIST).is_err() {
             return; // exited meanwhile
         }
-        self.layers.engaged.insert(pid);
+        self.layers.engaged.insert(pid, links);
         tracing::info!(pid, after_s, "heap traced for a process whose pages grow");
         if let Err(e) = self.settings_changed() {
             tracing::warn!(pid, "heap of threads already seen not traced: {e}");
@@ -333,6 +339,24 @@ impl Probes {
         let mut pids: Vec<u32> = self.layers.tensors_engaged.keys().copied().collect();
         pids.sort_unstable();
         pids
+    }
+
+    /// Stops tracing the malloc family of the layered process `pid`, once its leak was
+    /// confirmed: its probe traps cost a training job that leaks autograd nodes three times its
+    /// time for as long as it runs. Its blocks stay as they are (`Ledger::heap_taken_out`).
+    pub fn disengage_heap(&mut self, pid: u32) {
+        let Some(links) = self.layers.engaged.remove(&pid) else {
+            return;
+        };
+        self.detach_links(links);
+        if let Ok(flags) = self.traced.get(&pid, 0) {
+            let flags = (flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL;
+            let _ = self.traced.insert(&pid, &flags, BPF_EXIST);
+        }
+        tracing::info!(pid, "heap no longer traced: its leak was confirmed");
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!(pid, "heap of threads already seen still traced: {e}");
+        }
     }
 
     /// Stops tracing the CPU tensors of `pid` (its memory holds): its own links go, and its

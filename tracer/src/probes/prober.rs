@@ -54,6 +54,8 @@ pub enum ProbeRequest {
     EngageTensors { tgid: u32, after_s: f64 },
     /// `--tensors auto`: the memory of `tgid` holds: its CPU tensors are no longer traced.
     DisengageTensors { tgid: u32 },
+    /// `--heap auto`: the leak of `tgid`'s malloc family was confirmed: it is no longer traced.
+    DisengageHeap { tgid: u32 },
     /// `--heap auto`: sample the Python objects of `tgid` from now on, `after_s` seconds into
     /// tracing (its arenas grow), until [`ProbeRequest::DisengageObjects`].
     EngageObjects { tgid: u32, after_s: f64 },
@@ -208,6 +210,10 @@ fn handle(
             }
         }
         ProbeRequest::DisengageObjects { tgid } => probes.disengage_objects(tgid),
+        ProbeRequest::DisengageHeap { tgid } => {
+            probes.disengage_heap(tgid);
+            info.send_replace(Arc::new(info_of(probes)));
+        }
         ProbeRequest::DisengageTensors { tgid } => {
             probes.disengage_tensors(tgid);
             info.send_replace(Arc::new(info_of(probes)));

@@ -242,7 +242,7 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
                 .into(),
         );
     }
-    notes.extend(tensor_notes(r));
+    notes.extend(layer_notes(r));
     notes.extend(pages_notes(r));
     let from = match h.after {
         Some(crate::model::HeapAfter::Seconds(t)) => format!("{t} s into tracing"),
@@ -255,13 +255,18 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
     notes
 }
 
-/// What a reader must know of the CPU tensors of each process whose tensors were traced for a
-/// while (`--tensors auto`); `check` prints them under its verdict too.
-pub fn tensor_notes(r: &Report) -> Vec<String> {
-    r.processes
-        .iter()
-        .filter_map(|p| tensor_note(r, p))
-        .collect()
+/// What a reader must know of the layers of each process traced for a while: its CPU tensors
+/// (`--tensors auto`), its malloc family taken out once its leak was confirmed (`--heap auto`);
+/// `check` prints them under its verdict too.
+pub fn layer_notes(r: &Report) -> Vec<String> {
+    let heap = |p: &crate::report::ProcReport| {
+        p.heap_as_of_s.map(|at| format!(
+            "heap of pid {}: as of {at:.1} s, when its leak was confirmed and its malloc family taken out (--heap full traces it to the end)",
+            p.pid
+        ))
+    };
+    let tensors = r.processes.iter().filter_map(|p| tensor_note(r, p));
+    tensors.chain(r.processes.iter().filter_map(heap)).collect()
 }
 
 /// What a reader must know of a process's CPU tensors traced for a while (`--tensors auto`):
@@ -496,7 +501,7 @@ mod tests {
         let notes = |ledger: &crate::ledger::Ledger, elapsed_s: f64| {
             let mut r = report_of(ledger, &analysis, 1);
             r.elapsed_s = elapsed_s;
-            super::tensor_notes(&r)
+            super::layer_notes(&r)
         };
         ledger.tensors_traced(1, 4.3);
         assert_eq!(

@@ -109,6 +109,10 @@ pub struct ProcReport {
     /// Where they are `traced`: since when (seconds into tracing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors_since_s: Option<f64>,
+    /// Where its malloc family was traced (`--heap auto`) and taken out once its leak was
+    /// confirmed: when (seconds into tracing). Its heap stacks are as they were then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_as_of_s: Option<f64>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -484,6 +488,7 @@ fn proc_report(p: &Process) -> ProcReport {
         malloc_traced: p.malloc_seen,
         tensors: p.tensor_layer,
         tensors_as_of_s: p.tensors_as_of_s,
+        heap_as_of_s: p.heap_as_of_s,
         tensors_since_s: p.tensors_since_s,
         objects: None,
     }

@@ -6,7 +6,7 @@
 //! (objects.rs). Each layer costs probe traps that a process whose memory holds never pays, and
 //! a leaking one pays for a few seconds.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::Owner;
 use crate::{
@@ -36,6 +36,10 @@ const TENSORS_HOLD_S: f64 = 3.0;
 /// to the most.
 const TENSORS_AGAIN_S: f64 = 10.0;
 const TENSORS_AGAIN_MOST_S: f64 = 160.0;
+/// How long a leak of its heap must have been judged one before a process's malloc family is
+/// taken out, its heap stacks kept as they were: every malloc and free is a probe trap (a
+/// training job keeping each step's loss runs three times slower while they are traced).
+const HEAP_CONFIRM_S: f64 = 2.0;
 
 /// `at_s` plus `every_s`, which doubles for the next time, up to [`TENSORS_AGAIN_MOST_S`].
 fn doubling(every_s: &mut f64, at_s: f64) -> f64 {
@@ -50,8 +54,9 @@ pub(super) struct Layers {
     last_s: f64,
     /// `--tensors auto`.
     tensors_layered: bool,
-    /// Processes whose malloc family the prober was asked to trace.
-    heap: HashSet<u32>,
+    /// Processes whose malloc family the prober was asked to trace: since when its heap has
+    /// leaked without a break (seconds traced), until it is taken out (infinite).
+    heap: HashMap<u32, Option<f64>>,
     /// Processes whose tensors the prober was asked to trace.
     tensors: HashMap<u32, TensorLayer>,
     /// Processes whose tensors were taken out at the last look: forgotten at the next, once
@@ -92,7 +97,7 @@ impl Layers {
         Self {
             last_s: 0.0,
             tensors_layered: tensors == TensorsMode::Auto,
-            heap: HashSet::new(),
+            heap: HashMap::new(),
             tensors: HashMap::new(),
             forget: Vec::new(),
         }
@@ -117,6 +122,39 @@ impl Owner {
         self.engage_tensors(at_s, x);
         self.object_windows(at_s, x);
         self.engage_heap(at_s);
+        self.take_out_heap(at_s, x);
+    }
+
+    /// Takes out the malloc family of each process whose heap has leaked for
+    /// [`HEAP_CONFIRM_S`]: its heap stacks are judged as they were then.
+    fn take_out_heap(&mut self, at_s: f64, x: f64) {
+        let Some(layers) = &self.layers else {
+            return;
+        };
+        let traced: Vec<(u32, Option<f64>)> = layers
+            .heap
+            .iter()
+            .filter(|(_, since)| since.is_none_or(f64::is_finite))
+            .map(|(&pid, &since)| (pid, since))
+            .collect();
+        for (pid, since) in traced {
+            let leaks = self.analysis.heap_leaks(pid, self.config.warmup);
+            let since = leaks.then(|| since.unwrap_or(at_s));
+            let out = since.is_some_and(|s| at_s - s >= HEAP_CONFIRM_S);
+            if out {
+                let _ = self
+                    .prober
+                    .requests
+                    .send(ProbeRequest::DisengageHeap { tgid: pid });
+                self.ledger.heap_taken_out(pid, at_s);
+                self.analysis.heap_taken_out(pid, x);
+                tracing::info!(pid, at_s, "heap leak confirmed: malloc family taken out");
+            }
+            if let Some(layers) = &mut self.layers {
+                let state = if out { Some(f64::INFINITY) } else { since };
+                layers.heap.insert(pid, state);
+            }
+        }
     }
 
     /// Where the verdicts that call for `pid`'s next layer begin: the warm-up, or when its
@@ -407,7 +445,8 @@ impl Owner {
             return;
         };
         for tgid in pids {
-            if layers.heap.insert(tgid) {
+            if let std::collections::hash_map::Entry::Vacant(e) = layers.heap.entry(tgid) {
+                e.insert(None);
                 let ask = ProbeRequest::EngageHeap {
                     tgid,
                     after_s: at_s,
