@@ -71,6 +71,10 @@ def workloads(build):
         ("CPU PyTorch training, losses kept", "python",
          [PY, str(BENCH / "loss_history.py"), "10" if QUICK else "100"],
          BENCH / "loss_history.py"),
+        # The same leak in a long loop: the malloc family traced, its leak confirmed, taken out.
+        ("CPU PyTorch loop, losses kept, long", "python",
+         [PY, str(BENCH / "loss_steps.py"), "10000" if QUICK else "100000"],
+         BENCH / "loss_steps.py"),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),

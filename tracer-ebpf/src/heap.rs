@@ -189,13 +189,19 @@ static HEAP_FLUSH: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[uretprobe(multi)]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let mut entry = entries::of_probe(ctx.regs);
-    // A process whose malloc family is off returns here only from a Python object's call, or
-    // from a call nested in one.
-    if let Some((p, id)) = entry.as_mut()
-        && settings(p, (*id >> 32) as u32) & HEAP_OFF != 0
-        && !(p.depth > 0 && object_call(p))
-    {
-        return 0;
+    if let Some((p, id)) = entry.as_mut() {
+        let s = settings(p, (*id >> 32) as u32);
+        // A process whose malloc family is off returns here only from a Python object's call,
+        // or from a call nested in one.
+        if s & HEAP_OFF != 0 && !(p.depth > 0 && object_call(p)) {
+            return 0;
+        }
+        // An idle entry while its objects are not sampled: an object call whose entry found
+        // their window closed while its probes were still going (they go in the background,
+        // thousands of calls later), not an entry lost.
+        if p.depth == 0 && s & OBJECTS_ON == 0 {
+            return 0;
+        }
     }
     let Some((p, id)) = outermost_return(entry) else {
         return 0;
