@@ -28,10 +28,10 @@ impl Analysis {
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,
     /// for a heap stack.
     pub(super) fn as_judged<'s>(&self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
-        match self.heap_out.get(&key.pid) {
-            Some(&x) if key.kind == Kind::Heap => Cow::Owned(series.until(x)),
-            _ => Cow::Borrowed(series),
+        if key.kind != Kind::Heap {
+            return Cow::Borrowed(series);
         }
+        self.heap_as_judged(key.pid, series)
     }
 
     /// `pid`'s heap-level total (`heap`) or pages beside it, up to when its malloc family was

@@ -348,14 +348,24 @@ impl Probes {
         let Some(links) = self.layers.engaged.remove(&pid) else {
             return;
         };
-        self.detach_links(links);
-        if let Ok(flags) = self.traced.get(&pid, 0) {
-            let flags = (flags | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL;
-            let _ = self.traced.insert(&pid, &flags, BPF_EXIST);
-        }
         tracing::info!(pid, "heap no longer traced: its leak was confirmed");
+        self.take_layer_out(pid, links, |f| (f | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL);
+    }
+
+    /// Detaches a layer's `links` for `pid` and sets its traced `flags` so that its probes,
+    /// where they still fire, record nothing for it.
+    pub(super) fn take_layer_out(
+        &mut self,
+        pid: u32,
+        links: Vec<AttachedLink>,
+        flags: impl Fn(u32) -> u32,
+    ) {
+        self.detach_links(links);
+        if let Ok(f) = self.traced.get(&pid, 0) {
+            let _ = self.traced.insert(&pid, &flags(f), BPF_EXIST);
+        }
         if let Err(e) = self.settings_changed() {
-            tracing::warn!(pid, "heap of threads already seen still traced: {e}");
+            tracing::warn!(pid, "a layer of threads already seen still traced: {e}");
         }
     }
 
@@ -366,19 +376,11 @@ impl Probes {
         let Some(links) = self.layers.tensors_engaged.remove(&pid) else {
             return;
         };
-        self.detach_links(links);
-        if let Ok(flags) = self.traced.get(&pid, 0) {
-            let _ = self
-                .traced
-                .insert(&pid, &(flags | TRACED_NO_TENSORS), BPF_EXIST);
-        }
         tracing::info!(
             pid,
             "CPU tensors no longer traced: the process's memory holds"
         );
-        if let Err(e) = self.settings_changed() {
-            tracing::warn!(pid, "tensors of threads already seen still traced: {e}");
-        }
+        self.take_layer_out(pid, links, |f| f | TRACED_NO_TENSORS);
     }
 
     /// Attaches the waiting libraries of `layer` (the malloc family, or PyTorch's CPU allocator)

@@ -113,13 +113,7 @@ impl Probes {
         let Some(links) = self.objects.engaged.remove(&pid) else {
             return;
         };
-        if let Ok(flags) = self.traced.get(&pid, 0) {
-            let _ = self
-                .traced
-                .insert(&pid, &(flags & !TRACED_OBJECTS), BPF_EXIST);
-            let _ = self.settings_changed();
-        }
-        self.detach_links(links);
+        self.take_layer_out(pid, links, |f| f & !TRACED_OBJECTS);
         tracing::info!(pid, "Python objects no longer sampled: the window closed");
     }
 

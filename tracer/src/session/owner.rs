@@ -313,8 +313,7 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
-        self.note_imports(&groups);
-        self.sample_arenas(x, &groups);
+        self.sample_pages(x, &groups);
         self.close_object_windows(x);
         self.engage_layers(at_s, x);
         t.elapsed()

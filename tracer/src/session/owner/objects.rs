@@ -152,33 +152,30 @@ impl Owner {
         }
     }
 
-    /// One sample of each process's arenas, all its arena stacks together (`--heap auto`).
-    pub(super) fn sample_arenas(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
-        if self.layers.is_none() {
-            return;
-        }
+    /// One pass over the page-level stacks of a sample: each new one made by a library's import
+    /// is told to the analysis (each looked at once), and under `--heap auto` each process's
+    /// arenas are sampled, all its arena stacks together.
+    pub(super) fn sample_pages(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
+        let layered = self.layers.is_some();
         let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();
         let mut keys = Vec::new();
         for (key, bytes) in groups {
-            if self.is_arena(key) {
+            let Some(id) = key
+                .stack
+                .filter(|_| matches!(key.kind, Kind::Brk | Kind::Mmap))
+            else {
+                continue;
+            };
+            if !self.objects.import_stacks.contains_key(&id) && self.is_import(id) {
+                self.analysis.imported(id);
+            }
+            if layered && self.is_arena(key) {
                 *sums.entry(key.pid).or_default() += bytes;
                 keys.push(*key);
             }
         }
-        self.analysis.sample_arenas(x, &sums, keys);
-    }
-
-    /// Tells the analysis which page-level stacks were made by a library's import, each looked
-    /// at once.
-    pub(super) fn note_imports(&mut self, groups: &[(GroupKey, u64)]) {
-        for (key, _) in groups {
-            if let Some(id) = key
-                .stack
-                .filter(|_| matches!(key.kind, Kind::Brk | Kind::Mmap))
-                && self.is_import(id)
-            {
-                self.analysis.imported(id);
-            }
+        if layered {
+            self.analysis.sample_arenas(x, &sums, keys);
         }
     }
 
