@@ -233,30 +233,56 @@ impl Analysis {
         min_bytes: i64,
         unexplained: bool,
     ) -> Vec<GroupKey> {
-        let tensor = |k: &GroupKey| GroupKey {
-            kind: Kind::Tensor,
-            ..*k
-        };
         let mut grown: Vec<GroupKey> = self
-            .groups
+            .pages_growing(start, span_s, min_bytes)
+            .filter(|(k, e)| !(unexplained && self.under_kept_tensors(k, e)))
+            .map(|(k, _)| k)
+            .collect();
+        grown.sort_unstable_by_key(|k| k.pid);
+        grown
+    }
+
+    /// `pid`'s page-level stacks that grow as [`Analysis::growing_pages`] says from `from` on,
+    /// by more than twice what its tensors grew meanwhile: once its tensors were traced long
+    /// enough to tell, what calls for its malloc family at once.
+    pub fn pages_beyond_tensors(
+        &self,
+        pid: u32,
+        from: f64,
+        span_s: f64,
+        min_bytes: i64,
+    ) -> Vec<GroupKey> {
+        let start = |p: u32| if p == pid { from } else { f64::INFINITY };
+        self.pages_growing(start, span_s, min_bytes)
+            .filter(|(k, e)| !self.under_tensors(k.pid, e, from))
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// Page-level stacks judged a leak from `start(pid)` on, over `span_s` at least, grown by
+    /// `min_bytes` at least, that their own tensors do not explain; with their evidence.
+    fn pages_growing(
+        &self,
+        start: impl Fn(u32) -> f64,
+        span_s: f64,
+        min_bytes: i64,
+    ) -> impl Iterator<Item = (GroupKey, Evidence)> {
+        self.groups
             .iter()
             .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
-            .filter(|(k, _)| !self.groups.contains_key(&tensor(k)))
-            .filter_map(|(k, t)| {
-                let e = classify(&t.series, start(k.pid))?;
+            .filter_map(move |(k, t)| {
+                let from = start(k.pid);
+                let e = classify(&t.series, from)?;
                 let span = span(&e);
                 let grows = e.verdict == Verdict::Leak
                     && e.growth_bytes >= min_bytes
                     && span >= span_s
-                    && !(unexplained && self.under_kept_tensors(k, &e));
+                    && !self.explained_by_own_tensors(k, &e, from);
                 if grows {
                     tracing::debug!(key = ?k, growth = e.growth_bytes, span, "pages grow");
                 }
-                grows.then_some(*k)
+                grows.then_some((*k, e))
             })
-            .collect();
-        grown.sort_unstable_by_key(|k| k.pid);
-        grown
     }
 
     /// A group's sampled series, oldest first.
@@ -359,7 +385,7 @@ impl Analysis {
             Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
             // Pages a tensor's allocation grew, whose tensors did not grow with them (made and
             // freed every step): the allocator keeps them, no tensor of that line holds them.
-            Kind::Brk | Kind::Mmap if self.outlived_their_tensors(key, &evidence, warmup_s) => {
+            Kind::Brk | Kind::Mmap if self.retained_for_their_tensors(key, &evidence, warmup_s) => {
                 evidence.verdict = Verdict::Retention
             }
             // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
@@ -393,20 +419,52 @@ impl Analysis {
             .is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
     }
 
-    /// Whether a page-level stack that has tensors of its own (the pages were grown for them, see
-    /// `Process::pages_to_tensor`) grew by more than twice what those tensors did over its span
-    /// (where they tell what they did).
-    fn outlived_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
+    /// What a page-level stack's own tensors (the pages were grown for them, see
+    /// `Process::pages_to_tensor`) did over its evidence `e`, from `from` on, where they tell:
+    /// their series then and the growth judged on it.
+    fn own_tensors(&self, pages: &GroupKey, e: &Evidence, from: f64) -> Option<(Series, Evidence)> {
         let tensors = GroupKey {
             kind: Kind::Tensor,
             ..*pages
         };
-        let Some(t) = self.groups.get(&tensors) else {
+        let t = self.groups.get(&tensors)?;
+        if !self.tensors_tell(pages.pid, e) {
+            return None;
+        }
+        let series = same_span(&t.series, e);
+        let judged = classify(&series, span_start(e, from))?;
+        Some((series, judged))
+    }
+
+    /// Whether a page-level stack's own tensors explain its growth `e`: they grew by half of
+    /// it at least (a leak of theirs, judged on them), or it is pages the allocator kept for
+    /// them (see [`Analysis::retained_for_their_tensors`]). Pages grown for a tensor while
+    /// something else fills the heap below its top (a leak of the malloc family, of objects)
+    /// are not explained by a tensor that held a few KiB.
+    fn explained_by_own_tensors(&self, pages: &GroupKey, e: &Evidence, from: f64) -> bool {
+        self.own_tensors(pages, e, from)
+            .is_some_and(|(_, t)| t.growth_bytes.saturating_mul(2) >= e.growth_bytes)
+            || self.retained_for_their_tensors(pages, e, from)
+    }
+
+    /// Whether a page-level stack with tensors of its own grew by more than twice what those
+    /// tensors did over its span, and by no more than twice the most they held at once: the
+    /// allocator keeps pages a spike of them needed (a 16 MiB tensor made and freed every
+    /// step, the heap's top held above it). More than that is not theirs to keep.
+    fn retained_for_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
+        let Some((series, t)) = self.own_tensors(pages, e, warmup_s) else {
             return false;
         };
-        self.tensors_tell(pages.pid, e)
-            && classify(&same_span(&t.series, e), span_start(e, warmup_s))
-                .is_some_and(|t| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
+        let from = span_start(e, warmup_s);
+        let most = series
+            .points()
+            .iter()
+            .filter(|p| p.t1 >= from)
+            .map(|p| p.max)
+            .max()
+            .unwrap_or(0);
+        let grown = e.growth_bytes.max(0) as u64;
+        t.growth_bytes.saturating_mul(2) < e.growth_bytes && grown <= most.saturating_mul(2)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over

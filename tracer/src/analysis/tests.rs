@@ -244,6 +244,23 @@ fn pages_kept_after_their_stacks_tensors_were_freed_are_retention() {
 }
 
 #[test]
+fn pages_grown_for_a_small_tensor_while_the_heap_fills_are_not_its_to_keep() {
+    // A loop keeping each step's autograd nodes (malloc's): the heap's top crosses into new
+    // pages at whatever allocation comes next, often a step's 128 KiB gradient, so the pages
+    // have its stack. Its tensors hold 128 KiB; the pages grow by 12 MiB.
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    let (pages, blocks) = (key(5, Kind::Brk), key(5, Kind::Tensor));
+    for i in 0..20u64 {
+        let groups = [(pages, (i + 1) * 10 * K), (blocks, 2 * K)];
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    assert_eq!(analysis.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+    assert_eq!(analysis.growing_pages(|_| 0.0, 10.0, 1 << 20), vec![pages]);
+}
+
+#[test]
 fn a_fall_at_the_end_is_teardown_only_below_the_last_floor() {
     // Rising for 19 samples, then freed at teardown but for a block: judged before the fall.
     let (a, key, _) = two_stacks(20, |i| if i < 19 { (i + 1) * 8 * K } else { K }, |_| 0);

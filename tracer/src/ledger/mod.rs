@@ -157,9 +157,9 @@ impl Ledger {
     /// `pid`'s malloc family is no longer traced, `at_s` seconds into tracing, once its leak was
     /// confirmed: its heap blocks outstanding stay as they are (their frees will not be seen),
     /// to be reported as of then.
-    pub fn heap_taken_out(&mut self, pid: u32, at_s: f64) {
+    pub fn heap_taken_out(&mut self, pid: u32, at_s: f64, held: bool) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.heap_as_of_s = Some(at_s);
+            (p.heap_as_of_s, p.heap_held) = (Some(at_s), held);
         }
     }
 

@@ -94,6 +94,8 @@ pub struct Process {
     /// When its malloc family was taken out once its leak was confirmed (seconds traced,
     /// `--heap auto`): its heap blocks are as they were then.
     pub heap_as_of_s: Option<f64>,
+    /// Taken out then because its heap held while its pages grew, not for a confirmed leak.
+    pub heap_held: bool,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.

@@ -259,12 +259,18 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
 /// (`--tensors auto`), its malloc family taken out once its leak was confirmed (`--heap auto`);
 /// `check` prints them under its verdict too.
 pub fn layer_notes(r: &Report) -> Vec<String> {
-    let heap = |p: &crate::report::ProcReport| {
-        p.heap_as_of_s.map(|at| format!(
-            "heap of pid {}: as of {at:.1} s, when its leak was confirmed and its malloc family taken out (--heap full traces it to the end)",
+    let heap =
+        |p: &crate::report::ProcReport| {
+            let why = if p.heap_held {
+                "its heap held while traced and its malloc family was taken out"
+            } else {
+                "its leak was confirmed and its malloc family taken out"
+            };
+            p.heap_as_of_s.map(|at| format!(
+            "heap of pid {}: as of {at:.1} s, when {why} (--heap full traces it to the end)",
             p.pid
         ))
-    };
+        };
     let tensors = r.processes.iter().filter_map(|p| tensor_note(r, p));
     tensors.chain(r.processes.iter().filter_map(heap)).collect()
 }

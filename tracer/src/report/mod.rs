@@ -113,6 +113,10 @@ pub struct ProcReport {
     /// confirmed: when (seconds into tracing). Its heap stacks are as they were then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heap_as_of_s: Option<f64>,
+    /// Where it was taken out because its heap held (no leak of it in the seconds it was
+    /// traced, while its pages grew), not for a confirmed leak.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub heap_held: bool,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -489,6 +493,7 @@ fn proc_report(p: &Process) -> ProcReport {
         tensors: p.tensor_layer,
         tensors_as_of_s: p.tensors_as_of_s,
         heap_as_of_s: p.heap_as_of_s,
+        heap_held: p.heap_held,
         tensors_since_s: p.tensors_since_s,
         objects: None,
     }

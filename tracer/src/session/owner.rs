@@ -260,7 +260,8 @@ impl Owner {
                 () = inbox.ticks.sample.due() => {
                     let cost = self.sample();
                     tracing::debug!(cost_ms = cost.as_secs_f64() * 1e3, "sample");
-                    inbox.ticks.sample.taken(self.started.elapsed().as_secs_f64(), cost);
+                    let elapsed_s = self.started.elapsed().as_secs_f64();
+                    inbox.ticks.sample.taken(elapsed_s, cost, self.layer_judged());
                 }
                 _ = inbox.ticks.report.tick() => self.print_report()?,
                 _ = inbox.ticks.ui.tick() => self.publish(),

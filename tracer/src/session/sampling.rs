@@ -1,7 +1,9 @@
 //! When the verdicts' samples are taken. With `--sample S`, every S seconds. By default the pace
 //! follows the run: every 50 ms at the start, so that a run of two seconds (a CI test) is judged
 //! too, slowing as the run grows (a thirty-second part of the time traced, up to one second), and
-//! never spending more than a twentieth of the time on sampling. A series merges its old points
+//! never spending more than a twentieth of the time on sampling; every 50 ms again while a layer
+//! of `--heap auto` is traced and judged (its probes cost the program most while it waits for a
+//! verdict). A series merges its old points
 //! as it grows (analysis/series.rs), so a long run keeps its whole span either way.
 
 use std::time::Duration;
@@ -19,11 +21,13 @@ const SHARE: f64 = 32.0;
 /// At most one twentieth of the time goes to sampling.
 const COST_FACTOR: f64 = 20.0;
 
-/// Seconds until the next sample, `elapsed_s` into the run, the last sample having taken `cost`.
-fn interval(sampling: Sampling, elapsed_s: f64, cost: Duration) -> f64 {
+/// Seconds until the next sample, `elapsed_s` into the run, the last sample having taken `cost`;
+/// at the finest pace where a layer is judged (`fine`).
+fn interval(sampling: Sampling, elapsed_s: f64, cost: Duration, fine: bool) -> f64 {
+    let pace = if fine { FIRST } else { elapsed_s / SHARE };
     match sampling {
         Sampling::Every(s) => s,
-        Sampling::Adaptive => (elapsed_s / SHARE)
+        Sampling::Adaptive => pace
             .clamp(FIRST, SLOWEST)
             .max(cost.as_secs_f64() * COST_FACTOR),
     }
@@ -37,7 +41,7 @@ pub(super) struct SampleClock {
 
 impl SampleClock {
     pub(super) fn new(sampling: Option<Sampling>) -> Self {
-        let first = sampling.map_or(0.0, |s| interval(s, 0.0, Duration::ZERO));
+        let first = sampling.map_or(0.0, |s| interval(s, 0.0, Duration::ZERO, false));
         Self {
             sampling,
             next: Instant::now() + Duration::from_secs_f64(first),
@@ -52,10 +56,12 @@ impl SampleClock {
         }
     }
 
-    /// A sample was taken `elapsed_s` into the run, in `cost`: the next one is set.
-    pub(super) fn taken(&mut self, elapsed_s: f64, cost: Duration) {
+    /// A sample was taken `elapsed_s` into the run, in `cost`: the next one is set, at the
+    /// finest pace where a layer is judged (`fine`).
+    pub(super) fn taken(&mut self, elapsed_s: f64, cost: Duration, fine: bool) {
         if let Some(s) = self.sampling {
-            self.next = Instant::now() + Duration::from_secs_f64(interval(s, elapsed_s, cost));
+            let next = interval(s, elapsed_s, cost, fine);
+            self.next = Instant::now() + Duration::from_secs_f64(next);
         }
     }
 }
@@ -66,8 +72,9 @@ mod tests {
 
     #[test]
     fn the_default_pace_starts_fine_and_slows_as_the_run_grows() {
-        let at =
-            |t: f64, cost_ms: u64| interval(Sampling::Adaptive, t, Duration::from_millis(cost_ms));
+        let at = |t: f64, cost_ms: u64| {
+            interval(Sampling::Adaptive, t, Duration::from_millis(cost_ms), false)
+        };
         assert_eq!(at(0.0, 0), 0.05);
         assert_eq!(at(1.0, 0), 0.05);
         assert_eq!(at(8.0, 0), 0.25);
@@ -76,8 +83,18 @@ mod tests {
         // A sample that takes 10 ms is taken at most every 200 ms.
         assert_eq!(at(1.0, 10), 0.2);
         assert_eq!(
-            interval(Sampling::Every(0.3), 100.0, Duration::from_secs(1)),
+            interval(Sampling::Every(0.3), 100.0, Duration::from_secs(1), true),
             0.3
         );
+        // While a layer is judged: the finest pace again, as its cost allows.
+        let fine = |cost_ms| {
+            interval(
+                Sampling::Adaptive,
+                600.0,
+                Duration::from_millis(cost_ms),
+                true,
+            )
+        };
+        assert_eq!((fine(0), fine(10)), (0.05, 0.2));
     }
 }

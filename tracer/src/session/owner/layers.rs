@@ -40,6 +40,15 @@ const TENSORS_AGAIN_MOST_S: f64 = 160.0;
 /// taken out, its heap stacks kept as they were: every malloc and free is a probe trap (a
 /// training job keeping each step's loss runs three times slower while they are traced).
 const HEAP_CONFIRM_S: f64 = 2.0;
+/// How long a process's malloc family is traced at least, without a leak of its heap, before
+/// it is taken out as it is: its pages grew while its heap held (the allocator's retention).
+/// The probes go in within half a second, and the heap outstanding before them is not seen:
+/// its first samples rise to the working set, then hold.
+const HEAP_HOLD_S: f64 = 5.0;
+/// The growth of a process's page-level stacks, over [`TENSORS_SPAN_S`] at least, that its
+/// tensors traced for [`TENSORS_HOLD_S`] do not explain and that calls for its malloc family
+/// at once: its pages grow by megabytes a second (a loop keeping each step's autograd nodes).
+const UNEXPLAINED_MIN_BYTES: i64 = 1 << 20;
 
 /// `at_s` plus `every_s`, which doubles for the next time, up to [`TENSORS_AGAIN_MOST_S`].
 fn doubling(every_s: &mut f64, at_s: f64) -> f64 {
@@ -54,14 +63,22 @@ pub(super) struct Layers {
     last_s: f64,
     /// `--tensors auto`.
     tensors_layered: bool,
-    /// Processes whose malloc family the prober was asked to trace: since when its heap has
-    /// leaked without a break (seconds traced), until it is taken out (infinite).
-    heap: HashMap<u32, Option<f64>>,
+    /// Processes whose malloc family the prober was asked to trace.
+    heap: HashMap<u32, HeapLayer>,
     /// Processes whose tensors the prober was asked to trace.
     tensors: HashMap<u32, TensorLayer>,
     /// Processes whose tensors were taken out at the last look: forgotten at the next, once
     /// the records made before the probes went are in.
     forget: Vec<u32>,
+}
+
+/// A process's malloc family as a layer: when it was asked for and since when its heap has
+/// leaked without a break (seconds traced), until it is taken out.
+#[derive(Clone, Copy)]
+struct HeapLayer {
+    asked_s: f64,
+    leak_since: Option<f64>,
+    out: bool,
 }
 
 /// A process's tensors as a layer: when they were last asked for (seconds traced), whether the
@@ -109,6 +126,8 @@ impl Owner {
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
         self.note_tensors(at_s, x);
+        // Every sample while a malloc family is traced: each second of it costs the most.
+        self.take_out_heap(at_s, x);
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -122,39 +141,78 @@ impl Owner {
         self.engage_tensors(at_s, x);
         self.object_windows(at_s, x);
         self.engage_heap(at_s);
-        self.take_out_heap(at_s, x);
     }
 
     /// Takes out the malloc family of each process whose heap has leaked for
-    /// [`HEAP_CONFIRM_S`]: its heap stacks are judged as they were then.
+    /// [`HEAP_CONFIRM_S`], or has not leaked in [`HEAP_HOLD_S`]: its heap stacks are judged as
+    /// they were then.
     fn take_out_heap(&mut self, at_s: f64, x: f64) {
         let Some(layers) = &self.layers else {
             return;
         };
-        let traced: Vec<(u32, Option<f64>)> = layers
+        let traced: Vec<(u32, HeapLayer)> = layers
             .heap
             .iter()
-            .filter(|(_, since)| since.is_none_or(f64::is_finite))
-            .map(|(&pid, &since)| (pid, since))
+            .filter(|(_, h)| !h.out)
+            .map(|(&pid, &h)| (pid, h))
             .collect();
-        for (pid, since) in traced {
+        for (pid, mut h) in traced {
             let leaks = self.analysis.heap_leaks(pid, self.config.warmup);
-            let since = leaks.then(|| since.unwrap_or(at_s));
-            let out = since.is_some_and(|s| at_s - s >= HEAP_CONFIRM_S);
-            if out {
+            h.leak_since = leaks.then(|| h.leak_since.unwrap_or(at_s));
+            let confirmed = h.leak_since.is_some_and(|s| at_s - s >= HEAP_CONFIRM_S);
+            let held = !leaks && at_s - h.asked_s >= HEAP_HOLD_S;
+            if confirmed || held {
                 let _ = self
                     .prober
                     .requests
                     .send(ProbeRequest::DisengageHeap { tgid: pid });
-                self.ledger.heap_taken_out(pid, at_s);
+                self.ledger.heap_taken_out(pid, at_s, held);
                 self.analysis.heap_taken_out(pid, x);
-                tracing::info!(pid, at_s, "heap leak confirmed: malloc family taken out");
+                h.out = true;
+                tracing::info!(pid, at_s, held, "malloc family taken out");
+                self.tensors_out_with_heap(pid, at_s, x);
             }
             if let Some(layers) = &mut self.layers {
-                let state = if out { Some(f64::INFINITY) } else { since };
-                layers.heap.insert(pid, state);
+                layers.heap.insert(pid, h);
             }
         }
+    }
+
+    /// Whether `pid`'s malloc family was asked for and is not taken out yet.
+    fn heap_asked(&self, pid: u32) -> bool {
+        let layers = self.layers.as_ref();
+        layers.is_some_and(|l| l.heap.get(&pid).is_some_and(|h| !h.out))
+    }
+
+    /// Whether a process's tensors or malloc family are traced now, to be judged (samples are
+    /// then taken at the finest pace: the program runs slowly until they are taken out).
+    pub(super) fn layer_judged(&self) -> bool {
+        self.layers
+            .as_ref()
+            .is_some_and(|l| l.heap.values().any(|h| !h.out) || l.tensors.values().any(|t| t.on))
+    }
+
+    /// Takes out `pid`'s tensors with its malloc family, where they were traced under it: kept
+    /// as they are where their own leak is confirmed, else forgotten.
+    fn tensors_out_with_heap(&mut self, pid: u32, at_s: f64, x: f64) {
+        let on = self
+            .layers
+            .as_ref()
+            .and_then(|l| l.tensors.get(&pid))
+            .is_some_and(|t| t.on);
+        if !on {
+            return;
+        }
+        let confirmed = self
+            .analysis
+            .tensors_leak(pid)
+            .is_some_and(|span| span >= crate::analysis::TENSORS_CONFIRM_S);
+        let how = if confirmed {
+            TakenOut::Kept
+        } else {
+            TakenOut::Forgotten
+        };
+        self.take_out_tensors(pid, at_s, x, how);
     }
 
     /// Where the verdicts that call for `pid`'s next layer begin: the warm-up, or when its
@@ -333,6 +391,18 @@ impl Owner {
             .map(|(&pid, t)| (pid, t.on_x))
             .collect();
         for (pid, on) in held {
+            // From when the tensors outstanding then were all seen (the first samples after
+            // the probes went in rise to them from nothing).
+            let from = on + crate::analysis::TENSOR_RAMP;
+            // Its pages grow, and not by its tensors: the next layer, which they stay under
+            // (a block of posix_memalign's is a tensor's where tensors are traced) and go out
+            // with.
+            if !self.heap_asked(pid) && self.pages_beyond_tensors(pid, from) {
+                self.ask_heap(pid, at_s);
+            }
+            if self.heap_asked(pid) {
+                continue;
+            }
             let again = self.analysis.kept_leak_rate(pid).is_some();
             if again && !self.analysis.tensors_grew(pid) {
                 self.leak_stopped(pid, at_s, x);
@@ -343,9 +413,7 @@ impl Owner {
                     self.take_out_tensors(pid, at_s, x, TakenOut::Kept)
                 }
                 Some(_) => {}
-                // From when the tensors outstanding then were all seen (the first samples after
-                // the probes went in rise to them from nothing).
-                None if self.pages_held(pid, on + crate::analysis::TENSOR_RAMP) => {
+                None if self.pages_held(pid, from) => {
                     self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten)
                 }
                 None => {}
@@ -361,6 +429,15 @@ impl Owner {
             TENSORS_MIN_BYTES,
         );
         self.not_arenas(pages).is_empty()
+    }
+
+    /// Whether one of `pid`'s page-level stacks (not arenas) grows as a leak from `from` on,
+    /// by [`UNEXPLAINED_MIN_BYTES`] at least, while its tensors grew by less than half of that.
+    fn pages_beyond_tensors(&mut self, pid: u32, from: f64) -> bool {
+        let pages =
+            self.analysis
+                .pages_beyond_tensors(pid, from, TENSORS_SPAN_S, UNEXPLAINED_MIN_BYTES);
+        !self.not_arenas(pages).is_empty()
     }
 
     /// `pid`'s tensors, traced again after their leak was confirmed, grew no more: the leak
@@ -440,19 +517,34 @@ impl Owner {
                 .is_some_and(|t| t.asked_s.is_finite());
             layers.tensors_layered && !asked && o.maps_torch(pid)
         };
-        let pids: Vec<u32> = pids.into_iter().filter(|&p| !waits(self, p)).collect();
+        for pid in pids {
+            if !waits(self, pid) {
+                self.ask_heap(pid, at_s);
+            }
+        }
+    }
+
+    /// Asks for `tgid`'s malloc family, once.
+    fn ask_heap(&mut self, tgid: u32, at_s: f64) {
         let Some(layers) = &mut self.layers else {
             return;
         };
-        for tgid in pids {
-            if let std::collections::hash_map::Entry::Vacant(e) = layers.heap.entry(tgid) {
-                e.insert(None);
-                let ask = ProbeRequest::EngageHeap {
-                    tgid,
-                    after_s: at_s,
-                };
-                let _ = self.prober.requests.send(ask);
-            }
+        if let std::collections::hash_map::Entry::Vacant(e) = layers.heap.entry(tgid) {
+            tracing::info!(
+                tgid,
+                at_s,
+                "malloc family asked for: pages grow, no layer below explains it"
+            );
+            e.insert(HeapLayer {
+                asked_s: at_s,
+                leak_since: None,
+                out: false,
+            });
+            let ask = ProbeRequest::EngageHeap {
+                tgid,
+                after_s: at_s,
+            };
+            let _ = self.prober.requests.send(ask);
         }
     }
 
