@@ -529,3 +529,49 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert_eq!(r.process(r.root_pid())["heap_as_of_s"], Value::Null);
 }
+
+/// Allocator retention in a PyTorch process (`fragment.py`, TORCH=1: a batch of 16 KiB buffers
+/// that grows every step, and a 64 KiB record replaced every step that lands at the heap's top,
+/// so glibc cannot trim): its pages grow, its tensors do not explain them, so its malloc family
+/// is asked for; its heap holds (one record), so the malloc family is taken out again after a
+/// few seconds rather than traced to the end, said so (`heap_held`), and the check passes. The
+/// heap is as it was then: the record, exactly its bytes.
+#[test]
+fn a_heap_that_holds_while_its_pages_grow_has_its_malloc_family_taken_out_again() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (o, r) = check_torch_env("torch-fragment", "fragment", &["TORCH=1"], &[], &["200"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let root = r.root_pid();
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    let libc_at = libc["timing"]["after_s"].as_f64().unwrap();
+    let process = r.process(root);
+    assert_eq!(process["heap_held"], true, "{process}");
+    let as_of = process["heap_as_of_s"].as_f64().unwrap();
+    let elapsed = r.0["elapsed_s"].as_f64().unwrap();
+    assert!(
+        libc_at < as_of && as_of < elapsed,
+        "{libc_at} {as_of} {elapsed}"
+    );
+    assert!(
+        out.contains(&format!("heap of pid {root}: as of"))
+            && out.contains("its heap held while traced"),
+        "{out}"
+    );
+    let record = line("fragment", "# RECORD");
+    let heap = r.stacks().iter().find(|s| {
+        s["kind"] == "heap"
+            && crate::python::python_top(s)
+                .is_some_and(|(f, _, l)| f == "train_step" && l == record)
+    });
+    let heap = heap.unwrap_or_else(|| panic!("no heap stack at line {record}: {out}"));
+    let blocks = heap["blocks"].as_u64().unwrap();
+    // One record, two where the sample fell between the new one and the old one's free.
+    assert!((1..=2).contains(&blocks), "{heap}");
+    assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * ((64 << 10) + 1));
+    assert_ne!(heap["verdict"]["verdict"], "leak", "{heap}");
+}
