@@ -42,7 +42,7 @@ fn a_leak_over_budget_fails_the_check_with_junit() {
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let out = stdout(&o);
     assert!(
-        out.contains("1 stack(s) leak faster than 100.0 KiB/s"),
+        out.contains("1 site(s) leak faster than 100.0 KiB/s"),
         "{out}"
     );
     let site = format!(

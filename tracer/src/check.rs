@@ -112,16 +112,20 @@ pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, GateError> {
         .collect()
 }
 
-/// A stack with a leak verdict in the kinds checked, and whether it is over budget. Python
-/// objects of one site are one finding: their first stack stands for all of them, with their
-/// slopes, growth and sampled objects summed.
+/// A site's stacks of one kind with a leak verdict in the kinds checked, and whether they are
+/// over budget together: the native stacks under one Python line (a step's autograd nodes are
+/// made by a dozen of them), a line's Python objects of several types. The first stands for all
+/// of them, with their slopes, growth, bytes and blocks summed.
 pub struct Finding<'a> {
     pub stack: &'a StackReport,
     pub slope: f64,
     pub over: bool,
-    /// What the stack (or the site's stacks) grew by, and its blocks.
+    /// What the site's stacks grew by, hold and their blocks (sampled objects, for objects).
     pub growth: i64,
+    pub bytes: u64,
     pub blocks: u64,
+    /// How many stacks.
+    pub stacks: usize,
 }
 
 /// Every leaking stack of the checked kinds, the ones over budget first. `pages_of_untraced`:
@@ -152,10 +156,12 @@ pub fn findings<'a>(
             slope: v.slope_bytes_per_s,
             over: false,
             growth: v.growth_bytes,
+            bytes: s.bytes,
             blocks: s.blocks,
+            stacks: 1,
         })
     });
-    let mut out = objects_by_site(leaks);
+    let mut out = by_site(leaks);
     for f in &mut out {
         f.over = f.slope > budget.bytes_per_s;
     }
@@ -163,24 +169,24 @@ pub fn findings<'a>(
     out
 }
 
-/// `leaks` with the Python objects of each process's site as one: the stacks a line's objects
-/// are sampled at (a dict, its strings, a list's array) share its arenas' leak between them, and
-/// each alone may be under the budget the line is over.
-fn objects_by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
+/// `leaks` with each process's site as one finding per kind (released at the end or not): the
+/// stacks a line's objects are sampled at (a dict, its strings, a list's array) share its arenas'
+/// leak between them, the native stacks under a Python line share its heap's, and each alone may
+/// be under the budget the line is over.
+fn by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
     let mut out: Vec<Finding<'a>> = Vec::new();
-    let mut sites: Vec<((u32, String), usize)> = Vec::new();
+    let mut sites: Vec<((u32, Kind, bool, String), usize)> = Vec::new();
     for f in leaks {
-        if f.stack.kind != Kind::Object {
-            out.push(f);
-            continue;
-        }
-        let key = (f.stack.pid, f.stack.site());
+        let s = f.stack;
+        let key = (s.pid, s.kind, s.released, s.site());
         match sites.iter().find(|(k, _)| *k == key) {
             Some(&(_, at)) => {
                 let site = &mut out[at];
                 site.slope += f.slope;
                 site.growth += f.growth;
+                site.bytes += f.bytes;
                 site.blocks += f.blocks;
+                site.stacks += 1;
             }
             None => {
                 sites.push((key, out.len()));
@@ -215,7 +221,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
     } else {
         let _ = writeln!(
             s,
-            "leaktracer check: {} stack(s) leak faster than {budget_text}:",
+            "leaktracer check: {} site(s) leak faster than {budget_text}:",
             over.len()
         );
     }
@@ -256,15 +262,17 @@ fn held(f: &Finding<'_>) -> String {
             human(f.growth.max(0) as u64),
             f.blocks
         ),
-        _ => format!(
-            "{} outstanding in {} blocks",
-            human(f.stack.bytes),
-            f.stack.blocks
+        _ if f.stacks > 1 => format!(
+            "{} outstanding in {} blocks of {} stacks",
+            human(f.bytes),
+            f.blocks,
+            f.stacks
         ),
+        _ => format!("{} outstanding in {} blocks", human(f.bytes), f.blocks),
     }
 }
 
-/// JUnit XML: one testcase per leaking stack (failed when over budget), plus one for the command's
+/// JUnit XML: one testcase per leaking site (failed when over budget), plus one for the command's
 /// own exit status.
 pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
     let esc = |t: &str| quick_xml::escape::escape(t).into_owned();
@@ -444,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sites_python_objects_are_one_finding_over_the_budget_its_stacks_are_under() {
+    fn a_sites_stacks_of_a_kind_are_one_finding_over_the_budget_each_is_under() {
         let stacks = [
             leaking(Kind::Object, 21, "dict_new", 10_000.0),
             leaking(Kind::Object, 21, "unicode_new", 9_000.0),
@@ -461,9 +469,11 @@ mod tests {
             slope: s.verdict.as_ref().unwrap().slope_bytes_per_s,
             over: false,
             growth: s.verdict.as_ref().unwrap().growth_bytes,
+            bytes: s.bytes,
             blocks: s.blocks,
+            stacks: 1,
         });
-        let found = objects_by_site(leaks);
+        let found = by_site(leaks);
         let got: Vec<(Kind, f64, i64, u64)> = found
             .iter()
             .map(|f| (f.stack.kind, f.slope, f.growth, f.blocks))
@@ -473,14 +483,14 @@ mod tests {
             vec![
                 (Kind::Object, 19_000.0, 190_000, 8),
                 (Kind::Object, 5_000.0, 50_000, 4),
-                (Kind::Tensor, 8_000.0, 80_000, 4),
-                (Kind::Tensor, 7_000.0, 70_000, 4),
+                (Kind::Tensor, 15_000.0, 150_000, 8),
             ],
-            "objects by site; tensors stack by stack"
+            "by site and kind"
         );
         let text = summary(&found, budget, 0);
         assert!(
-            text.contains("~185.5 KiB of arenas, 8 sampled objects held"),
+            text.contains("~185.5 KiB of arenas, 8 sampled objects held")
+                && text.contains("8.0 KiB outstanding in 8 blocks of 2 stacks"),
             "{text}"
         );
     }

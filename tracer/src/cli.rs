@@ -75,13 +75,13 @@ pub enum Command {
         #[arg(long, value_name = "S", default_value_t = 1.0)]
         scan: f64,
     },
-    /// The CI gate: run CMD under the tracer and fail (exit 1) when a stack leaks faster than the
-    /// budget. Exit 0 clean, 1 leak over budget, 2 leaktracer failed, 3 CMD failed (no leak over
+    /// The CI gate: run CMD under the tracer and fail (exit 1) when a site (a line's stacks of one
+    /// kind together) leaks faster than the budget. Exit 0 clean, 1 leak over budget, 2 leaktracer failed, 3 CMD failed (no leak over
     /// budget). Reports (-o, --json) hold the 1000 largest stacks and every leak, with verdicts.
     Check {
         #[command(flatten)]
         report: ReportArgs,
-        /// Leak rate allowed per stack: AMOUNT/PERIOD with B, KB, MB, GB, KiB, MiB, GiB and s, min,
+        /// Leak rate allowed per site (a line's stacks of one kind together): AMOUNT/PERIOD with B, KB, MB, GB, KiB, MiB, GiB and s, min,
         /// h (e.g. 10MiB/min).
         #[arg(long, value_name = "RATE", default_value = "1MiB/min")]
         budget: String,
