@@ -304,24 +304,36 @@ fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
 /// the loop needs a new page). Not for the arenas of Python objects, whose window names the
 /// lines that keep them.
 pub fn pages_notes(r: &Report) -> Vec<String> {
-    let leaks = |pid: u32| {
+    let leaks = |pid: u32, arenas: bool| {
         r.stacks.iter().any(|s| {
             s.pid == pid
                 && matches!(s.kind, Kind::Brk | Kind::Mmap)
-                && !s.python_arenas()
+                && s.python_arenas() == arenas
                 && s.verdict
                     .as_ref()
                     .is_some_and(|v| v.verdict == Verdict::Leak)
         })
     };
-    r.processes
+    let pages = r
+        .processes
         .iter()
-        .filter(|p| !p.malloc_traced && leaks(p.pid))
+        .filter(|p| !p.malloc_traced && leaks(p.pid, false))
         .map(|p| format!(
             "pages of pid {}: leaking at the lines where its heap grew, which need not be where the memory is kept: its malloc family was not traced (--heap full traces it from the start)",
             p.pid
-        ))
-        .collect()
+        ));
+    let arenas = r.processes.iter().filter(|p| leaks(p.pid, true)).map(|p| {
+        let window = if p.objects.is_some() {
+            ": its objects' window found no line keeping a quarter of what it made"
+        } else {
+            ""
+        };
+        format!(
+            "arenas of pid {}: Python objects' arenas leaking at the lines whose objects needed a new arena, which need not be the lines that keep them{window}",
+            p.pid
+        )
+    });
+    pages.chain(arenas).collect()
 }
 
 /// `--probe-cost`: "probe cost: 1234 runs, 2.1 ms in the kernel (alloc_return 700 × 596 ns, …)".
@@ -560,6 +572,18 @@ mod tests {
         r.processes[0].malloc_traced = false;
         r.stacks[0].verdict.as_mut().unwrap().verdict = Verdict::BoundedCache;
         assert!(super::pages_notes(&r).is_empty());
+        // An arena of Python objects leaking (mapped through _PyObject_ArenaMmap), whatever the
+        // malloc family: its own note.
+        r.stacks[0].verdict.as_mut().unwrap().verdict = Verdict::Leak;
+        (r.stacks[0].kind, r.processes[0].malloc_traced) = (Kind::Mmap, true);
+        r.stacks[0].frames[0].function = Some("_PyObject_ArenaMmap".into());
+        r.processes[0].objects = Some(Vec::new());
+        assert_eq!(
+            super::pages_notes(&r),
+            [
+                "arenas of pid 1: Python objects' arenas leaking at the lines whose objects needed a new arena, which need not be the lines that keep them: its objects' window found no line keeping a quarter of what it made"
+            ]
+        );
     }
 
     #[test]
