@@ -24,7 +24,7 @@ pub struct ObjectWindow {
     span: (f64, f64),
     arenas: Vec<GroupKey>,
     lines: FxHashMap<Option<StackId>, (KeptLine, u32)>,
-    sites: FxHashMap<u32, (u64, u64)>,
+    sites: FxHashMap<u32, SiteSums>,
 }
 
 impl ObjectWindow {
@@ -44,24 +44,34 @@ impl ObjectWindow {
     }
 }
 
-/// Whether a site that made and kept (`made`, `kept`) bytes early in a window kept its objects: a
-/// quarter of what it made or more, and [`KEPT_MIN`] at least. Not half: a line that keeps
-/// objects in a container that grows also makes the container's array again and again (a
-/// list's is reallocated as it grows, the old one freed), while temporaries keep next to nothing
-/// (the request in flight).
-fn site_keeps((made, kept): (u64, u64)) -> bool {
-    kept >= KEPT_MIN && kept.saturating_mul(4) >= made
+/// A site's bytes made and kept early in a window, and whether what it kept grew with the window.
+#[derive(Clone, Copy, Debug, Default)]
+struct SiteSums {
+    made: u64,
+    kept: u64,
+    grows: bool,
+}
+
+/// Whether a site that made and kept bytes early in a window kept its objects: [`KEPT_MIN`] at
+/// least, and a quarter of what it made or more, or less where what it keeps grew with the
+/// window. Not half: a line that keeps objects in a container that grows also makes the
+/// container's array again and again (a list's is reallocated as it grows, the old one freed),
+/// while temporaries keep next to nothing (the request in flight). A line that makes many
+/// temporaries and keeps one of them (a training step's loss, kept with its tensor object, among
+/// the forward's dozens) keeps a few percent, growing as a leak does.
+fn site_keeps(s: SiteSums) -> bool {
+    s.kept >= KEPT_MIN && (s.kept.saturating_mul(4) >= s.made || s.grows)
 }
 
 /// Each site's bytes made and kept, from its stacks' (`lines`, with their sites). What an import
 /// kept counts as made, not kept: it is the module's state (a line that imports a library as a
 /// loop's first step makes its objects).
-fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, (u64, u64)> {
-    let mut sites: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, SiteSums> {
+    let mut sites: FxHashMap<u32, SiteSums> = FxHashMap::default();
     for (l, site) in lines {
         let s = sites.entry(*site).or_default();
         let kept = if l.imported { 0 } else { l.kept };
-        (s.0, s.1) = (s.0 + l.made, s.1 + kept);
+        (s.made, s.kept, s.grows) = (s.made + l.made, s.kept + kept, s.grows | l.grows);
     }
     sites
 }
@@ -78,11 +88,11 @@ pub fn kept_by_imports<'l>(lines: impl IntoIterator<Item = &'l (KeptLine, u32)>)
 }
 
 /// Bytes kept by the sites that keep, of `sites`' sums.
-fn keepers_kept(sites: &FxHashMap<u32, (u64, u64)>) -> u64 {
+fn keepers_kept(sites: &FxHashMap<u32, SiteSums>) -> u64 {
     sites
         .values()
         .filter(|s| site_keeps(**s))
-        .map(|s| s.1)
+        .map(|s| s.kept)
         .sum()
 }
 
@@ -356,7 +366,7 @@ mod tests {
             stack: Some(StackId::new(s)),
             made,
             kept,
-            imported: false,
+            ..KeptLine::default()
         }
     }
 
@@ -429,6 +439,22 @@ mod tests {
             vec![1, 2, 5, 6],
             "those that keep first, then by bytes made"
         );
+    }
+
+    #[test]
+    fn a_site_keeping_a_few_percent_keeps_where_what_it_keeps_grows_with_the_window() {
+        // A training step's forward: 100 sample intervals of tensor objects made, 3 kept (the
+        // loss, with its tensor object); the same kept without growing: temporaries in flight.
+        for (grows, verdict) in [(true, Verdict::Leak), (false, Verdict::Steady)] {
+            let mut a = arenas(true);
+            let forward = KeptLine {
+                grows,
+                ..line(1, 100 * KEPT_MIN, 3 * KEPT_MIN)
+            };
+            a.objects_sampled(1, NO_SPAN, vec![key(3, Kind::Mmap)], vec![(forward, 1)]);
+            let v = a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
+            assert_eq!(v, verdict, "grows: {grows}");
+        }
     }
 
     #[test]

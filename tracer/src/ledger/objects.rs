@@ -30,14 +30,17 @@ pub const BUCKET_NS: u64 = 50_000_000;
 const MAX_BUCKETS: u64 = 1200;
 
 /// One stack's objects in a window: bytes made in its first half, and of those, bytes still held;
-/// and whether they were made by a library's import (set by the window's owner, which looks at
-/// the stack's frames: what an import keeps is the module's state).
+/// whether they were made by a library's import, and whether what its site keeps grew with the
+/// window (both set by the window's owner, which looks at the stack's frames and at the window
+/// as it goes: what an import keeps is the module's state; what a leak keeps grows as the first
+/// half lengthens, what temporaries and CPython's free lists hold does not).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeptLine {
     pub stack: Option<StackId>,
     pub made: u64,
     pub kept: u64,
     pub imported: bool,
+    pub grows: bool,
 }
 
 impl ObjectWindow {
@@ -118,7 +121,7 @@ impl Process {
                 stack,
                 made,
                 kept: kept.get(&stack).copied().unwrap_or(0),
-                imported: false,
+                ..KeptLine::default()
             })
             .collect();
         lines.sort_by_key(|l| {

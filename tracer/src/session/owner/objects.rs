@@ -26,6 +26,10 @@ pub const MAX_S: f64 = 5.0;
 /// (`Owner::look_at_window`): twice what the judgement needs of one site, so that more of the
 /// window would hardly change it.
 const SURE_BYTES: u64 = 2 * KEPT_MIN;
+/// How much longer than at the look that first saw what each site kept a window must have gone
+/// before what they keep now tells whether it grows with the window (a leak keeps what it made
+/// in the first half, which lengthens with it) or not (temporaries, CPython's free lists).
+const GROWN_AFTER: f64 = 1.5;
 /// A window whose probes never recorded an object (they could not be attached) is given up after
 /// this.
 const GIVE_UP_S: f64 = 10.0;
@@ -56,6 +60,9 @@ struct OpenWindow {
     from_x: f64,
     give_up_ns: u64,
     latest: Option<Vec<(KeptLine, u32)>>,
+    /// What each site kept at the first look that saw them, and how long the window had gone
+    /// then (seconds).
+    early: Option<(f64, HashMap<String, u64>)>,
 }
 
 /// What becomes of an open window at a look.
@@ -112,7 +119,8 @@ impl Owner {
             return Look::Open(None);
         }
         let kept = p.kept_objects(now);
-        let lines = self.by_site(kept);
+        let (mut lines, sites) = self.by_site(kept);
+        grown_sites(w, elapsed_s, &mut lines, &sites);
         let sure = |kept: u64| kept >= SURE_BYTES;
         if sure(kept_by_keepers(&lines)) || sure(kept_by_imports(&lines)) || elapsed_s >= MAX_S {
             Look::Close(Some(lines))
@@ -143,6 +151,7 @@ impl Owner {
                 from_x: x,
                 give_up_ns: now + (GIVE_UP_S * 1e9) as u64,
                 latest: None,
+                early: None,
             });
             let ask = ProbeRequest::EngageObjects {
                 tgid: pid,
@@ -223,8 +232,8 @@ impl Owner {
     }
 
     /// Each stack with the number of its site: stacks of one site (the objects of several types
-    /// one line makes) are judged together.
-    fn by_site(&mut self, kept: Vec<KeptLine>) -> Vec<(KeptLine, u32)> {
+    /// one line makes) are judged together; and the sites, by number.
+    fn by_site(&mut self, kept: Vec<KeptLine>) -> (Vec<(KeptLine, u32)>, Vec<String>) {
         let mut sites: Vec<String> = Vec::new();
         let mut lines = Vec::with_capacity(kept.len());
         for mut l in kept {
@@ -247,12 +256,80 @@ impl Owner {
             });
             lines.push((l, n as u32));
         }
-        lines
+        (lines, sites)
     }
 
     /// The arena stacks of `pid` with a series.
     fn arenas_of(&mut self, pid: u32) -> Vec<GroupKey> {
         let mmaps = self.analysis.tracked(pid, Kind::Mmap);
         mmaps.into_iter().filter(|k| self.is_arena(k)).collect()
+    }
+}
+
+/// Marks the stacks of each site whose kept bytes grew with window `w` (`elapsed_s` long now),
+/// from what they kept at the first look that saw them: by half what a leak's would at least
+/// (a leak keeps what it made in the first half, which grows with the window), and by half of
+/// [`KEPT_MIN`]. The first look with kept objects is remembered.
+fn grown_sites(
+    w: &mut OpenWindow,
+    elapsed_s: f64,
+    lines: &mut [(KeptLine, u32)],
+    sites: &[String],
+) {
+    let mut kept: HashMap<String, u64> = HashMap::new();
+    for (l, site) in lines.iter().filter(|(l, _)| !l.imported) {
+        *kept.entry(sites[*site as usize].clone()).or_default() += l.kept;
+    }
+    let Some((then_s, before)) = &w.early else {
+        if kept.values().any(|&k| k > 0) {
+            w.early = Some((elapsed_s, kept));
+        }
+        return;
+    };
+    let ratio = elapsed_s / then_s;
+    if ratio < GROWN_AFTER {
+        return;
+    }
+    let grew = |site: &String| {
+        let (now, then) = (kept[site], before.get(site).copied().unwrap_or(0));
+        let half_a_leaks = then as f64 * (1.0 + (ratio - 1.0) / 2.0);
+        now as f64 >= half_a_leaks && now.saturating_sub(then) >= KEPT_MIN / 2
+    };
+    let grown: HashSet<&String> = kept.keys().filter(|s| grew(s)).collect();
+    for (l, site) in lines.iter_mut() {
+        l.grows = !l.imported && grown.contains(&sites[*site as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sites_kept_bytes_grow_with_a_leaks_window_not_with_a_free_lists() {
+        const K: u64 = 1 << 10;
+        let sites = vec!["leak".to_string(), "free list".to_string()];
+        let mut w = OpenWindow {
+            pid: 1,
+            from_x: 0.0,
+            give_up_ns: 0,
+            latest: None,
+            early: None,
+        };
+        let mut look = |s: f64, leak: u64, held: u64| {
+            let line = |kept: u64| KeptLine {
+                kept,
+                made: 100 * kept,
+                ..KeptLine::default()
+            };
+            let mut lines = vec![(line(leak), 0), (line(held), 1)];
+            grown_sites(&mut w, s, &mut lines, &sites);
+            lines.iter().map(|(l, _)| l.grows).collect::<Vec<_>>()
+        };
+        // The first look that sees them is remembered; too soon after, nothing is told.
+        assert_eq!(look(1.0, 20 * K, 20 * K), [false, false]);
+        assert_eq!(look(1.2, 24 * K, 20 * K), [false, false]);
+        // Twice as long: the leak keeps twice as much; the free list a little more.
+        assert_eq!(look(2.0, 40 * K, 21 * K), [true, false]);
     }
 }
