@@ -385,7 +385,10 @@ impl Analysis {
             Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
             // Pages a tensor's allocation grew, whose tensors did not grow with them (made and
             // freed every step): the allocator keeps them, no tensor of that line holds them.
-            Kind::Brk | Kind::Mmap if self.retained_for_their_tensors(key, &evidence, warmup_s) => {
+            // Judged so at the end whatever they grew by: what filled the heap below them is not
+            // known (the malloc family, where it was asked for by such growth, judges it), and
+            // a transient tensor of a spike is seldom sampled at its peak.
+            Kind::Brk | Kind::Mmap if self.outlived_their_tensors(key, &evidence, warmup_s) => {
                 evidence.verdict = Verdict::Retention
             }
             // Segments of PyTorch's caching allocator grow with the blocks in them (a leak of
@@ -445,6 +448,13 @@ impl Analysis {
         self.own_tensors(pages, e, from)
             .is_some_and(|(_, t)| t.growth_bytes.saturating_mul(2) >= e.growth_bytes)
             || self.retained_for_their_tensors(pages, e, from)
+    }
+
+    /// Whether a page-level stack with tensors of its own grew by more than twice what those
+    /// tensors did over its span.
+    fn outlived_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
+        self.own_tensors(pages, e, warmup_s)
+            .is_some_and(|(_, t)| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
     }
 
     /// Whether a page-level stack with tensors of its own grew by more than twice what those

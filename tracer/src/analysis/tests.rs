@@ -244,10 +244,12 @@ fn pages_kept_after_their_stacks_tensors_were_freed_are_retention() {
 }
 
 #[test]
-fn pages_grown_for_a_small_tensor_while_the_heap_fills_are_not_its_to_keep() {
+fn pages_grown_for_a_small_tensor_while_the_heap_fills_call_for_the_malloc_family() {
     // A loop keeping each step's autograd nodes (malloc's): the heap's top crosses into new
     // pages at whatever allocation comes next, often a step's 128 KiB gradient, so the pages
-    // have its stack. Its tensors hold 128 KiB; the pages grow by 12 MiB.
+    // have its stack. Its tensors hold 128 KiB; the pages grow by 12 MiB: more than the
+    // allocator keeps for them, growth that calls for the malloc family. Judged at the end
+    // without it, they are retention still: a spike's tensor is seldom sampled at its peak.
     let mut ledger = Ledger::default();
     ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
     let mut analysis = Analysis::default();
@@ -256,8 +258,8 @@ fn pages_grown_for_a_small_tensor_while_the_heap_fills_are_not_its_to_keep() {
         let groups = [(pages, (i + 1) * 10 * K), (blocks, 2 * K)];
         analysis.sample(i as f64, &ledger, &groups);
     }
-    assert_eq!(analysis.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
     assert_eq!(analysis.growing_pages(|_| 0.0, 10.0, 1 << 20), vec![pages]);
+    assert_eq!(analysis.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
 }
 
 #[test]
