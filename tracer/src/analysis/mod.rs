@@ -383,6 +383,9 @@ impl Analysis {
             // keeps up to twice its mmap threshold above the last block): a rise of less than a
             // tenth of where its floors started is that, not a leak.
             Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
+            Kind::Brk if self.top_moved(key.pid, &evidence, warmup_s) => {
+                evidence.verdict = Verdict::Moved
+            }
             // Pages a tensor's allocation grew, whose tensors did not grow with them (made and
             // freed every step): the allocator keeps them, no tensor of that line holds them.
             // Judged so at the end whatever they grew by: what filled the heap below them is not
@@ -485,10 +488,18 @@ impl Analysis {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        let heap = self.heap_as_judged(pid, &s.heap);
-        classify(&same_span(&heap, stack), span_start(stack, warmup_s)).is_some_and(|p| {
-            p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
-        })
+        holds(&self.heap_as_judged(pid, &s.heap), stack, warmup_s)
+    }
+
+    /// Whether its process's brk heap, all its stacks together, holds while a brk stack grows
+    /// (`stack`), as [`Analysis::moved`] says of heap stacks: the heap's top floats by megabytes
+    /// as glibc grows and trims it, and whichever allocation grew it last has the pages above
+    /// (a correct training job's validation line, over its last seconds).
+    fn top_moved(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
+        let Some(s) = self.procs.get(&pid) else {
+            return false;
+        };
+        holds(&self.heap_as_judged(pid, &s.pages), stack, warmup_s)
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
@@ -510,7 +521,9 @@ impl Analysis {
             .filter_map(|(k, _)| {
                 let (from, e) = self.judged(k, warmup_s, judge_released)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
-                let leak = e.verdict == Verdict::Leak && !verdict::released_working_set(&e);
+                let moved = k.kind == Kind::Brk && self.top_moved(k.pid, &e, warmup_s);
+                let leak =
+                    e.verdict == Verdict::Leak && !verdict::released_working_set(&e) && !moved;
                 leak.then_some((*k, e))
             })
             .collect();
@@ -549,6 +562,14 @@ impl Analysis {
             pages_growth_bytes: pages.growth_bytes,
         })
     }
+}
+
+/// Whether a process's `series` moved by less than half a stack's growth over the stack's span,
+/// up or down: the process held what the stack gained.
+fn holds(series: &Series, stack: &Evidence, warmup_s: f64) -> bool {
+    classify(&same_span(series, stack), span_start(stack, warmup_s)).is_some_and(|p| {
+        p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
+    })
 }
 
 /// Whether a series' window floors rose between its last two windows only, or floated by less

@@ -259,7 +259,31 @@ fn pages_grown_for_a_small_tensor_while_the_heap_fills_call_for_the_malloc_famil
         analysis.sample(i as f64, &ledger, &groups);
     }
     assert_eq!(analysis.growing_pages(|_| 0.0, 10.0, 1 << 20), vec![pages]);
-    assert_eq!(analysis.judge(&pages, 0.0).unwrap().verdict, Verdict::Retention);
+    assert_eq!(
+        analysis.judge(&pages, 0.0).unwrap().verdict,
+        Verdict::Retention
+    );
+}
+
+#[test]
+fn a_brk_stack_rising_while_the_heaps_top_holds_is_the_top_moving_not_a_leak() {
+    // glibc grows and trims the heap's top by megabytes; the pages above belong to whichever
+    // allocation grew it last. Stack 5 gains 2 MiB over the run as stack 6 gives as much back:
+    // the process's brk holds. Where it grows with stack 5, stack 5 leaks.
+    let run = |others_fall: bool| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        let (rising, other) = (key(5, Kind::Brk), key(6, Kind::Brk));
+        for i in 0..20u64 {
+            let gained = i * 2 * K;
+            let rest = if others_fall { 64 * K - gained } else { 64 * K };
+            analysis.sample(i as f64, &ledger, &[(rising, gained), (other, rest)]);
+        }
+        analysis.judge_final(&rising, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(true), Verdict::Moved);
+    assert_eq!(run(false), Verdict::Leak);
 }
 
 #[test]
