@@ -348,6 +348,20 @@ fn tensor_layer(r: &Report) -> Vec<(Option<u64>, String, Option<f64>)> {
         .collect()
 }
 
+/// When `root`'s tensors were engaged (seconds traced), and its libc, which must be engaged
+/// too (its malloc family traced as a layer).
+fn layers_engaged(r: &Report, root: u64) -> (f64, &Value) {
+    let tensors = tensor_layer(r);
+    let tensors_at = tensors
+        .iter()
+        .find(|(pid, when, _)| *pid == Some(root) && when == "engaged")
+        .and_then(|t| t.2)
+        .unwrap_or_else(|| panic!("{tensors:?}"));
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    (tensors_at, libc)
+}
+
 /// A CPU training loop whose memory grows for three seconds (a cache filled with a batch of
 /// features a step) and then holds for ten, under default options: its tensors are traced once
 /// its pages grow, and taken out once neither they nor its pages have grown for a while (the
@@ -425,14 +439,7 @@ fn a_leak_of_buffers_in_a_pytorch_process_has_its_tensors_traced_first_then_its_
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{out}");
     let root = r.root_pid();
-    let tensors = tensor_layer(&r);
-    let tensors_at = tensors
-        .iter()
-        .find(|(pid, when, _)| *pid == Some(root) && when == "engaged")
-        .and_then(|t| t.2)
-        .unwrap_or_else(|| panic!("{tensors:?}"));
-    let libc = r.library("libc.so.6");
-    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    let (tensors_at, libc) = layers_engaged(&r, root);
     assert_eq!(libc["pid"], root);
     let libc_at = libc["timing"]["after_s"].as_f64().unwrap();
     assert!(libc_at >= tensors_at + 2.0, "{tensors_at} then {libc_at}");
@@ -484,14 +491,7 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
         "{out}"
     );
     let root = r.root_pid();
-    let tensors = tensor_layer(&r);
-    let tensors_at = tensors
-        .iter()
-        .find(|(pid, when, _)| *pid == Some(root) && when == "engaged")
-        .and_then(|t| t.2)
-        .unwrap_or_else(|| panic!("{tensors:?}"));
-    let libc = r.library("libc.so.6");
-    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    let (tensors_at, libc) = layers_engaged(&r, root);
     let libc_at = libc["timing"]["after_s"].as_f64().unwrap();
     assert!(
         libc_at > tensors_at && libc_at < tensors_at + 10.0,

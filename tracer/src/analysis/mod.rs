@@ -444,13 +444,14 @@ impl Analysis {
 
     /// Whether a page-level stack's own tensors explain its growth `e`: they grew by half of
     /// it at least (a leak of theirs, judged on them), or it is pages the allocator kept for
-    /// them (see [`Analysis::retained_for_their_tensors`]). Pages grown for a tensor while
+    /// them (see [`retained_for_their_tensors`]). Pages grown for a tensor while
     /// something else fills the heap below its top (a leak of the malloc family, of objects)
     /// are not explained by a tensor that held a few KiB.
     fn explained_by_own_tensors(&self, pages: &GroupKey, e: &Evidence, from: f64) -> bool {
-        self.own_tensors(pages, e, from)
-            .is_some_and(|(_, t)| t.growth_bytes.saturating_mul(2) >= e.growth_bytes)
-            || self.retained_for_their_tensors(pages, e, from)
+        self.own_tensors(pages, e, from).is_some_and(|(series, t)| {
+            t.growth_bytes.saturating_mul(2) >= e.growth_bytes
+                || retained_for_their_tensors(&series, &t, e, from)
+        })
     }
 
     /// Whether a page-level stack with tensors of its own grew by more than twice what those
@@ -458,26 +459,6 @@ impl Analysis {
     fn outlived_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
         self.own_tensors(pages, e, warmup_s)
             .is_some_and(|(_, t)| t.growth_bytes.saturating_mul(2) < e.growth_bytes)
-    }
-
-    /// Whether a page-level stack with tensors of its own grew by more than twice what those
-    /// tensors did over its span, and by no more than twice the most they held at once: the
-    /// allocator keeps pages a spike of them needed (a 16 MiB tensor made and freed every
-    /// step, the heap's top held above it). More than that is not theirs to keep.
-    fn retained_for_their_tensors(&self, pages: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
-        let Some((series, t)) = self.own_tensors(pages, e, warmup_s) else {
-            return false;
-        };
-        let from = span_start(e, warmup_s);
-        let most = series
-            .points()
-            .iter()
-            .filter(|p| p.t1 >= from)
-            .map(|p| p.max)
-            .max()
-            .unwrap_or(0);
-        let grown = e.growth_bytes.max(0) as u64;
-        t.growth_bytes.saturating_mul(2) < e.growth_bytes && grown <= most.saturating_mul(2)
     }
 
     /// Whether its process's heap-level bytes hold while a heap-level stack grows (`stack`): over
@@ -521,9 +502,9 @@ impl Analysis {
             .filter_map(|(k, _)| {
                 let (from, e) = self.judged(k, warmup_s, judge_released)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
-                let moved = k.kind == Kind::Brk && self.top_moved(k.pid, &e, warmup_s);
+                let moved = || k.kind == Kind::Brk && self.top_moved(k.pid, &e, warmup_s);
                 let leak =
-                    e.verdict == Verdict::Leak && !verdict::released_working_set(&e) && !moved;
+                    e.verdict == Verdict::Leak && !verdict::released_working_set(&e) && !moved();
                 leak.then_some((*k, e))
             })
             .collect();
@@ -562,6 +543,23 @@ impl Analysis {
             pages_growth_bytes: pages.growth_bytes,
         })
     }
+}
+
+/// Whether a page-level stack's growth `e` is pages the allocator kept for its own tensors
+/// (`series`, judged `t`): more than twice what they grew by, and no more than twice the most
+/// they held at once (a 16 MiB tensor made and freed every step, the heap's top held above
+/// it). More than that is not theirs to keep.
+fn retained_for_their_tensors(series: &Series, t: &Evidence, e: &Evidence, warmup_s: f64) -> bool {
+    let from = span_start(e, warmup_s);
+    let most = series
+        .points()
+        .iter()
+        .filter(|p| p.t1 >= from)
+        .map(|p| p.max)
+        .max()
+        .unwrap_or(0);
+    let grown = e.growth_bytes.max(0) as u64;
+    t.growth_bytes.saturating_mul(2) < e.growth_bytes && grown <= most.saturating_mul(2)
 }
 
 /// Whether a process's `series` moved by less than half a stack's growth over the stack's span,
