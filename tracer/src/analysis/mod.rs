@@ -475,12 +475,13 @@ impl Analysis {
     /// Whether its process's brk heap, all its stacks together, holds while a brk stack grows
     /// (`stack`), as [`Analysis::moved`] says of heap stacks: the heap's top floats by megabytes
     /// as glibc grows and trims it, and whichever allocation grew it last has the pages above
-    /// (a correct training job's validation line, over its last seconds).
+    /// (a correct training job's validation line, over its last seconds). Pages are traced
+    /// whether or not the malloc family is, so the brk heap is judged whole.
     fn top_moved(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        holds(&self.heap_as_judged(pid, &s.pages), stack, warmup_s)
+        holds(&s.pages, stack, warmup_s)
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released

@@ -270,7 +270,9 @@ fn a_brk_stack_rising_while_the_heaps_top_holds_is_the_top_moving_not_a_leak() {
     // glibc grows and trims the heap's top by megabytes; the pages above belong to whichever
     // allocation grew it last. Stack 5 gains 2 MiB over the run as stack 6 gives as much back:
     // the process's brk holds. Where it grows with stack 5, stack 5 leaks.
-    let run = |others_fall: bool| {
+    // The pages are judged whole where the malloc family was taken out early (`heap_out`): its
+    // pages are still traced after it.
+    let run = |others_fall: bool, heap_out: Option<f64>| {
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         let mut analysis = Analysis::default();
@@ -280,10 +282,14 @@ fn a_brk_stack_rising_while_the_heaps_top_holds_is_the_top_moving_not_a_leak() {
             let rest = if others_fall { 64 * K - gained } else { 64 * K };
             analysis.sample(i as f64, &ledger, &[(rising, gained), (other, rest)]);
         }
+        if let Some(x) = heap_out {
+            analysis.heap_taken_out(1, x);
+        }
         analysis.judge_final(&rising, 0.0).unwrap().verdict
     };
-    assert_eq!(run(true), Verdict::Moved);
-    assert_eq!(run(false), Verdict::Leak);
+    assert_eq!(run(true, None), Verdict::Moved);
+    assert_eq!(run(false, None), Verdict::Leak);
+    assert_eq!(run(false, Some(4.0)), Verdict::Leak);
 }
 
 #[test]
