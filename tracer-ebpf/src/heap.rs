@@ -111,22 +111,22 @@ pub fn mul(a: u64, b: u64) -> u64 {
     a.wrapping_mul(b)
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Malloc, 0, arg(&ctx, 0))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Calloc, 0, mul(arg(&ctx, 0), arg(&ctx, 1)))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Realloc, arg(&ctx, 0), arg(&ctx, 1))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     enter(
         &ctx,
@@ -136,22 +136,22 @@ pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     )
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::PosixMemalign, arg(&ctx, 0), arg(&ctx, 2))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::AlignedAlloc, 0, arg(&ctx, 1))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Memalign, 0, arg(&ctx, 1))
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Valloc, 0, arg(&ctx, 0))
 }
@@ -159,24 +159,24 @@ pub fn valloc_enter(ctx: ProbeContext) -> u32 {
 /// PyTorch's `c10::alloc_cpu(size_t)`: every CPU tensor's memory. It calls posix_memalign, which
 /// nests inside it; the block is recorded once, as a tensor, with the caller of alloc_cpu. Its free
 /// goes through `free`.
-#[uprobe]
+#[uprobe(multi)]
 pub fn c10_alloc_cpu_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::C10AllocCpu, 0, arg(&ctx, 0))
 }
 
 /// libc wrappers whose syscalls leaktracer sees at page level; probed only so that the syscall's
 /// event carries the wrapper caller's stack (see `Pending::deferred`).
-#[uprobe]
+#[uprobe(multi)]
 pub fn sbrk_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Sbrk, 0, 0)
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn mremap_wrapper_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Mremap, 0, 0)
 }
 
-#[uprobe]
+#[uprobe(multi)]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, AllocFn::Pvalloc, 0, arg(&ctx, 0))
 }
@@ -541,7 +541,7 @@ fn outcome(p: &Pending, id: u64, rv: u64) -> Option<Event> {
 
 /// `free(ptr)`, attached past its null test where that instruction is emulated (see
 /// tracer/src/probes/placement.rs); `rdi` still holds the pointer there.
-#[uprobe]
+#[uprobe(multi)]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     record_free(&ctx, false)
 }
@@ -549,7 +549,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
 /// PyTorch's `c10::free_cpu(void*)`: a CPU tensor's memory going back. It counts only in a
 /// process whose malloc family is untraced ([`HEAP_OFF`]) and whose tensors are traced;
 /// elsewhere the `free` it calls does, or nothing.
-#[uprobe]
+#[uprobe(multi)]
 pub fn c10_free_cpu_enter(ctx: ProbeContext) -> u32 {
     record_free(&ctx, true)
 }
@@ -647,7 +647,7 @@ pub fn switch_out(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// Empty programs at the same points: the probe floor for the benchmark.
-#[uprobe]
+#[uprobe(multi)]
 pub fn bare_enter(_ctx: ProbeContext) -> u32 {
     0
 }
