@@ -475,7 +475,7 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     let as_of = as_of.unwrap_or_else(|| panic!("not taken out: {}", r.process(pid)));
     let elapsed = r.0["elapsed_s"].as_f64().unwrap();
     assert!(
-        as_of > after_s + 2.0 && as_of < elapsed,
+        as_of > after_s + 1.0 && as_of < elapsed,
         "{after_s} {as_of} {elapsed}"
     );
     let most = ((as_of - after_s) * 20.0).ceil() as u64 + 2;

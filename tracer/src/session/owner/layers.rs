@@ -38,8 +38,9 @@ const TENSORS_AGAIN_S: f64 = 10.0;
 const TENSORS_AGAIN_MOST_S: f64 = 160.0;
 /// How long a leak of its heap must have been judged one before a process's malloc family is
 /// taken out, its heap stacks kept as they were: every malloc and free is a probe trap (a
-/// training job keeping each step's loss runs three times slower while they are traced).
-const HEAP_CONFIRM_S: f64 = 2.0;
+/// training job keeping each step's loss runs two to five times slower while they are traced).
+/// Its samples are taken 50 ms apart meanwhile, so a second is twenty of them.
+const HEAP_CONFIRM_S: f64 = 1.0;
 /// How long a process's malloc family is traced at least, without a leak of its heap, before
 /// it is taken out as it is: its pages grew while its heap held (the allocator's retention).
 /// The probes go in within half a second, and the heap outstanding before them is not seen:
