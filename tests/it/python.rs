@@ -485,6 +485,15 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     );
     assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
     assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
+    // The leak went on untraced: the bodies logged after, 20 a second at most, each grew the
+    // brk heap by its 64 KiB (none is freed, and little else is allocated), so its pages grew by
+    // at most the bodies not seen while traced.
+    let after = r.process(pid)["pages_after_heap_bytes"].as_u64().unwrap();
+    let unseen = (600 - blocks) * (64 << 10);
+    assert!(
+        (1 << 20..=unseen + (1 << 20)).contains(&after),
+        "pages grew by {after} after, {unseen} unseen"
+    );
 }
 
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.

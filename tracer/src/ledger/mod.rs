@@ -160,6 +160,16 @@ impl Ledger {
     pub fn heap_taken_out(&mut self, pid: u32, at_s: f64, held: bool) {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.heap_as_of_s, p.heap_held) = (Some(at_s), held);
+            p.pages_at_heap_out = p.pages_bytes();
+            p.pages_most_after_heap = p.pages_at_heap_out;
+        }
+    }
+
+    /// One sample of the pages of each live process whose malloc family was taken out.
+    pub fn sample_pages_after_heap(&mut self) {
+        let taken_out = self.procs.values_mut();
+        for p in taken_out.filter(|p| p.heap_as_of_s.is_some() && p.exited_ns.is_none()) {
+            p.pages_most_after_heap = p.pages_most_after_heap.max(p.pages_bytes());
         }
     }
 

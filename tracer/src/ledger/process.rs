@@ -96,6 +96,11 @@ pub struct Process {
     pub heap_as_of_s: Option<f64>,
     /// Taken out then because its heap held while its pages grew, not for a confirmed leak.
     pub heap_held: bool,
+    /// Its pages (brk and mmap) when its malloc family was taken out, and the most they held
+    /// since, by the samples: what they grew by after tells how far a confirmed leak went on
+    /// (at the end they may have fallen, freed at teardown).
+    pub pages_at_heap_out: u64,
+    pub pages_most_after_heap: u64,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -212,6 +217,11 @@ impl Process {
     }
 
     /// execve: a fresh image, nothing of the old address space survives.
+    /// Its pages now: its brk heap and its mappings.
+    pub fn pages_bytes(&self) -> u64 {
+        self.brk.segments.bytes() + self.mmaps.bytes()
+    }
+
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
         self.displaced.clear();

@@ -267,12 +267,24 @@ pub fn layer_notes(r: &Report) -> Vec<String> {
                 "its leak was confirmed and its malloc family taken out"
             };
             p.heap_as_of_s.map(|at| format!(
-            "heap of pid {}: as of {at:.1} s, when {why} (--heap full traces it to the end)",
-            p.pid
+            "heap of pid {}: as of {at:.1} s, when {why}{} (--heap full traces it to the end)",
+            p.pid,
+            pages_after(p)
         ))
         };
     let tensors = r.processes.iter().filter_map(|p| tensor_note(r, p));
     tensors.chain(r.processes.iter().filter_map(heap)).collect()
+}
+
+/// How far a confirmed heap leak went on after its malloc family was taken out, by its pages:
+/// "; its pages grew by 712.0 MiB after", where they grew by a MiB or more.
+fn pages_after(p: &crate::report::ProcReport) -> String {
+    match p.pages_after_heap_bytes {
+        Some(grew) if !p.heap_held && grew >= 1 << 20 => {
+            format!("; its pages grew by {} after", human(grew))
+        }
+        _ => String::new(),
+    }
 }
 
 /// What a reader must know of a process's CPU tensors traced for a while (`--tensors auto`):

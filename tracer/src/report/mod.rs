@@ -117,6 +117,10 @@ pub struct ProcReport {
     /// traced, while its pages grew), not for a confirmed leak.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub heap_held: bool,
+    /// The most its pages (brk and mmap, sampled) rose above what they were when its malloc
+    /// family was taken out, where it was: how far a confirmed heap leak went on untraced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages_after_heap_bytes: Option<u64>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -494,6 +498,9 @@ fn proc_report(p: &Process) -> ProcReport {
         tensors_as_of_s: p.tensors_as_of_s,
         heap_as_of_s: p.heap_as_of_s,
         heap_held: p.heap_held,
+        pages_after_heap_bytes: p
+            .heap_as_of_s
+            .map(|_| p.pages_most_after_heap - p.pages_at_heap_out),
         tensors_since_s: p.tensors_since_s,
         objects: None,
     }
