@@ -530,6 +530,35 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
     assert_eq!(r.process(r.root_pid())["heap_as_of_s"], Value::Null);
 }
 
+/// The same leak under `--tensors all` (every CPU tensor traced from the start, not a layer):
+/// its pages grow beyond its tensors, so its malloc family is asked for as under the default,
+/// not after the ten seconds of pages a process without tensors waits for. `check` fails first
+/// at the forward line, on heap stacks.
+#[test]
+fn with_every_tensor_traced_each_steps_loss_kept_is_still_a_heap_leak_at_the_forward_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (path, site) = bench_script("loss_steps");
+    let (o, r) = check_torch_at("loss-steps-all", &path, &[], ALL, &["50000"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let first = out.lines().find(|l| l.trim_start().starts_with("LEAK"));
+    let first = first.unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        first.contains("LEAK heap") && first.ends_with(&format!("(loss_steps.py:{site})")),
+        "{out}"
+    );
+    let root = r.root_pid();
+    let libc = r.library("libc.so.6");
+    assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
+    assert_eq!(libc["pid"], root);
+    let process = r.process(root);
+    assert!(process["heap_as_of_s"].as_f64().is_some(), "{process}");
+    assert_eq!(process["heap_held"], Value::Null, "{process}");
+}
+
 /// Allocator retention in a PyTorch process (`fragment.py`, TORCH=1: a batch of 16 KiB buffers
 /// that grows every step, and a 64 KiB record replaced every step that lands at the heap's top,
 /// so glibc cannot trim): its pages grow, its tensors do not explain them, so its malloc family

@@ -242,21 +242,38 @@ impl Analysis {
         grown
     }
 
-    /// `pid`'s page-level stacks that grow as [`Analysis::growing_pages`] says from `from` on,
-    /// by more than twice what its tensors grew meanwhile: once its tensors were traced long
-    /// enough to tell, what calls for its malloc family at once.
+    /// The page-level stacks of `pid` (of every process where none) that grow as
+    /// [`Analysis::growing_pages`] says from `from` on, by more than twice what their process's
+    /// tensors grew meanwhile: once its tensors were traced long enough to tell, what calls for
+    /// its malloc family at once. By process.
     pub fn pages_beyond_tensors(
         &self,
-        pid: u32,
+        pid: Option<u32>,
         from: f64,
         span_s: f64,
         min_bytes: i64,
     ) -> Vec<GroupKey> {
-        let start = |p: u32| if p == pid { from } else { f64::INFINITY };
-        self.pages_growing(start, span_s, min_bytes)
+        let start = |p: u32| {
+            if pid.is_none_or(|pid| pid == p) {
+                from
+            } else {
+                f64::INFINITY
+            }
+        };
+        let mut grown: Vec<GroupKey> = self
+            .pages_growing(start, span_s, min_bytes)
             .filter(|(k, e)| !self.under_tensors(k.pid, e, from))
             .map(|(k, _)| k)
-            .collect()
+            .collect();
+        grown.sort_unstable_by_key(|k| k.pid);
+        grown
+    }
+
+    /// Whether `pid`'s tensors held bytes in a sample: a process of PyTorch's, where they are
+    /// traced.
+    pub fn held_tensors(&self, pid: u32) -> bool {
+        let s = self.procs.get(&pid);
+        s.is_some_and(|s| s.tensors.points().iter().any(|p| p.max > 0))
     }
 
     /// Page-level stacks judged a leak from `start(pid)` on, over `span_s` at least, grown by

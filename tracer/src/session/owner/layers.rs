@@ -64,6 +64,8 @@ pub(super) struct Layers {
     last_s: f64,
     /// `--tensors auto`.
     tensors_layered: bool,
+    /// `--tensors all`: every CPU tensor traced from the start.
+    tensors_all: bool,
     /// Processes whose malloc family the prober was asked to trace.
     heap: HashMap<u32, HeapLayer>,
     /// Processes whose tensors the prober was asked to trace.
@@ -115,6 +117,7 @@ impl Layers {
         Self {
             last_s: 0.0,
             tensors_layered: tensors == TensorsMode::Auto,
+            tensors_all: tensors == TensorsMode::All,
             heap: HashMap::new(),
             tensors: HashMap::new(),
             forget: Vec::new(),
@@ -142,6 +145,7 @@ impl Owner {
         self.engage_tensors(at_s, x);
         self.object_windows(at_s, x);
         self.engage_heap(at_s);
+        self.heap_beyond_all_tensors(at_s, x);
     }
 
     /// Takes out the malloc family of each process whose heap has leaked for
@@ -435,9 +439,12 @@ impl Owner {
     /// Whether one of `pid`'s page-level stacks (not arenas) grows as a leak from `from` on,
     /// by [`UNEXPLAINED_MIN_BYTES`] at least, while its tensors grew by less than half of that.
     fn pages_beyond_tensors(&mut self, pid: u32, from: f64) -> bool {
-        let pages =
-            self.analysis
-                .pages_beyond_tensors(pid, from, TENSORS_SPAN_S, UNEXPLAINED_MIN_BYTES);
+        let pages = self.analysis.pages_beyond_tensors(
+            Some(pid),
+            from,
+            TENSORS_SPAN_S,
+            UNEXPLAINED_MIN_BYTES,
+        );
         !self.not_arenas(pages).is_empty()
     }
 
@@ -525,7 +532,32 @@ impl Owner {
         }
     }
 
-    /// Asks for `tgid`'s malloc family, once.
+    /// `--tensors all`: every CPU tensor is traced from the start, so the pages of a process
+    /// that maps PyTorch, growing beyond its tensors over the later half of the run so far,
+    /// call for its malloc family at once, as where its tensors are a layer
+    /// ([`Owner::disengage_tensors`]); not before that path could ask for it at the soonest
+    /// (a second of growth past the start-up, then its tensors traced [`TENSORS_HOLD_S`]).
+    /// Else a leak of autograd nodes, pages that grow while the tensors hold, waited for the
+    /// 10 s of [`Owner::engage_heap`], and a 100-epoch job that keeps its losses ended first.
+    fn heap_beyond_all_tensors(&mut self, at_s: f64, x: f64) {
+        let all = self.layers.as_ref().is_some_and(|l| l.tensors_all);
+        if !all || at_s < 2.0 * TENSORS_HOLD_S {
+            return;
+        }
+        let from = self.config.warmup.max(x / 2.0);
+        let grown =
+            self.analysis
+                .pages_beyond_tensors(None, from, TENSORS_SPAN_S, UNEXPLAINED_MIN_BYTES);
+        let mut pids = self.not_arenas(grown);
+        pids.dedup();
+        for pid in pids {
+            if self.analysis.held_tensors(pid) {
+                self.ask_heap(pid, at_s);
+            }
+        }
+    }
+
+    /// Asks for `tgid`'s malloc family, once (a process taken out is not asked for again).
     fn ask_heap(&mut self, tgid: u32, at_s: f64) {
         let Some(layers) = &mut self.layers else {
             return;
