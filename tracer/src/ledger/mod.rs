@@ -119,11 +119,12 @@ impl Ledger {
         }
     }
 
-    /// `pid`'s CPU tensors are asked for, where they were not traced from its start (`--tensors
-    /// auto`): their records may come from now on.
-    pub fn tensors_asked(&mut self, pid: u32) {
+    /// `pid`'s CPU tensors or its malloc family are asked for, where they were not traced from
+    /// its start (`--heap auto`): their records may come from now on, and frees of blocks made
+    /// before.
+    pub fn layer_asked(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.tensors_late = true;
+            p.layer_late = true;
         }
     }
 

@@ -84,9 +84,9 @@ pub struct Process {
     pub tensors_as_of_s: Option<f64>,
     /// When its CPU tensors were last traced from (seconds traced), where they are now.
     pub tensors_since_s: Option<f64>,
-    /// Its CPU tensors were asked for after its start (`--tensors auto`): a free of an address
-    /// with no block is then a tensor's made while they were not traced.
-    pub tensors_late: bool,
+    /// Its CPU tensors or its malloc family were asked for after its start (`--heap auto`): a
+    /// free of an address with no block is then of one made while they were not traced.
+    pub layer_late: bool,
     /// Its CPU tensors made up to then (kernel ns) were kept as they were while untraced
     /// (`Ledger::keep_tensors`): a new block at the address of one of them replaces it, as its
     /// free was not seen.
@@ -311,7 +311,7 @@ impl Process {
                 addr,
                 "free of an address with no outstanding block"
             );
-            if self.tensors_late {
+            if self.layer_late {
                 self.mismatches.untraced_frees += 1;
             } else {
                 self.mismatches.unmatched_frees += 1;

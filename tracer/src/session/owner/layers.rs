@@ -314,7 +314,7 @@ impl Owner {
                 self.ledger.forget_tensors_but(tgid, |s| leaks.contains(&s));
             }
             (t.asked_s, t.off_x) = (at_s, None);
-            self.ledger.tensors_asked(tgid);
+            self.ledger.layer_asked(tgid);
             let ask = ProbeRequest::EngageTensors {
                 tgid,
                 after_s: at_s,
@@ -568,6 +568,7 @@ impl Owner {
                 at_s,
                 "malloc family asked for: pages grow, no layer below explains it"
             );
+            self.ledger.layer_asked(tgid);
             e.insert(HeapLayer {
                 asked_s: at_s,
                 leak_since: None,
