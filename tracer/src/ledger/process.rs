@@ -261,8 +261,12 @@ impl Process {
             self.pages_to_tensor(addr, size, &origin);
         }
         let replaced = self.heap.insert(addr, Block { size, origin });
-        let kept = |old: &Block| {
-            Kind::of(old.origin.func) == Kind::Tensor && old.origin.ts_ns <= self.tensors_kept_ns
+        // Kept as they were while untraced: tensors up to then, and every heap block once the
+        // malloc family is taken out (it is not traced again). Their frees are not seen.
+        let kept = |old: &Block| match Kind::of(old.origin.func) {
+            Kind::Tensor => old.origin.ts_ns <= self.tensors_kept_ns,
+            Kind::Heap => self.heap_as_of_s.is_some(),
+            _ => false,
         };
         if replaced.is_some_and(|old| !same_tensor(&old, size, func) && !kept(&old)) {
             self.mismatches.reused_addresses += 1;

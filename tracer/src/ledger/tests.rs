@@ -559,3 +559,21 @@ fn kept_tensors_stay_until_freed_or_their_address_is_taken() {
     l.apply(tensor(0x6000, 4096, 21));
     assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
 }
+
+/// Heap blocks kept as they were once the malloc family was taken out (`--heap auto`) are
+/// replaced without a mismatch by a new block at their address (a tensor traced later): their
+/// frees were not seen. While the malloc family is traced, the same is a reused address.
+#[test]
+fn heap_blocks_kept_at_the_take_out_give_their_address_up_without_a_mismatch() {
+    let run = |taken_out: bool| {
+        let mut l = ledger(vec![alloc(AllocFn::Malloc, 0x5000, 64, 1)]);
+        if taken_out {
+            l.heap_taken_out(PID, 1.0, false);
+        }
+        l.apply(alloc(AllocFn::C10AllocCpu, 0x5000, 4096, 2));
+        let p = &l.procs[&PID];
+        (p.mismatches.reused_addresses, outstanding(&l, Kind::Heap))
+    };
+    assert_eq!(run(true), (0, (0, 0)));
+    assert_eq!(run(false), (1, (0, 0)));
+}

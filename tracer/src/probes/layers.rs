@@ -352,21 +352,24 @@ impl Probes {
         self.take_layer_out(pid, links, |f| (f | TRACED_NO_HEAP) & !TRACED_HEAP_LOCAL);
     }
 
-    /// Detaches a layer's `links` for `pid` and sets its traced `flags` so that its probes,
-    /// where they still fire, record nothing for it.
+    /// Sets `pid`'s traced `flags` so that a layer's probes, where they still fire, record
+    /// nothing for it, then detaches the layer's `links`. In that order: the links go on
+    /// threads of their own, in no order, and a `free` probe gone before `malloc`'s while the
+    /// flags still said traced would miss the free of a block whose address the next malloc
+    /// then reuses.
     pub(super) fn take_layer_out(
         &mut self,
         pid: u32,
         links: Vec<AttachedLink>,
         flags: impl Fn(u32) -> u32,
     ) {
-        self.detach_links(links);
         if let Ok(f) = self.traced.get(&pid, 0) {
             let _ = self.traced.insert(&pid, &flags(f), BPF_EXIST);
         }
         if let Err(e) = self.settings_changed() {
             tracing::warn!(pid, "a layer of threads already seen still traced: {e}");
         }
+        self.detach_links(links);
     }
 
     /// Stops tracing the CPU tensors of `pid` (its memory holds): its own links go, and its
