@@ -467,6 +467,22 @@ fn bench_script(name: &str) -> (PathBuf, u64) {
     (path, site)
 }
 
+/// `check OPTIONS -- loss_steps.py 50000` (each step's loss kept), which must fail first with a
+/// heap leak at the forward line: the script, that line, the gate's output and the report.
+fn losses_kept_leak(name: &str, options: &[&str]) -> (PathBuf, u64, String, Report) {
+    let (path, site) = bench_script("loss_steps");
+    let (o, r) = check_torch_at(name, &path, &[], options, &["50000"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let first = out.lines().find(|l| l.trim_start().starts_with("LEAK"));
+    let first = first.unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        first.contains("LEAK heap") && first.ends_with(&format!("(loss_steps.py:{site})")),
+        "{out}"
+    );
+    (path, site, out, r)
+}
+
 /// The leak PyTorch's FAQ warns of: each step's loss kept in a list (`loss_steps.py`), holding
 /// its autograd graph's nodes, C++ objects from malloc made by the forward pass; no tensor of it
 /// grows. Under default options its pages grow, so its tensors are traced; they do not explain
@@ -480,16 +496,7 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
         return;
     }
     let _x = fixture::exclusive();
-    let (path, site) = bench_script("loss_steps");
-    let (o, r) = check_torch_at("loss-steps", &path, &[], &[], &["50000"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(1), "{out}");
-    let first = out.lines().find(|l| l.trim_start().starts_with("LEAK"));
-    let first = first.unwrap_or_else(|| panic!("{out}"));
-    assert!(
-        first.contains("LEAK heap") && first.ends_with(&format!("(loss_steps.py:{site})")),
-        "{out}"
-    );
+    let (path, site, out, r) = losses_kept_leak("loss-steps", &[]);
     let root = r.root_pid();
     let (tensors_at, libc) = layers_engaged(&r, root);
     let libc_at = libc["timing"]["after_s"].as_f64().unwrap();
@@ -540,16 +547,7 @@ fn with_every_tensor_traced_each_steps_loss_kept_is_still_a_heap_leak_at_the_for
         return;
     }
     let _x = fixture::exclusive();
-    let (path, site) = bench_script("loss_steps");
-    let (o, r) = check_torch_at("loss-steps-all", &path, &[], ALL, &["50000"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(1), "{out}");
-    let first = out.lines().find(|l| l.trim_start().starts_with("LEAK"));
-    let first = first.unwrap_or_else(|| panic!("{out}"));
-    assert!(
-        first.contains("LEAK heap") && first.ends_with(&format!("(loss_steps.py:{site})")),
-        "{out}"
-    );
+    let (_, _, _, r) = losses_kept_leak("loss-steps-all", ALL);
     let root = r.root_pid();
     let libc = r.library("libc.so.6");
     assert_eq!(libc["timing"]["when"], "engaged", "{libc}");

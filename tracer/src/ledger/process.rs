@@ -216,12 +216,12 @@ impl Process {
         None
     }
 
-    /// execve: a fresh image, nothing of the old address space survives.
     /// Its pages now: its brk heap and its mappings.
     pub fn pages_bytes(&self) -> u64 {
         self.brk.segments.bytes() + self.mmaps.bytes()
     }
 
+    /// execve: a fresh image, nothing of the old address space survives.
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
         self.displaced.clear();

@@ -402,7 +402,7 @@ impl Owner {
             // Its pages grow, and not by its tensors: the next layer, which they stay under
             // (a block of posix_memalign's is a tensor's where tensors are traced) and go out
             // with.
-            if !self.heap_asked(pid) && self.pages_beyond_tensors(pid, from) {
+            if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
                 self.ask_heap(pid, at_s);
             }
             if self.heap_asked(pid) {
@@ -436,16 +436,16 @@ impl Owner {
         self.not_arenas(pages).is_empty()
     }
 
-    /// Whether one of `pid`'s page-level stacks (not arenas) grows as a leak from `from` on,
-    /// by [`UNEXPLAINED_MIN_BYTES`] at least, while its tensors grew by less than half of that.
-    fn pages_beyond_tensors(&mut self, pid: u32, from: f64) -> bool {
-        let pages = self.analysis.pages_beyond_tensors(
-            Some(pid),
-            from,
-            TENSORS_SPAN_S,
-            UNEXPLAINED_MIN_BYTES,
-        );
-        !self.not_arenas(pages).is_empty()
+    /// The processes (`pid`'s alone, where given) with a page-level stack (not an arena's)
+    /// that grows as a leak from `from` on, by [`UNEXPLAINED_MIN_BYTES`] at least, while their
+    /// tensors grew by less than half of that.
+    fn pages_beyond_tensors(&mut self, pid: Option<u32>, from: f64) -> Vec<u32> {
+        let pages =
+            self.analysis
+                .pages_beyond_tensors(pid, from, TENSORS_SPAN_S, UNEXPLAINED_MIN_BYTES);
+        let mut pids = self.not_arenas(pages);
+        pids.dedup();
+        pids
     }
 
     /// `pid`'s tensors, traced again after their leak was confirmed, grew no more: the leak
@@ -533,7 +533,7 @@ impl Owner {
     }
 
     /// `--tensors all`: every CPU tensor is traced from the start, so the pages of a process
-    /// that maps PyTorch, growing beyond its tensors over the later half of the run so far,
+    /// whose tensors held bytes (PyTorch's), growing beyond its tensors over the later half of the run so far,
     /// call for its malloc family at once, as where its tensors are a layer
     /// ([`Owner::disengage_tensors`]); not before that path could ask for it at the soonest
     /// (a second of growth past the start-up, then its tensors traced [`TENSORS_HOLD_S`]).
@@ -545,12 +545,7 @@ impl Owner {
             return;
         }
         let from = self.config.warmup.max(x / 2.0);
-        let grown =
-            self.analysis
-                .pages_beyond_tensors(None, from, TENSORS_SPAN_S, UNEXPLAINED_MIN_BYTES);
-        let mut pids = self.not_arenas(grown);
-        pids.dedup();
-        for pid in pids {
+        for pid in self.pages_beyond_tensors(None, from) {
             if self.analysis.held_tensors(pid) {
                 self.ask_heap(pid, at_s);
             }
