@@ -513,3 +513,30 @@ fn kept_tensors_are_judged_until_kept_and_explain_the_pages_grown_since() {
     );
     assert_ne!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::UnderTensors);
 }
+
+#[test]
+fn a_brk_stack_rising_under_a_heap_top_that_held_is_steady() {
+    // The no-leak training job's heap as caught failing: its top at 144 MiB in every window,
+    // its floors 140, 141, 142, 143 MiB (glibc trimming less often), and its validation line's
+    // stack holding 0, 0, 2, 3 MiB of it at the floors.
+    let m = |n: u64| n << 20;
+    let floors_a = [0, 0, 2, 3];
+    let run = |top_rise: u64| {
+        let (a, b) = (key(1, Kind::Brk), key(2, Kind::Brk));
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            let w = i / 5;
+            let (total, at_a) = match i % 2 {
+                1 => (m(144 + w * top_rise), m(floors_a[w as usize] + 1)),
+                _ => (m(140 + w), m(floors_a[w as usize])),
+            };
+            analysis.sample(i as f64, &ledger, &[(a, at_a), (b, total - at_a)]);
+        }
+        analysis.judge(&a, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(0), Verdict::Steady);
+    // The top rising with it, a MiB a window: a leak of pages.
+    assert_eq!(run(1), Verdict::Leak);
+}
