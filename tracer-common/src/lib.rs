@@ -60,6 +60,9 @@ pub enum EventKind {
     Frees = 18,
     /// A [`HeapRecord`] followed by a [`LeafWords`] block before its frames ([`TRACED_LEAF`]).
     HeapAllocLeaf = 19,
+    /// Thread `tid` of `tgid` exited, its unsent frees sent before (not its process's last
+    /// thread: that is [`EventKind::Exit`]).
+    ThreadExit = 20,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -161,6 +164,7 @@ impl EventKind {
             17 => HeapAlloc,
             18 => Frees,
             19 => HeapAllocLeaf,
+            20 => ThreadExit,
             _ => return None,
         })
     }
@@ -373,7 +377,7 @@ impl AllocFn {
 /// of two).
 pub const FREES_PER_RECORD: usize = 7;
 
-/// A thread's frees not carried by an allocation record: sent as 16 bytes and the `n` used
+/// Thread `tid`'s frees not carried by an allocation record: sent as 16 bytes and the `n` used
 /// entries of `addrs`, in the order the frees were made.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -381,7 +385,8 @@ pub struct FreesEvent {
     /// [`EventKind::Frees`].
     pub kind: u32,
     pub tgid: u32,
-    pub n: u64,
+    pub n: u32,
+    pub tid: u32,
     pub addrs: [u64; FREES_PER_RECORD],
 }
 const _: () = assert!(size_of::<FreesEvent>() == 72);

@@ -630,6 +630,7 @@ pub fn send_free(tgid: u32, addr: u64) {
         kind: EventKind::Frees as u32,
         tgid,
         n: 1,
+        tid: bpf_get_current_pid_tgid() as u32,
         ..FreesEvent::default()
     };
     ev.addrs[0] = addr;

@@ -99,6 +99,9 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
         let _ = TRACED.remove(&tgid);
         let _ = crate::python::PY_CONFIG.remove(&tgid);
         emit_now(&event(EventKind::Exit, 0, id));
+    } else {
+        // After its frees: those its allocator made as it exited are told by this.
+        emit_now(&event(EventKind::ThreadExit, 0, id));
     }
     0
 }

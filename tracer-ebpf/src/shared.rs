@@ -299,7 +299,9 @@ pub fn flush_frees(p: &mut Pending) {
     let ev = FreesEvent {
         kind: EventKind::Frees as u32,
         tgid: p.tgid,
-        n: n as u64,
+        n: n as u32,
+        // Flushed by its own thread (at its heap calls, switch-out and exit).
+        tid: bpf_get_current_pid_tgid() as u32,
         addrs: p.frees,
     };
     p.n_frees = 0;

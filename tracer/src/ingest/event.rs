@@ -15,6 +15,8 @@ use crate::{
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     pub tgid: u32,
+    /// The thread, where the record names it (0 where not).
+    pub tid: u32,
     /// The kernel's monotonic clock at the event.
     pub ts_ns: u64,
     /// The function called, where the event is a call (malloc, cudaMalloc, mmap…).
@@ -102,6 +104,8 @@ pub enum What {
         env: Option<Vec<(String, String)>>,
     },
     Exit,
+    /// A thread of the process exited (not its last), after its frees.
+    ThreadExit,
     /// An entry of the `--step-symbol` function.
     Step,
 }
@@ -201,6 +205,7 @@ impl Raw {
             },
             EventKind::Exec => What::Exec { command, env },
             EventKind::Exit => What::Exit,
+            EventKind::ThreadExit => What::ThreadExit,
             EventKind::Step => What::Step,
         })
     }

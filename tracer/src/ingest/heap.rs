@@ -134,7 +134,7 @@ impl Decoder {
             self.undecodable_heap();
             return;
         };
-        self.push_frees(h.tgid, words[n..].iter().copied(), out);
+        self.push_frees(h.tgid, h.tid, words[n..].iter().copied(), out);
         let ev = Event {
             kind: kind as u32,
             func: u32::from(h.func),
@@ -218,20 +218,21 @@ impl Decoder {
             self.undecodable += 1;
             return;
         };
-        let tgid = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        let n = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+        let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
+        let (tgid, n, tid) = (word(4), word(8), word(12));
         let addrs = u64_words(&bytes[HEADER..]);
-        if addrs.len() as u64 != n || addrs.len() > FREES_PER_RECORD {
+        if addrs.len() != n as usize || addrs.len() > FREES_PER_RECORD {
             self.undecodable += 1;
             return;
         }
-        self.push_frees(tgid, addrs, out);
+        self.push_frees(tgid, tid, addrs, out);
     }
 
-    /// A thread's frees, in the order they were made.
+    /// Thread `tid`'s frees, in the order they were made.
     pub(super) fn push_frees(
         &mut self,
         tgid: u32,
+        tid: u32,
         addrs: impl IntoIterator<Item = u64>,
         out: &mut Vec<Input>,
     ) {
@@ -240,6 +241,7 @@ impl Decoder {
                 kind: EventKind::Free as u32,
                 func: AllocFn::Free as u32,
                 tgid,
+                tid,
                 old_addr: addr,
                 ..Event::default()
             };

@@ -319,7 +319,7 @@ impl Decoder {
             .0
             .iter()
             .map(|w| u64::from_le_bytes(*w));
-        self.push_frees(ev.tgid, frees, out);
+        self.push_frees(ev.tgid, ev.tid, frees, out);
         if self
             .maps
             .get(ev.tgid)
@@ -411,6 +411,7 @@ impl Decoder {
         if let Some(what) = raw.what(command, env) {
             out.push(Input::Event(Event {
                 tgid: ev.tgid,
+                tid: ev.tid,
                 ts_ns: ev.ts_ns,
                 func,
                 stack,

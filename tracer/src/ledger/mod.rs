@@ -246,6 +246,7 @@ impl Ledger {
                 shares_vm,
                 command,
             } => self.fork(ev.tgid, child, shares_vm, command, ev.ts_ns),
+            What::ThreadExit => self.process(ev.tgid, ev.ts_ns).thread_exited(ev.tid),
             what => {
                 let origin = Origin {
                     stack: ev.stack,
@@ -254,7 +255,11 @@ impl Ledger {
                     inherited: false,
                 };
                 let allocates = matches!(what, What::Alloc { .. } | What::Realloc { .. });
-                let released = self.process(ev.tgid, ev.ts_ns).apply(what, origin);
+                let p = self.process(ev.tgid, ev.ts_ns);
+                let unmatched = p.mismatches.unmatched_frees;
+                let released = p.apply(what, origin);
+                let unmatched = p.mismatches.unmatched_frees - unmatched;
+                p.thread_event(ev.tid, allocates, unmatched);
                 let made = if allocates { ev.stack } else { None };
                 for stack in [made, released].into_iter().flatten() {
                     self.touch(stack);

@@ -151,6 +151,7 @@ mod tests {
     fn ev(func: AllocFn, ts_ns: u64, stack: u32, what: What) -> Input {
         Input::Event(Event {
             tgid: PID,
+            tid: 0,
             ts_ns,
             func: Some(func),
             stack: Some(StackId::new(stack)),

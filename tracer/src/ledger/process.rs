@@ -33,6 +33,12 @@ pub struct Mismatches {
     /// loss.
     #[serde(default)]
     pub untraced_frees: u64,
+    /// Frees of an address with no outstanding block that a thread made after its last
+    /// allocation, just before it exited: glibc giving back, through `free`'s public address,
+    /// the thread's cache of blocks the program had freed already, and the cache itself (made
+    /// inside the allocator). Not a loss.
+    #[serde(default)]
+    pub thread_exit_frees: u64,
 }
 
 /// The program break: everything above `base` up to `top` was grown while traced.
@@ -101,6 +107,9 @@ pub struct Process {
     /// (at the end they may have fallen, freed at teardown).
     pub pages_at_heap_out: u64,
     pub pages_most_after_heap: u64,
+    /// Per thread, its frees of an address with no block since its last allocation: counted as
+    /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
+    pub tail_frees: std::collections::HashMap<u32, u64>,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -211,9 +220,30 @@ impl Process {
             What::Brk { result } => self.brk(result, origin),
             What::Exec { command, env } => self.exec(command, env),
             What::Exit => self.exited_ns = Some(origin.ts_ns),
-            What::Fork { .. } | What::Step => {}
+            What::Fork { .. } | What::Step | What::ThreadExit => {}
         }
         None
+    }
+
+    /// Notes an event of thread `tid` (0: not known): an allocation, or `unmatched` frees of an
+    /// address with no block (see `tail_frees`).
+    pub fn thread_event(&mut self, tid: u32, allocates: bool, unmatched: u64) {
+        if tid == 0 {
+            return;
+        }
+        if allocates {
+            self.tail_frees.remove(&tid);
+        } else if unmatched > 0 {
+            *self.tail_frees.entry(tid).or_default() += unmatched;
+        }
+    }
+
+    /// Thread `tid` exited: its unmatched frees since its last allocation were its allocator's.
+    pub fn thread_exited(&mut self, tid: u32) {
+        if let Some(n) = self.tail_frees.remove(&tid) {
+            self.mismatches.unmatched_frees -= n;
+            self.mismatches.thread_exit_frees += n;
+        }
     }
 
     /// Its pages now: its brk heap and its mappings.
@@ -225,6 +255,7 @@ impl Process {
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
         self.displaced.clear();
+        self.tail_frees.clear();
         self.mmaps = Regions::default();
         self.files = Spans::default();
         self.brk = Brk::default();

@@ -17,6 +17,7 @@ const RW: u64 = 3;
 fn ev(func: AllocFn, what: What) -> Event {
     Event {
         tgid: PID,
+        tid: 0,
         ts_ns: 1,
         func: Some(func),
         stack: Some(StackId::new(1)),
@@ -136,6 +137,43 @@ fn malloc_free_and_unmatched_free() {
 
 /// A thread's frees arrive with its next record: another thread may be handed the freed address
 /// first. The late free is the replaced block's; the new block stays.
+/// `input` (an event) as thread `tid`'s.
+fn by(tid: u32, input: Input) -> Input {
+    match input {
+        Input::Event(e) => Input::Event(Event { tid, ..e }),
+        other => other,
+    }
+}
+
+fn thread_exit(tid: u32) -> Input {
+    Input::Event(Event {
+        tid,
+        stack: None,
+        ..ev(AllocFn::Free, What::ThreadExit)
+    })
+}
+
+#[test]
+fn frees_a_thread_makes_after_its_last_allocation_before_it_exits_are_the_allocators() {
+    // Thread 7 frees its block, then, exiting, glibc frees its cache (0x900, never seen made)
+    // and a block already freed (0x100). Thread 8 frees an unknown address, then allocates, then
+    // exits: that free is unmatched. Thread 9 frees an unknown address and lives on.
+    let l = ledger(vec![
+        by(7, alloc(AllocFn::Malloc, 0x100, 16, 1)),
+        by(7, free(0x100)),
+        by(7, free(0x900)),
+        by(7, free(0x100)),
+        by(7, thread_exit(7)),
+        by(8, free(0xa00)),
+        by(8, alloc(AllocFn::Malloc, 0x200, 16, 1)),
+        by(8, thread_exit(8)),
+        by(9, free(0xb00)),
+    ]);
+    let m = l.procs[&PID].mismatches;
+    assert_eq!((m.unmatched_frees, m.thread_exit_frees), (2, 2));
+    assert_eq!(of(&l, Kind::Heap, 1), (16, 1));
+}
+
 #[test]
 fn a_late_free_releases_the_replaced_block_not_the_new_one() {
     let events = |n: usize| {
@@ -321,10 +359,12 @@ fn fork_copies_outstanding_as_inherited_and_child_frees_match() {
     l.apply(fork(200, false));
     l.apply(Input::Event(Event {
         tgid: 200,
+        tid: 0,
         ..ev(AllocFn::Free, What::Free { addr: 0x10 })
     }));
     l.apply(Input::Event(Event {
         tgid: 200,
+        tid: 0,
         stack: Some(StackId::new(2)),
         ..ev(
             AllocFn::Malloc,

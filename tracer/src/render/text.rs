@@ -35,7 +35,7 @@ pub fn text(r: &Report) -> String {
     let l = &r.losses;
     let _ = writeln!(
         s,
-        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} stop_failed={} sampled_full={} | unmatched: frees={} unmap_bytes={} reused_addresses={} device_frees={} | untraced_frees={}",
+        "lost: ringbuf_full={} pending_full={} traced_full={} stack_errors={} return_without_entry={} stack_table_full={} undecodable={} stop_failed={} sampled_full={} | unmatched: frees={} unmap_bytes={} reused_addresses={} device_frees={} | untraced_frees={} thread_exit_frees={}",
         l.ringbuf_full,
         l.pending_full,
         l.traced_full,
@@ -50,6 +50,7 @@ pub fn text(r: &Report) -> String {
         l.reused_addresses,
         l.unmatched_device_frees,
         l.untraced_frees,
+        l.thread_exit_frees,
     );
     for f in &r.map_fill {
         let most = f.peak.unwrap_or(f.used).max(f.used);

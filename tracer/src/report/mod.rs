@@ -194,6 +194,9 @@ pub struct Losses {
     /// Frees of CPU tensors made while they were not traced (`--tensors auto`): not a loss.
     #[serde(default)]
     pub untraced_frees: u64,
+    /// Frees glibc made of its own as threads exited (their caches given back): not a loss.
+    #[serde(default)]
+    pub thread_exit_frees: u64,
     /// CUDA frees, releases and unmaps of something no traced call returned.
     pub unmatched_device_frees: u64,
     /// SIGSTOPs for probing new code that the kernel refused to send (that code was probed late).
@@ -548,6 +551,7 @@ fn losses(ledger: &Ledger) -> Losses {
         l.unmatched_unmap_bytes += p.mismatches.unmatched_unmap_bytes;
         l.reused_addresses += p.mismatches.reused_addresses;
         l.untraced_frees += p.mismatches.untraced_frees;
+        l.thread_exit_frees += p.mismatches.thread_exit_frees;
         l.unmatched_device_frees += p.device.unmatched_frees;
     }
     l
@@ -570,6 +574,7 @@ mod tests {
     fn event(func: AllocFn, what: What) -> Input {
         Input::Event(Event {
             tgid: 1,
+            tid: 0,
             ts_ns: 1,
             func: Some(func),
             stack: Some(StackId::new(7)),
@@ -634,6 +639,7 @@ mod tests {
         let on = |stack: u32, func: AllocFn, what: What| {
             Input::Event(Event {
                 tgid: 1,
+                tid: 0,
                 ts_ns: 1,
                 func: Some(func),
                 stack: Some(StackId::new(stack)),

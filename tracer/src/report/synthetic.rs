@@ -37,6 +37,7 @@ pub fn ledger_with(n: u32, samples: u32) -> (Ledger, Analysis) {
         for id in 1..=n {
             ledger.apply(Input::Event(Event {
                 tgid: 1,
+                tid: 0,
                 ts_ns: 1,
                 func: Some(AllocFn::Malloc),
                 stack: Some(StackId::new(id)),
