@@ -75,6 +75,11 @@ def workloads(build):
         ("CPU PyTorch loop, losses kept, long", "python",
          [PY, str(BENCH / "loss_steps.py"), "10000" if QUICK else "100000"],
          BENCH / "loss_steps.py"),
+        # A transformer on sequences of varying length, each step's loss kept; and without.
+        ("CPU PyTorch transformer, losses kept", "python",
+         [PY, str(BENCH / "tx_train.py"), "150" if QUICK else "600"], BENCH / "tx_train.py"),
+        ("CPU PyTorch transformer, no leak", "python",
+         [PY, str(BENCH / "tx_train.py"), "150" if QUICK else "600", "fixed"], None),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
