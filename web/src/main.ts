@@ -57,7 +57,10 @@ function renderStatus(u: Update | Health & { totals?: Record<string, number> }):
 
 function renderHealth(h: Health): void {
   const banner = byId('banner');
-  const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && k !== 'nested_calls' && k !== 'unmatched_frees');
+  // Counted, not lost: calls inside an outer call, frees of what was made while untraced or by
+  // the allocator itself as a thread exited, and frees no block matched.
+  const notLost = ['nested_calls', 'unmatched_frees', 'untraced_frees', 'thread_exit_frees'];
+  const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && !notLost.includes(k));
   const most = (f: Health['map_fill'][number]): number => Math.max(f.used, f.peak ?? 0);
   const full = h.map_fill.filter((f) => most(f) * 5 >= f.capacity * 4);
   banner.hidden = h.dropped === 0 && full.length === 0;

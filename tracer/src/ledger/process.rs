@@ -241,7 +241,7 @@ impl Process {
     /// Thread `tid` exited: its unmatched frees since its last allocation were its allocator's.
     pub fn thread_exited(&mut self, tid: u32) {
         if let Some(n) = self.tail_frees.remove(&tid) {
-            self.mismatches.unmatched_frees -= n;
+            self.mismatches.unmatched_frees = self.mismatches.unmatched_frees.saturating_sub(n);
             self.mismatches.thread_exit_frees += n;
         }
     }
