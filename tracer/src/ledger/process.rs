@@ -28,9 +28,10 @@ pub struct Mismatches {
     /// Allocations returned at an address that was still outstanding whose free has not arrived
     /// (a free missed; while another thread's free is on its way, see `Process::displaced`).
     pub reused_addresses: u64,
-    /// Frees of an address with no outstanding block in a process whose CPU tensors were not
-    /// traced all along (`--tensors auto`): of tensors made while they were not. Expected, not a
-    /// loss.
+    /// Frees of an address with no outstanding block in a process whose CPU tensors or malloc
+    /// family were not traced all along (`--heap auto`): of blocks made while they were not; and
+    /// frees missed while their probes went in (an address handed out again before its free was
+    /// seen). Expected, not a loss.
     #[serde(default)]
     pub untraced_frees: u64,
     /// Frees of an address with no outstanding block that a thread made after its last
@@ -300,7 +301,7 @@ impl Process {
             _ => false,
         };
         if replaced.is_some_and(|old| !same_tensor(&old, size, func) && !kept(&old)) {
-            self.mismatches.reused_addresses += 1;
+            *self.reuses() += 1;
             *self.displaced.entry(addr).or_default() += 1;
         }
     }
@@ -332,10 +333,22 @@ impl Process {
             if *n == 0 {
                 self.displaced.remove(&addr);
             }
-            self.mismatches.reused_addresses -= 1;
+            let reuses = self.reuses();
+            *reuses = reuses.saturating_sub(1);
             return None;
         }
         self.release(addr)
+    }
+
+    /// Where an address handed out again before its free was seen is counted: in a process whose
+    /// layer went in late, a free missed while its probes went in (they do not all go in at one
+    /// instant) is untraced, as frees of what was made before them are; else it is a mismatch.
+    fn reuses(&mut self) -> &mut u64 {
+        if self.layer_late {
+            &mut self.mismatches.untraced_frees
+        } else {
+            &mut self.mismatches.reused_addresses
+        }
     }
 
     /// Removes the outstanding block at `addr` (counted when there is none); its stack.
