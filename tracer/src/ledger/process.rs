@@ -232,8 +232,11 @@ impl Process {
         if tid == 0 {
             return;
         }
+        // Every allocation passes here: the map, nearly always empty, is not hashed into then.
         if allocates {
-            self.tail_frees.remove(&tid);
+            if !self.tail_frees.is_empty() {
+                self.tail_frees.remove(&tid);
+            }
         } else if unmatched > 0 {
             *self.tail_frees.entry(tid).or_default() += unmatched;
         }

@@ -135,8 +135,6 @@ fn malloc_free_and_unmatched_free() {
     assert_eq!(l.procs[&PID].mismatches.unmatched_frees, 1);
 }
 
-/// A thread's frees arrive with its next record: another thread may be handed the freed address
-/// first. The late free is the replaced block's; the new block stays.
 /// `input` (an event) as thread `tid`'s.
 fn by(tid: u32, input: Input) -> Input {
     match input {
@@ -191,6 +189,8 @@ fn a_reused_address_in_a_late_layer_is_an_untraced_free() {
     assert_eq!(of(&l, Kind::Heap, 2), (40, 1));
 }
 
+/// A thread's frees arrive with its next record: another thread may be handed the freed address
+/// first. The late free is the replaced block's; the new block stays.
 #[test]
 fn a_late_free_releases_the_replaced_block_not_the_new_one() {
     let events = |n: usize| {

@@ -191,7 +191,8 @@ pub struct Losses {
     pub unmatched_frees: u64,
     pub unmatched_unmap_bytes: u64,
     pub reused_addresses: u64,
-    /// Frees of CPU tensors made while they were not traced (`--tensors auto`): not a loss.
+    /// Frees, in a process whose tensors or malloc family went in late (`--heap auto`), of blocks
+    /// made before, or missed while their probes went in: not a loss.
     #[serde(default)]
     pub untraced_frees: u64,
     /// Frees glibc made of its own as threads exited (their caches given back): not a loss.
