@@ -105,6 +105,9 @@ pub struct Ledger {
     pub events: u64,
     /// Step boundaries seen (entries of the `--step-symbol` function).
     pub steps: u64,
+    /// `--heap sampled`'s mean interval in bytes (0: every heap block is recorded): a recorded
+    /// block counts for more than its size (`ingest::unsampled`).
+    pub heap_sampling: u64,
     /// Per stack (indexed by its number): allocations and frees of blocks (heap, tensors, device
     /// memory) made at it so far, which tells the analysis whether a stack's flat stretch is a
     /// cache at work or a stack the program stopped using.
@@ -255,9 +258,10 @@ impl Ledger {
                     inherited: false,
                 };
                 let allocates = matches!(what, What::Alloc { .. } | What::Realloc { .. });
+                let sampling = self.heap_sampling;
                 let p = self.process(ev.tgid, ev.ts_ns);
                 let unmatched = p.mismatches.unmatched_frees;
-                let released = p.apply(what, origin);
+                let released = p.apply(what, origin, sampling);
                 let unmatched = p.mismatches.unmatched_frees - unmatched;
                 p.thread_event(ev.tid, allocates, unmatched);
                 let made = if allocates { ev.stack } else { None };

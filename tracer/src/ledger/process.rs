@@ -10,7 +10,10 @@ use super::{
     device::Device,
     regions::{Regions, Spans},
 };
-use crate::{ingest::What, model::StackId};
+use crate::{
+    ingest::{What, unsampled},
+    model::StackId,
+};
 
 const PAGE: u64 = 4096;
 
@@ -178,9 +181,10 @@ impl Process {
         }
     }
 
-    /// Applies one event of this process (forks and steps are the ledger's). Returns the stack of
-    /// the heap or device block a free or realloc released, if any.
-    pub fn apply(&mut self, what: What, origin: Origin) -> Option<StackId> {
+    /// Applies one event of this process (forks and steps are the ledger's); `sampling`: the
+    /// heap's mean sampling interval (`Ledger::heap_sampling`). Returns the stack of the heap or
+    /// device block a free or realloc released, if any.
+    pub fn apply(&mut self, what: What, origin: Origin, sampling: u64) -> Option<StackId> {
         if what.is_page_level() {
             self.last_growth = None;
         }
@@ -196,7 +200,7 @@ impl Process {
             }
             What::DeviceMap { addr, size, handle } => self.device.map(addr, size, handle),
             What::DeviceUnmap { addr } => self.device.unmap(addr),
-            What::Alloc { addr, size } => self.alloc(addr, size, origin),
+            What::Alloc { addr, size } => self.allocated(addr, size, origin, None, sampling),
             What::Free { addr } => return self.free(addr),
             What::Realloc { old, addr, size } => return self.realloc(old, addr, size, origin),
             What::Mmap {
@@ -275,13 +279,16 @@ impl Process {
         }
     }
 
-    pub fn alloc(&mut self, addr: u64, size: u64, origin: Origin) {
-        self.allocated(addr, size, origin, None);
-    }
-
     /// A block allocated, by `realloc` when `grown` says by how much it grew (see
-    /// `ObjectWindow::made`).
-    fn allocated(&mut self, addr: u64, size: u64, origin: Origin, grown: Option<u64>) {
+    /// `ObjectWindow::made`); `sampling` as in [`Process::apply`].
+    fn allocated(
+        &mut self,
+        addr: u64,
+        size: u64,
+        origin: Origin,
+        grown: Option<u64>,
+        sampling: u64,
+    ) {
         self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         let size = if origin.func == Some(AllocFn::Pvalloc) {
             page_up(size)
@@ -303,7 +310,7 @@ impl Process {
             Kind::Heap => self.heap_as_of_s.is_some(),
             _ => false,
         };
-        if replaced.is_some_and(|old| !same_tensor(&old, size, func) && !kept(&old)) {
+        if replaced.is_some_and(|old| !same_tensor(&old, size, func, sampling) && !kept(&old)) {
             *self.reuses() += 1;
             *self.displaced.entry(addr).or_default() += 1;
         }
@@ -387,7 +394,7 @@ impl Process {
         let released = if old != 0 { self.release(old) } else { None };
         self.malloc_seen |= Kind::of(origin.func) == Kind::Heap;
         if new != 0 {
-            self.allocated(new, size, origin, Some(grown));
+            self.allocated(new, size, origin, Some(grown), 0);
         }
         released
     }
@@ -465,9 +472,11 @@ impl Process {
 /// Whether `old` is the block a tensor of `size` just made by `func` was recorded as first:
 /// c10::alloc_cpu probed after its posix_memalign call, in a process whose malloc family is
 /// traced, has posix_memalign's return record the block, then the tensor (one block, told as
-/// a tensor, with the stack of alloc_cpu's caller).
-fn same_tensor(old: &Block, size: u64, func: Option<AllocFn>) -> bool {
+/// a tensor, with the stack of alloc_cpu's caller). Under `--heap sampled` (`sampling`, the mean
+/// interval) a recorded posix_memalign block counts for more than its size; tensors are all
+/// recorded, at their size.
+fn same_tensor(old: &Block, size: u64, func: Option<AllocFn>, sampling: u64) -> bool {
     func == Some(AllocFn::C10AllocCpu)
         && old.origin.func == Some(AllocFn::PosixMemalign)
-        && old.size == size
+        && (old.size == size || old.size == unsampled(size, sampling))
 }

@@ -524,6 +524,31 @@ fn a_tensor_recorded_first_by_its_posix_memalign_is_one_tensor() {
     assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
 }
 
+/// `--heap sampled`: the posix_memalign block recorded first counts for what it stands for
+/// (64 KiB at a 512 KiB interval: 557,738 bytes); the tensor at its address is still that block,
+/// and its free leaves nothing.
+#[test]
+fn a_tensor_whose_posix_memalign_was_sampled_is_one_tensor() {
+    let mean = 512 << 10;
+    let mut l = Ledger {
+        heap_sampling: mean,
+        ..Ledger::default()
+    };
+    let scaled = crate::ingest::unsampled(64 << 10, mean);
+    l.apply(alloc(AllocFn::PosixMemalign, 0x5000, scaled, 3));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x5000, 64 << 10, 4));
+    assert_eq!(outstanding(&l, Kind::Tensor), (64 << 10, 1));
+    assert_eq!(outstanding(&l, Kind::Heap), (0, 0));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    l.apply(free(0x5000));
+    assert_eq!(outstanding(&l, Kind::Tensor), (0, 0));
+    // The same block without sampling is one whose free was not seen.
+    l.heap_sampling = 0;
+    l.apply(alloc(AllocFn::PosixMemalign, 0x6000, scaled, 3));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x6000, 64 << 10, 4));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
+}
+
 #[test]
 fn pages_grown_for_a_tensor_take_its_stack() {
     let stack_of = |l: &Ledger, kind: Kind| -> Vec<Option<StackId>> {

@@ -476,6 +476,11 @@ impl Probes {
         Ok(())
     }
 
+    /// `--heap sampled`'s mean interval in bytes; 0 when every allocation is recorded.
+    pub fn heap_sampling(&self) -> u64 {
+        self.heap_sampling
+    }
+
     /// Sets slot 0 of the kernel side's setting array `name`.
     fn set_setting(&mut self, name: &str, value: u64) -> Result<(), Error> {
         let map = self

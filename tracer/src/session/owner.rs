@@ -108,6 +108,7 @@ pub(super) async fn trace(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hold_tx, hold_rx) = mpsc::channel(64);
     let mut ledger = Ledger::default();
+    ledger.heap_sampling = probes.heap_sampling();
     let hold = super::trace_root(&root, command, &mut probes, &mut ledger, hold_tx)?;
     let prober = Prober::spawn(probes).map_err(|e| anyhow::anyhow!("prober thread: {e}"))?;
     let (maps_tx, maps_rx) = mpsc::unbounded_channel();
