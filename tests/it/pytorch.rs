@@ -538,6 +538,73 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
     assert_eq!(r.process(r.root_pid())["heap_as_of_s"], Value::Null);
 }
 
+/// A heap leak that moves (`heap_phases.py`): each step's loss kept, made by one forward line
+/// until the report says the malloc family was taken out, then by another. The pages grow on
+/// after the take-out, so the malloc family is traced again, and the heap is judged on that
+/// window: `check` fails at the second line; the first line's blocks, kept as they were, no
+/// longer grow, and it is not called a leak.
+#[test]
+fn a_heap_leak_that_moves_is_found_at_its_new_line_once_the_malloc_family_is_traced_again() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let name = "heap-phases";
+    // The script reads the report `check` writes a line to every second.
+    let report = fixture::target_dir().join(format!("{name}.json"));
+    let _ = std::fs::remove_file(&report);
+    let var = format!("REPORT={}", report.display());
+    let (o, r) = check_torch_env(name, "heap_phases", &[&var], &["--interval", "1"], &[]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let (a, b) = (
+        line("heap_phases", "# LEAK A"),
+        line("heap_phases", "# LEAK B"),
+    );
+    let leaks: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LEAK"))
+        .collect();
+    let names = |n: u64| format!("(heap_phases.py:{n})");
+    assert!(
+        leaks
+            .iter()
+            .any(|l| l.contains("LEAK heap") && l.ends_with(&names(b))),
+        "{out}"
+    );
+    assert!(!leaks.iter().any(|l| l.ends_with(&names(a))), "{out}");
+    assert!(out.contains("traced again once"), "{out}");
+    let process = r.process(r.root_pid());
+    assert_eq!(process["heap_again"], 1, "{process}");
+    assert!(process["heap_as_of_s"].as_f64().is_some(), "{process}");
+    let at = |n: u64| {
+        move |s: &&Value| {
+            s["kind"] == "heap"
+                && s["frames"].as_array().into_iter().flatten().any(|f| {
+                    f["line"] == n
+                        && f["file"]
+                            .as_str()
+                            .is_some_and(|p| p.ends_with("heap_phases.py"))
+                })
+        }
+    };
+    let first: Vec<&Value> = r.stacks().iter().filter(at(a)).collect();
+    assert!(
+        first.iter().any(|s| s["bytes"].as_u64() > Some(0)),
+        "the first leak's blocks are kept: {out}"
+    );
+    for s in first {
+        assert_ne!(s["verdict"]["verdict"], "leak", "{s}");
+    }
+    let second = r.stacks().iter().filter(at(b));
+    assert!(
+        second
+            .into_iter()
+            .any(|s| s["verdict"]["verdict"] == "leak"),
+        "{out}"
+    );
+}
+
 /// The same leak under `--tensors all` (every CPU tensor traced from the start, not a layer):
 /// its pages grow beyond its tensors, so its malloc family is asked for as under the default,
 /// not after the ten seconds of pages a process without tensors waits for. `check` fails first

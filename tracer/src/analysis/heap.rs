@@ -1,28 +1,74 @@
 //! `--heap auto`: a process's malloc family as a layer taken out once its leak is confirmed. Its
 //! heap stacks are then judged as they were when it went: their blocks stay as they were, and
 //! the frees and allocations since are not seen (a series that stopped would read as a leak that
-//! stopped). So is its heap-level total, which its pages are compared with.
+//! stopped). So is its heap-level total, which its pages are compared with. Traced again when
+//! its pages go on growing, they are judged on that window alone: the stretch between went
+//! unseen, and what the window shows is what the program does now. A window the run's end cut
+//! short before it was decided (a leak confirmed, or the heap held) tells too little: the one
+//! before it stands.
 
 use std::borrow::Cow;
 
+use rustc_hash::FxHashSet;
+
 use super::{Analysis, Verdict, series::Series};
-use crate::model::{GroupKey, Kind};
+use crate::model::{GroupKey, Kind, StackId};
+
+/// A process's malloc family as traced last, on the series' axis: from when it was traced again
+/// (none: from the start) until it was taken out (none: traced now); while it is traced again,
+/// the window before.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct HeapWindow {
+    from: Option<f64>,
+    until: Option<f64>,
+    before: Option<(Option<f64>, f64)>,
+}
 
 impl Analysis {
     /// `pid`'s malloc family was taken out at `x` (on the series' axis), its leak confirmed.
     pub fn heap_taken_out(&mut self, pid: u32, x: f64) {
-        self.heap_out.insert(pid, x);
+        self.heap_window.entry(pid).or_default().until = Some(x);
+    }
+
+    /// `pid`'s malloc family is traced again from `x` on, after it was taken out: its heap is
+    /// judged on what it does from then.
+    pub fn heap_traced_again(&mut self, pid: u32, x: f64) {
+        let w = self.heap_window.entry(pid).or_default();
+        let before = w.until.map(|until| (w.from, until));
+        *w = HeapWindow {
+            from: Some(x),
+            until: None,
+            before,
+        };
+    }
+
+    /// `pid`'s malloc family, traced again, was still undecided when the run ended: its heap is
+    /// judged on the window before.
+    pub fn heap_window_undecided(&mut self, pid: u32) {
+        let Some(w) = self.heap_window.get_mut(&pid) else {
+            return;
+        };
+        if let (None, Some((from, until))) = (w.until, w.before.take()) {
+            (w.from, w.until) = (from, Some(until));
+        }
     }
 
     /// Whether a heap stack of `pid` is judged a leak now (from `warmup_s`).
     pub fn heap_leaks(&self, pid: u32, warmup_s: f64) -> bool {
+        !self.heap_leak_stacks(pid, warmup_s).is_empty()
+    }
+
+    /// The heap stacks of `pid` judged a leak now (from `warmup_s`).
+    pub fn heap_leak_stacks(&self, pid: u32, warmup_s: f64) -> FxHashSet<Option<StackId>> {
         self.groups
             .keys()
             .filter(|k| k.pid == pid && k.kind == Kind::Heap)
-            .any(|k| {
+            .filter(|k| {
                 self.judge(k, warmup_s)
                     .is_some_and(|e| e.verdict == Verdict::Leak)
             })
+            .map(|k| k.stack)
+            .collect()
     }
 
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,
@@ -35,11 +81,18 @@ impl Analysis {
     }
 
     /// `pid`'s heap-level total (`heap`) or pages beside it, up to when its malloc family was
-    /// taken out: after, the heap is not seen, while the pages go on holding its leak.
+    /// taken out (after, the heap is not seen, while the pages go on holding its leak), from
+    /// when it was traced again.
     pub(super) fn heap_as_judged<'s>(&self, pid: u32, series: &'s Series) -> Cow<'s, Series> {
-        match self.heap_out.get(&pid) {
-            Some(&x) => Cow::Owned(series.until(x)),
-            None => Cow::Borrowed(series),
+        let Some(w) = self.heap_window.get(&pid) else {
+            return Cow::Borrowed(series);
+        };
+        let from = w
+            .from
+            .map_or(Cow::Borrowed(series), |x| Cow::Owned(series.since(x)));
+        match w.until {
+            Some(x) => Cow::Owned(from.until(x)),
+            None => from,
         }
     }
 }
@@ -98,5 +151,46 @@ mod tests {
         let (b, heap) = leaking(false);
         assert_ne!(b.judge(&heap, 0.0).unwrap().verdict, Verdict::Leak);
         assert!(b.retention(1, 0.0).unwrap().retention);
+    }
+
+    /// [`leaking`], traced again at 30 s, its pages growing on: the first leak's stack holds
+    /// what it was kept at, another grows by 1 MiB a second.
+    fn traced_again() -> (Analysis, GroupKey, GroupKey) {
+        let (mut a, first) = leaking(true);
+        let second = GroupKey {
+            stack: Some(crate::model::StackId::new(3)),
+            ..first
+        };
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+        a.heap_traced_again(1, 30.0);
+        for i in 30..60u64 {
+            let groups = [(first, 23 << 20), (second, (i - 29) << 20)];
+            a.sample(i as f64, &ledger, &groups);
+        }
+        (a, first, second)
+    }
+
+    /// Judged on its last window, the first leak's stack is no leak any more (judged whole, its
+    /// rise before would still make it one) and the second is. Undecided at the run's end, the
+    /// window before stands; decided (taken out again), the last one does.
+    #[test]
+    fn a_heap_traced_again_is_judged_on_its_last_decided_window() {
+        let (mut a, first, second) = traced_again();
+        assert_ne!(a.judge(&first, 0.0).unwrap().verdict, Verdict::Leak);
+        assert_eq!(a.judge(&second, 0.0).unwrap().verdict, Verdict::Leak);
+        let leaks = a.heap_leak_stacks(1, 0.0);
+        assert_eq!(leaks.into_iter().collect::<Vec<_>>(), vec![second.stack]);
+        a.heap_window_undecided(1);
+        assert_eq!(a.judge(&first, 0.0).unwrap().verdict, Verdict::Leak);
+
+        let (mut a, first, second) = traced_again();
+        a.heap_taken_out(1, 45.0);
+        a.heap_window_undecided(1);
+        let e = a.judge(&second, 0.0).unwrap();
+        assert_eq!(e.verdict, Verdict::Leak);
+        assert!(e.windows[0].t0_s >= 30.0 && e.windows.last().unwrap().t1_s <= 45.0);
+        assert_ne!(a.judge(&first, 0.0).unwrap().verdict, Verdict::Leak);
     }
 }

@@ -58,9 +58,8 @@ pub struct Analysis {
     arena_stacks: rustc_hash::FxHashSet<GroupKey>,
     /// Page-level stacks made while a library's module was imported (`Analysis::imported`).
     imported: rustc_hash::FxHashSet<StackId>,
-    /// Per process: when (on the series' axis) its malloc family was taken out, its leak
-    /// confirmed (heap.rs).
-    heap_out: FxHashMap<u32, f64>,
+    /// Per process: its malloc family's last traced window, where it was taken out (heap.rs).
+    heap_window: FxHashMap<u32, heap::HeapWindow>,
     /// Samples taken so far, and when the last was (on the series' axis).
     round: u64,
     last_x: f64,
@@ -131,7 +130,7 @@ impl Default for Analysis {
             tensors: FxHashMap::default(),
             arena_stacks: Default::default(),
             imported: Default::default(),
-            heap_out: FxHashMap::default(),
+            heap_window: FxHashMap::default(),
             round: 0,
             last_x: 0.0,
         }

@@ -101,6 +101,16 @@ impl Series {
         }
     }
 
+    /// The series from its points that begin at `t_s` or after.
+    pub fn since(&self, t_s: f64) -> Series {
+        let from = self.points.partition_point(|p| p.t0 < t_s);
+        Series {
+            points: self.points[from..].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
     /// The series from `t_s` on, less the least it held there: what it added to what it held
     /// then.
     pub fn added_since(&self, t_s: f64) -> Series {

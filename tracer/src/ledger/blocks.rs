@@ -67,6 +67,13 @@ impl Blocks {
         self.shards.iter().all(|s| s.is_empty())
     }
 
+    /// Keeps the blocks `keep` says to, by address and block.
+    pub fn retain(&mut self, mut keep: impl FnMut(&u64, &Block) -> bool) {
+        for s in self.shards.iter_mut() {
+            s.retain(|a, b| keep(a, b));
+        }
+    }
+
     pub fn clear(&mut self) {
         self.shards
             .iter_mut()

@@ -166,6 +166,37 @@ impl Ledger {
             (p.heap_as_of_s, p.heap_held) = (Some(at_s), held);
             p.pages_at_heap_out = p.pages_bytes();
             p.pages_most_after_heap = p.pages_at_heap_out;
+            let made = p
+                .heap
+                .iter()
+                .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Heap);
+            let latest = made.map(|(_, b)| b.origin.ts_ns).max().unwrap_or(0);
+            p.heap_kept_ns = p.heap_kept_ns.max(latest);
+            if p.heap_retraced {
+                (p.heap_retraced, p.heap_again) = (false, p.heap_again + 1);
+            }
+        }
+    }
+
+    /// `pid`'s malloc family is traced again, its pages having grown since it was taken out:
+    /// its heap blocks of the stacks `keep` picks (its leak's, likely held still) stay as they
+    /// were; the others, whose frees went unseen meanwhile, are forgotten. A block kept whose
+    /// free was not seen goes when a new block takes its address. Until it is taken out again,
+    /// the window before stands (`heap_as_of_s`).
+    pub fn heap_traced_again(&mut self, pid: u32, keep: impl Fn(Option<StackId>) -> bool) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.heap_retraced = true;
+        p.displaced.clear();
+        p.forget_but(Kind::Heap, keep);
+    }
+
+    /// `pid`'s malloc family, traced again, was still undecided when the run ended: the window
+    /// before stands.
+    pub fn heap_window_undecided(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.heap_retraced = false;
         }
     }
 
@@ -192,17 +223,8 @@ impl Ledger {
     /// again after they were kept as they were, the tensors of a leak are likely held still, and
     /// those of other stacks (a step's, outstanding as they were kept) likely freed unseen.
     pub fn forget_tensors_but(&mut self, pid: u32, leaks: impl Fn(Option<StackId>) -> bool) {
-        let Some(p) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        let tensors: Vec<u64> = p
-            .heap
-            .iter()
-            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor && !leaks(b.origin.stack))
-            .map(|(&a, _)| a)
-            .collect();
-        for addr in tensors {
-            p.heap.remove(&addr);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.forget_but(Kind::Tensor, leaks);
         }
     }
 

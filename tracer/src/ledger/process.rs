@@ -111,6 +111,14 @@ pub struct Process {
     /// (at the end they may have fallen, freed at teardown).
     pub pages_at_heap_out: u64,
     pub pages_most_after_heap: u64,
+    /// Its heap blocks made up to then (kernel ns) were kept as they were when its malloc
+    /// family was taken out: traced again, a new block at the address of one of them replaces
+    /// it, as its free was not seen.
+    pub heap_kept_ns: u64,
+    /// Times its malloc family was traced again after it was taken out (its pages grew on),
+    /// and taken out again; and whether it is traced again now.
+    pub heap_again: u32,
+    pub heap_retraced: bool,
     /// Per thread, its frees of an address with no block since its last allocation: counted as
     /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
     pub tail_frees: std::collections::HashMap<u32, u64>,
@@ -307,13 +315,23 @@ impl Process {
         // malloc family is taken out (it is not traced again). Their frees are not seen.
         let kept = |old: &Block| match Kind::of(old.origin.func) {
             Kind::Tensor => old.origin.ts_ns <= self.tensors_kept_ns,
-            Kind::Heap => self.heap_as_of_s.is_some(),
+            Kind::Heap => {
+                (self.heap_as_of_s.is_some() && !self.heap_retraced)
+                    || old.origin.ts_ns <= self.heap_kept_ns
+            }
             _ => false,
         };
         if replaced.is_some_and(|old| !same_tensor(&old, size, func, sampling) && !kept(&old)) {
             *self.reuses() += 1;
             *self.displaced.entry(addr).or_default() += 1;
         }
+    }
+
+    /// Forgets its outstanding blocks of `kind` (heap blocks or CPU tensors) but those of the
+    /// stacks `keep` picks.
+    pub fn forget_but(&mut self, kind: Kind, keep: impl Fn(Option<StackId>) -> bool) {
+        self.heap
+            .retain(|_, b| Kind::of(b.origin.func) != kind || keep(b.origin.stack));
     }
 
     /// Gives the pages of [`Process::last_growth`] the stack of the tensor at [addr, addr + size)

@@ -659,3 +659,47 @@ fn heap_blocks_kept_at_the_take_out_give_their_address_up_without_a_mismatch() {
     assert_eq!(run(true), (0, (0, 0)));
     assert_eq!(run(false), (1, (0, 0)));
 }
+
+/// Traced again after it was taken out (`--heap auto`, its pages grew on): the heap blocks of
+/// its leak's stack stay as they were, the others are forgotten (their frees went unseen); a new
+/// block at the address of one kept replaces it without a mismatch, and its own free releases it.
+#[test]
+fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
+    let mut l = ledger(vec![
+        alloc(AllocFn::Malloc, 0x5000, 64, 1),
+        alloc(AllocFn::Malloc, 0x6000, 64, 1),
+        alloc(AllocFn::Malloc, 0x7000, 32, 2),
+    ]);
+    l.heap_taken_out(PID, 1.0, false);
+    l.heap_traced_again(PID, |s| s == Some(StackId::new(1)));
+    // The window before stands until this one is decided.
+    let p = &l.procs[&PID];
+    assert_eq!(
+        (p.heap_as_of_s, p.heap_again, p.heap_retraced),
+        (Some(1.0), 0, true)
+    );
+    assert_eq!(outstanding(&l, Kind::Heap), (128, 2));
+    // 0x6000 was freed while untraced and handed out again.
+    let later = |addr, size| {
+        Input::Event(Event {
+            ts_ns: 5,
+            stack: Some(StackId::new(3)),
+            ..ev(AllocFn::Malloc, What::Alloc { addr, size })
+        })
+    };
+    l.apply(later(0x6000, 16));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+    assert_eq!(l.procs[&PID].mismatches.untraced_frees, 0);
+    l.apply(free(0x6000));
+    assert_eq!(outstanding(&l, Kind::Heap), (64, 1));
+    // A block made while traced again and replaced before its free came is a reuse as ever.
+    l.apply(later(0x8000, 16));
+    l.apply(later(0x8000, 16));
+    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 1);
+    l.heap_taken_out(PID, 2.0, false);
+    let p = &l.procs[&PID];
+    assert_eq!(
+        (p.heap_as_of_s, p.heap_again, p.heap_retraced),
+        (Some(2.0), 1, false)
+    );
+}

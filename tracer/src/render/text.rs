@@ -260,21 +260,31 @@ pub fn heap_notes(r: &Report) -> Vec<String> {
 /// (`--tensors auto`), its malloc family taken out once its leak was confirmed (`--heap auto`);
 /// `check` prints them under its verdict too.
 pub fn layer_notes(r: &Report) -> Vec<String> {
-    let heap =
-        |p: &crate::report::ProcReport| {
-            let why = if p.heap_held {
-                "its heap held while traced and its malloc family was taken out"
-            } else {
-                "its leak was confirmed and its malloc family taken out"
-            };
-            p.heap_as_of_s.map(|at| format!(
-            "heap of pid {}: as of {at:.1} s, when {why}{} (--heap full traces it to the end)",
+    let heap = |p: &crate::report::ProcReport| {
+        let why = if p.heap_held {
+            "its heap held while traced and its malloc family was taken out"
+        } else {
+            "its leak was confirmed and its malloc family taken out"
+        };
+        p.heap_as_of_s.map(|at| format!(
+            "heap of pid {}: as of {at:.1} s, when {why}{}{} (--heap full traces it to the end)",
             p.pid,
+            traced_again(p),
             pages_after(p)
         ))
-        };
+    };
     let tensors = r.processes.iter().filter_map(|p| tensor_note(r, p));
     tensors.chain(r.processes.iter().filter_map(heap)).collect()
+}
+
+/// How often its malloc family was traced again, its pages growing on after it was taken out:
+/// " (traced again 2 times since its first window, judged on the last)".
+fn traced_again(p: &crate::report::ProcReport) -> String {
+    match p.heap_again {
+        0 => String::new(),
+        1 => " (traced again once since its first window, judged on the last)".into(),
+        n => format!(" (traced again {n} times since its first window, judged on the last)"),
+    }
 }
 
 /// How far a confirmed heap leak went on after its malloc family was taken out, by its pages:

@@ -117,6 +117,10 @@ pub struct ProcReport {
     /// traced, while its pages grew), not for a confirmed leak.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub heap_held: bool,
+    /// Times its malloc family was traced again after it was taken out, its pages growing on:
+    /// its heap stacks are judged on the last of those windows.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub heap_again: u32,
     /// The most its pages (brk and mmap, sampled) rose above what they were when its malloc
     /// family was taken out, where it was: how far a confirmed heap leak went on untraced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -502,6 +506,7 @@ fn proc_report(p: &Process) -> ProcReport {
         tensors_as_of_s: p.tensors_as_of_s,
         heap_as_of_s: p.heap_as_of_s,
         heap_held: p.heap_held,
+        heap_again: p.heap_again,
         pages_after_heap_bytes: p
             .heap_as_of_s
             .map(|_| p.pages_most_after_heap - p.pages_at_heap_out),
@@ -556,6 +561,11 @@ fn losses(ledger: &Ledger) -> Losses {
         l.unmatched_device_frees += p.device.unmatched_frees;
     }
     l
+}
+
+/// For `skip_serializing_if`: a count of nothing.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

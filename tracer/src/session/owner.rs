@@ -430,6 +430,7 @@ impl Owner {
         if !self.config.per_step() {
             self.sample();
         }
+        self.heap_windows_cut_short();
         let mut last = self.report(self.stored_top(), true);
         tracing::debug!(ms = ms(t), "final report made");
         self.publish_report(last.clone());

@@ -46,6 +46,11 @@ const HEAP_CONFIRM_S: f64 = 1.0;
 /// The probes go in within half a second, and the heap outstanding before them is not seen:
 /// its first samples rise to the working set, then hold.
 const HEAP_HOLD_S: f64 = 5.0;
+/// How long after a process's malloc family was taken out it may be traced again, where its
+/// pages go on growing (over [`ENGAGE_SPAN_S`] since, by [`ENGAGE_MIN_BYTES`], as asked for the
+/// first time): twice as long each time, up to [`TENSORS_AGAIN_MOST_S`]. A leak of its heap may
+/// have stopped or another begun; each window costs about what the first one did.
+const HEAP_AGAIN_S: f64 = 10.0;
 /// The growth of a process's page-level stacks, over [`TENSORS_SPAN_S`] at least, that its
 /// tensors traced for [`TENSORS_HOLD_S`] do not explain and that calls for its malloc family
 /// at once: its pages grow by megabytes a second (a loop keeping each step's autograd nodes).
@@ -75,13 +80,19 @@ pub(super) struct Layers {
     forget: Vec<u32>,
 }
 
-/// A process's malloc family as a layer: when it was asked for and since when its heap has
-/// leaked without a break (seconds traced), until it is taken out.
+/// A process's malloc family as a layer: when it was last asked for and since when its heap
+/// has leaked without a break (seconds traced), until it is taken out; then when (on the series'
+/// axis), and when it may be asked for again, its pages growing on, and how long after the next
+/// time (see [`HEAP_AGAIN_S`]); whether it was asked for again.
 #[derive(Clone, Copy)]
 struct HeapLayer {
     asked_s: f64,
     leak_since: Option<f64>,
     out: bool,
+    again: bool,
+    out_x: f64,
+    again_s: f64,
+    every_s: f64,
 }
 
 /// A process's tensors as a layer: when they were last asked for (seconds traced), whether the
@@ -144,7 +155,7 @@ impl Owner {
         }
         self.engage_tensors(at_s, x);
         self.object_windows(at_s, x);
-        self.engage_heap(at_s);
+        self.engage_heap(at_s, x);
         self.heap_beyond_all_tensors(at_s, x);
     }
 
@@ -173,13 +184,29 @@ impl Owner {
                     .send(ProbeRequest::DisengageHeap { tgid: pid });
                 self.ledger.heap_taken_out(pid, at_s, held);
                 self.analysis.heap_taken_out(pid, x);
-                h.out = true;
+                (h.out, h.out_x) = (true, x);
+                h.again_s = doubling(&mut h.every_s, at_s);
                 tracing::info!(pid, at_s, held, "malloc family taken out");
                 self.tensors_out_with_heap(pid, at_s, x);
             }
             if let Some(layers) = &mut self.layers {
                 layers.heap.insert(pid, h);
             }
+        }
+    }
+
+    /// At the run's end: a malloc family traced again and still undecided (no leak confirmed in
+    /// that window, nor its heap held long enough) tells too little; the window before stands.
+    pub(super) fn heap_windows_cut_short(&mut self) {
+        let Some(layers) = &self.layers else {
+            return;
+        };
+        let open = layers.heap.iter().filter(|(_, h)| h.again && !h.out);
+        let pids: Vec<u32> = open.map(|(&pid, _)| pid).collect();
+        for pid in pids {
+            tracing::info!(pid, "malloc family traced again, undecided at the end");
+            self.ledger.heap_window_undecided(pid);
+            self.analysis.heap_window_undecided(pid);
         }
     }
 
@@ -403,7 +430,7 @@ impl Owner {
             // (a block of posix_memalign's is a tensor's where tensors are traced) and go out
             // with.
             if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
-                self.ask_heap(pid, at_s);
+                self.ask_heap(pid, at_s, x);
             }
             if self.heap_asked(pid) {
                 continue;
@@ -508,8 +535,13 @@ impl Owner {
     /// Asks, once per process, for the malloc family of each process with a page-level stack
     /// judged a leak that its tensors do not explain (the prober leaves out all but the layered
     /// processes whose malloc family is not traced yet).
-    fn engage_heap(&mut self, at_s: f64) {
-        let start = |pid: u32| self.judged_from(pid, at_s);
+    fn engage_heap(&mut self, at_s: f64, x: f64) {
+        // Where its malloc family was taken out, its pages since then.
+        let start = |pid: u32| {
+            let out = self.layers.as_ref().and_then(|l| l.heap.get(&pid));
+            let from = self.judged_from(pid, at_s);
+            out.filter(|h| h.out).map_or(from, |h| from.max(h.out_x))
+        };
         let grown = self
             .analysis
             .unexplained_pages(start, ENGAGE_SPAN_S, ENGAGE_MIN_BYTES);
@@ -527,7 +559,7 @@ impl Owner {
         };
         for pid in pids {
             if !waits(self, pid) {
-                self.ask_heap(pid, at_s);
+                self.ask_heap(pid, at_s, x);
             }
         }
     }
@@ -547,34 +579,50 @@ impl Owner {
         let from = self.config.warmup.max(x / 2.0);
         for pid in self.pages_beyond_tensors(None, from) {
             if self.analysis.held_tensors(pid) {
-                self.ask_heap(pid, at_s);
+                self.ask_heap(pid, at_s, x);
             }
         }
     }
 
-    /// Asks for `tgid`'s malloc family, once (a process taken out is not asked for again).
-    fn ask_heap(&mut self, tgid: u32, at_s: f64) {
+    /// Asks for `tgid`'s malloc family (`at_s` seconds into tracing, `x` on the series' axis):
+    /// the first time, or again where it was taken out and its time to be traced again came.
+    fn ask_heap(&mut self, tgid: u32, at_s: f64, x: f64) {
         let Some(layers) = &mut self.layers else {
             return;
         };
-        if let std::collections::hash_map::Entry::Vacant(e) = layers.heap.entry(tgid) {
+        let h = layers.heap.entry(tgid).or_insert(HeapLayer {
+            asked_s: f64::NAN,
+            leak_since: None,
+            out: true,
+            again: false,
+            out_x: 0.0,
+            again_s: 0.0,
+            every_s: HEAP_AGAIN_S,
+        });
+        if !h.out || at_s < h.again_s {
+            return;
+        }
+        let again = h.asked_s.is_finite();
+        (h.asked_s, h.leak_since, h.out, h.again) = (at_s, None, false, again);
+        if again {
+            tracing::info!(tgid, at_s, "malloc family asked for again: pages grow on");
+            let warmup = self.config.warmup;
+            let leaks = self.analysis.heap_leak_stacks(tgid, warmup);
+            self.ledger.heap_traced_again(tgid, |s| leaks.contains(&s));
+            self.analysis.heap_traced_again(tgid, x);
+        } else {
             tracing::info!(
                 tgid,
                 at_s,
                 "malloc family asked for: pages grow, no layer below explains it"
             );
             self.ledger.layer_asked(tgid);
-            e.insert(HeapLayer {
-                asked_s: at_s,
-                leak_since: None,
-                out: false,
-            });
-            let ask = ProbeRequest::EngageHeap {
-                tgid,
-                after_s: at_s,
-            };
-            let _ = self.prober.requests.send(ask);
         }
+        let ask = ProbeRequest::EngageHeap {
+            tgid,
+            after_s: at_s,
+        };
+        let _ = self.prober.requests.send(ask);
     }
 
     /// The processes of the page-level stacks `grown` that are not arenas of Python objects:
