@@ -192,8 +192,12 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     if let Some((p, id)) = entry.as_mut() {
         let s = settings(p, (*id >> 32) as u32);
         // A process whose malloc family is off returns here only from a Python object's call,
-        // or from a call nested in one.
+        // or from a call nested in one; or from a call entered before its malloc family was
+        // taken out (the flags go first, the probes after), which closes now, unrecorded: left
+        // open, it would take every later call and free of its thread below it (a CPU tensor's
+        // through `c10::free_cpu`) for nested ones, and drop them.
         if s & HEAP_OFF != 0 && !(p.depth > 0 && object_call(p)) {
+            p.depth = p.depth.saturating_sub(1);
             return 0;
         }
         // An idle entry while its objects are not sampled: an object call whose entry found
