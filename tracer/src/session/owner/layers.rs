@@ -80,10 +80,10 @@ pub(super) struct Layers {
     forget: Vec<u32>,
 }
 
-/// A process's malloc family as a layer: when it was last asked for and since when its heap
-/// has leaked without a break (seconds traced), until it is taken out; then when (on the series'
-/// axis), and when it may be asked for again, its pages growing on, and how long after the next
-/// time (see [`HEAP_AGAIN_S`]); whether it was asked for again.
+/// A process's malloc family as a layer: when it was last asked for, whether that was again
+/// after a take-out, and since when its heap has leaked without a break (seconds traced), until
+/// it is taken out. Out: where it went (on the series' axis), when it may be asked for again
+/// while its pages grow on, and how long after that the time after (see [`HEAP_AGAIN_S`]).
 #[derive(Clone, Copy)]
 struct HeapLayer {
     asked_s: f64,
@@ -532,9 +532,9 @@ impl Owner {
             .send(ProbeRequest::DisengageTensors { tgid: pid });
     }
 
-    /// Asks, once per process, for the malloc family of each process with a page-level stack
-    /// judged a leak that its tensors do not explain (the prober leaves out all but the layered
-    /// processes whose malloc family is not traced yet).
+    /// Asks for the malloc family of each process with a page-level stack judged a leak that its
+    /// tensors do not explain (the prober leaves out all but the layered processes whose malloc
+    /// family is not traced now): the first time, or again after its take-out, judged since.
     fn engage_heap(&mut self, at_s: f64, x: f64) {
         // Where its malloc family was taken out, its pages since then.
         let start = |pid: u32| {
@@ -606,10 +606,7 @@ impl Owner {
         (h.asked_s, h.leak_since, h.out, h.again) = (at_s, None, false, again);
         if again {
             tracing::info!(tgid, at_s, "malloc family asked for again: pages grow on");
-            let warmup = self.config.warmup;
-            let leaks = self.analysis.heap_leak_stacks(tgid, warmup);
-            self.ledger.heap_traced_again(tgid, |s| leaks.contains(&s));
-            self.analysis.heap_traced_again(tgid, x);
+            self.heap_traced_again(tgid, x);
         } else {
             tracing::info!(
                 tgid,
@@ -623,6 +620,14 @@ impl Owner {
             after_s: at_s,
         };
         let _ = self.prober.requests.send(ask);
+    }
+
+    /// `tgid`'s malloc family asked for again at `x` (on the series' axis): the blocks of its
+    /// leak's stacks stay, and its heap is judged from then on.
+    fn heap_traced_again(&mut self, tgid: u32, x: f64) {
+        let leaks = self.analysis.heap_leak_stacks(tgid, self.config.warmup);
+        self.ledger.heap_traced_again(tgid, |s| leaks.contains(&s));
+        self.analysis.heap_traced_again(tgid, x);
     }
 
     /// The processes of the page-level stacks `grown` that are not arenas of Python objects:
