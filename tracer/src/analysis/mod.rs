@@ -399,6 +399,9 @@ impl Analysis {
             // keeps up to twice its mmap threshold above the last block): a rise of less than a
             // tenth of where its floors started is that, not a leak.
             Kind::Brk if within_a_tenth(&evidence) => evidence.verdict = Verdict::Steady,
+            // A spike's scratch block placed a little higher in the heap now and then: the
+            // floors drift up by less than a tenth of how far the stack swings in every window.
+            Kind::Brk if drift_under_spikes(&evidence) => evidence.verdict = Verdict::Spike,
             Kind::Brk if self.top_moved(key.pid, &evidence, warmup_s) => {
                 evidence.verdict = Verdict::Moved
             }
@@ -634,6 +637,19 @@ fn last_step_only(evidence: &Evidence) -> bool {
         && (rose.iter().filter(|&&r| r).count() == 1
             || floats_within_a_tenth(before)
             || little_before)
+}
+
+/// Whether a brk stack's floors rose by less than a tenth of how far above its floor it swung in
+/// every window: a scratch block of a spike (a 16 MiB tensor made and dropped every step, in the
+/// brk heap once glibc's mmap threshold rose past it) that glibc placed a little higher now and
+/// then, not pages kept. A leak under such spikes outgrows a tenth of them as it goes on.
+fn drift_under_spikes(evidence: &Evidence) -> bool {
+    let growth = evidence.growth_bytes.max(0) as u64;
+    let swings = evidence
+        .windows
+        .iter()
+        .map(|w| w.peak.saturating_sub(w.floor));
+    growth > 0 && swings.min().is_some_and(|s| growth.saturating_mul(10) < s)
 }
 
 /// Whether a series' window floors stay within a tenth above the first one (that is not 0).

@@ -540,3 +540,30 @@ fn a_brk_stack_rising_under_a_heap_top_that_held_is_steady() {
     // The top rising with it, a MiB a window: a leak of pages.
     assert_eq!(run(1), Verdict::Leak);
 }
+
+#[test]
+fn a_brk_stack_whose_floor_drifts_under_spikes_is_a_spike() {
+    // The spike control as caught failing once: a 16 MiB scratch tensor made and dropped every
+    // step in the brk heap, its stack's floors 0, 256, 640, 896 KiB as glibc placed it a little
+    // higher now and then, beside 40 MiB that holds.
+    let k = |n: u64| n << 10;
+    let run = |floors: [u64; 4]| {
+        let (a, b) = (key(1, Kind::Brk), key(2, Kind::Brk));
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut analysis = Analysis::default();
+        for i in 0..20u64 {
+            let floor = floors[(i / 5) as usize];
+            let at_a = if i % 2 == 1 {
+                floor + k(16 << 10)
+            } else {
+                floor
+            };
+            analysis.sample(i as f64, &ledger, &[(a, at_a), (b, k(40 << 10))]);
+        }
+        analysis.judge(&a, 0.0).unwrap().verdict
+    };
+    assert_eq!(run([0, k(256), k(640), k(896)]), Verdict::Spike);
+    // Floors rising by 4 MiB a window under the same spikes: a leak of pages.
+    assert_eq!(run([0, k(4 << 10), k(8 << 10), k(12 << 10)]), Verdict::Leak);
+}
