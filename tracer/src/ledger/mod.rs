@@ -149,12 +149,7 @@ impl Ledger {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
             p.tensors_since_s = None;
-            let made = p
-                .heap
-                .iter()
-                .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Tensor);
-            let latest = made.map(|(_, b)| b.origin.ts_ns).max().unwrap_or(0);
-            p.tensors_kept_ns = p.tensors_kept_ns.max(latest);
+            p.tensors_kept_ns = p.tensors_kept_ns.max(p.latest_made(Kind::Tensor));
         }
     }
 
@@ -166,12 +161,7 @@ impl Ledger {
             (p.heap_as_of_s, p.heap_held) = (Some(at_s), held);
             p.pages_at_heap_out = p.pages_bytes();
             p.pages_most_after_heap = p.pages_at_heap_out;
-            let made = p
-                .heap
-                .iter()
-                .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Heap);
-            let latest = made.map(|(_, b)| b.origin.ts_ns).max().unwrap_or(0);
-            p.heap_kept_ns = p.heap_kept_ns.max(latest);
+            p.heap_kept_ns = p.heap_kept_ns.max(p.latest_made(Kind::Heap));
             if p.heap_retraced {
                 (p.heap_retraced, p.heap_again) = (false, p.heap_again + 1);
             }

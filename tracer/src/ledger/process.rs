@@ -327,6 +327,16 @@ impl Process {
         }
     }
 
+    /// When (kernel ns) its latest outstanding block of `kind` (heap block or CPU tensor) was
+    /// made; 0 where it has none.
+    pub fn latest_made(&self, kind: Kind) -> u64 {
+        let made = self
+            .heap
+            .values()
+            .filter(|b| Kind::of(b.origin.func) == kind);
+        made.map(|b| b.origin.ts_ns).max().unwrap_or(0)
+    }
+
     /// Forgets its outstanding blocks of `kind` (heap blocks or CPU tensors) but those of the
     /// stacks `keep` picks.
     pub fn forget_but(&mut self, kind: Kind, keep: impl Fn(Option<StackId>) -> bool) {
