@@ -63,6 +63,10 @@ pub enum EventKind {
     /// Thread `tid` of `tgid` exited, its unsent frees sent before (not its process's last
     /// thread: that is [`EventKind::Exit`]).
     ThreadExit = 20,
+    /// The interpreter of `tgid` began its exit (CPython's `Py_FinalizeEx` was entered): what it
+    /// makes and keeps from now on is its teardown's (exit handlers, the modules' clearing), not
+    /// its program's.
+    Finalize = 21,
 }
 
 /// `Event::old_size` of an `Mmap` (of executable file pages) or an `Exec` event whose thread was
@@ -165,6 +169,7 @@ impl EventKind {
             18 => Frees,
             19 => HeapAllocLeaf,
             20 => ThreadExit,
+            21 => Finalize,
             _ => return None,
         })
     }

@@ -114,6 +114,18 @@ fn flush_current_frees() {
     }
 }
 
+/// Entry of CPython's `Py_FinalizeEx`: the traced interpreter begins its exit (a window of its
+/// objects open then is judged on what it held at this point, not on what the teardown makes).
+#[aya_ebpf::macros::uprobe]
+pub fn py_finalize_enter(_ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+    if let Some((id, _, _)) = traced_flags() {
+        // After this thread's unsent frees: what the program dropped before is not held.
+        flush_current_frees();
+        emit_now(&event(EventKind::Finalize, 0, id));
+    }
+    0
+}
+
 /// `--heap-after N` with `--step-symbol`: [0] the step at whose entry the stepping thread is
 /// stopped until the heap probes are in (0: none), [1] the steps counted so far.
 #[aya_ebpf::macros::map]

@@ -72,12 +72,26 @@ impl Analysis {
     }
 
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,
-    /// for a heap stack.
+    /// for a heap stack; before its interpreter's exit, for any.
     pub(super) fn as_judged<'s>(&self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
+        let series = self.before_exit(key.pid, series);
         if key.kind != Kind::Heap {
-            return Cow::Borrowed(series);
+            return series;
         }
-        self.heap_as_judged(key.pid, series)
+        match series {
+            Cow::Borrowed(s) => self.heap_as_judged(key.pid, s),
+            Cow::Owned(s) => Cow::Owned(self.heap_as_judged(key.pid, &s).into_owned()),
+        }
+    }
+
+    /// `series` of a stack of `pid`, up to the samples before its interpreter began its exit
+    /// (`Py_FinalizeEx`): what the teardown makes is no line of its program's, and what it
+    /// frees was held.
+    pub(super) fn before_exit<'s>(&self, pid: u32, series: &'s Series) -> Cow<'s, Series> {
+        match self.procs.get(&pid).and_then(|p| p.exit_x) {
+            Some(x) => Cow::Owned(series.before(x)),
+            None => Cow::Borrowed(series),
+        }
     }
 
     /// `pid`'s heap-level total (`heap`) or pages beside it, up to when its malloc family was

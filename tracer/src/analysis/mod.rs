@@ -78,6 +78,10 @@ struct ProcSeries {
     /// a leak of objects makes arenas at whichever line needs one, so no one arena stack
     /// shows it whole.
     arenas: Series,
+    /// The first sample taken once its interpreter began its exit (the ledger's
+    /// `finalized_ns`): its series are judged on the samples before, what its program held,
+    /// not what the teardown made and freed.
+    exit_x: Option<f64>,
 }
 
 /// A process's bytes in one sample, summed for its [`ProcSeries`].
@@ -193,6 +197,11 @@ impl Analysis {
             }
             let b = per_proc.get(pid).copied().unwrap_or_default();
             let s = self.procs.entry(*pid).or_default();
+            if p.finalized_ns.is_none() {
+                s.exit_x = None; // exec'd since
+            } else if s.exit_x.is_none() {
+                s.exit_x = Some(t_s);
+            }
             s.heap.push(t_s, b.heap);
             s.pages.push(t_s, b.pages);
             s.tensors.push(t_s, b.tensors);
@@ -288,7 +297,7 @@ impl Analysis {
             .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
             .filter_map(move |(k, t)| {
                 let from = start(k.pid);
-                let e = classify(&t.series, from)?;
+                let e = classify(&self.before_exit(k.pid, &t.series), from)?;
                 let span = span(&e);
                 let grows = e.verdict == Verdict::Leak
                     && e.growth_bytes >= min_bytes

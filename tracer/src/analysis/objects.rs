@@ -312,7 +312,8 @@ impl Analysis {
                 .iter()
                 .filter_map(|k| self.groups.get(k))
                 .filter_map(|t| {
-                    let series = t.series.without(w.span.0, w.span.1);
+                    let series = self.before_exit(pid, &t.series);
+                    let series = series.without(w.span.0, w.span.1);
                     judge_released(&series, warmup_s).filter(|e| e.verdict == Verdict::Leak)
                 });
             own.max_by_key(|e| e.growth_bytes)
@@ -324,10 +325,10 @@ impl Analysis {
     /// slowly, its arenas hardly grow, and a window of seconds in the later half of a short run
     /// would read as the leak ending, or halve its rate.
     fn arenas_leak(&self, pid: u32, warmup_s: f64) -> Option<Evidence> {
-        let arenas = &self.procs.get(&pid)?.arenas;
+        let arenas = self.before_exit(pid, &self.procs.get(&pid)?.arenas);
         let arenas = match self.objects.get(&pid) {
             Some(w) => &arenas.without(w.span.0, w.span.1),
-            None => arenas,
+            None => &*arenas,
         };
         let leak = |e: Option<Evidence>| e.filter(|e| e.verdict == Verdict::Leak);
         // The whole run where it reads as a leak (its slope is the run's), else its later half.

@@ -91,6 +91,16 @@ impl Series {
         }
     }
 
+    /// The series up to its points that begin before `t_s`.
+    pub fn before(&self, t_s: f64) -> Series {
+        let end = self.points.partition_point(|p| p.t0 < t_s);
+        Series {
+            points: self.points[..end].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
     /// The series up to its points that begin at `t_s` or before.
     pub fn until(&self, t_s: f64) -> Series {
         let end = self.points.partition_point(|p| p.t0 <= t_s);

@@ -567,3 +567,31 @@ fn a_brk_stack_whose_floor_drifts_under_spikes_is_a_spike() {
     // Floors rising by 4 MiB a window under the same spikes: a leak of pages.
     assert_eq!(run([0, k(4 << 10), k(8 << 10), k(12 << 10)]), Verdict::Leak);
 }
+
+/// An interpreter's exit: a stack that rose for 20 samples, then, from when its interpreter began
+/// its exit, rose further at once and held for 40 samples (an exit handler's objects in the same
+/// pages, held while it waits) before falling back a little. Judged on the whole run, the flat
+/// teardown reads as a cache that filled; judged on the samples before the exit, a leak.
+#[test]
+fn what_an_interpreters_exit_makes_is_not_judged() {
+    let run = |exits: bool| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let mut a = Analysis::default();
+        let pages = key(1, Kind::Mmap);
+        for i in 0..61u64 {
+            if i == 20 && exits {
+                ledger.procs.get_mut(&1).unwrap().finalized_ns = Some(1);
+            }
+            let held = match i {
+                0..20 => (i + 1) * 8 * K,
+                20..60 => 480 * K,
+                _ => 400 * K,
+            };
+            a.sample(i as f64, &ledger, &[(pages, held)]);
+        }
+        a.judge_final(&pages, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(true), Verdict::Leak);
+    assert_ne!(run(false), Verdict::Leak);
+}

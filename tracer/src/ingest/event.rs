@@ -108,6 +108,8 @@ pub enum What {
     ThreadExit,
     /// An entry of the `--step-symbol` function.
     Step,
+    /// The interpreter began its exit (`Py_FinalizeEx`).
+    Finalize,
 }
 
 impl What {
@@ -207,6 +209,7 @@ impl Raw {
             EventKind::Exit => What::Exit,
             EventKind::ThreadExit => What::ThreadExit,
             EventKind::Step => What::Step,
+            EventKind::Finalize => What::Finalize,
         })
     }
 }

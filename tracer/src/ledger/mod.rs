@@ -262,6 +262,7 @@ impl Ledger {
                 command,
             } => self.fork(ev.tgid, child, shares_vm, command, ev.ts_ns),
             What::ThreadExit => self.process(ev.tgid, ev.ts_ns).thread_exited(ev.tid),
+            What::Finalize => self.process(ev.tgid, ev.ts_ns).finalizing(ev.ts_ns),
             what => {
                 let origin = Origin {
                     stack: ev.stack,

@@ -22,6 +22,10 @@ pub struct ObjectWindow {
     made: Vec<FxHashMap<Option<StackId>, u64>>,
     /// The blocks made by reallocation in the window, by address: what each grew by.
     grown: FxHashMap<u64, u64>,
+    /// What each stack had made and still held when the interpreter began its exit, where the
+    /// window was open then: the window is judged on that, not on what the teardown made (the
+    /// modules' clearing makes lists, tuples and weak references, and the exit handlers run).
+    at_exit: Option<(u64, Vec<KeptLine>)>,
 }
 
 /// The window's time step: its first half ends on a multiple of it.
@@ -44,6 +48,12 @@ pub struct KeptLine {
 }
 
 impl ObjectWindow {
+    /// When the interpreter began its exit, if the window was open then, and what each stack
+    /// had made in the window's first half and still held at that point.
+    pub fn at_exit(&self) -> Option<&(u64, Vec<KeptLine>)> {
+        self.at_exit.as_ref()
+    }
+
     /// When the window's first object came; none before.
     pub fn started_ns(&self) -> Option<u64> {
         self.from_ns
@@ -92,6 +102,19 @@ impl ObjectWindow {
 }
 
 impl Process {
+    /// The interpreter began its exit at `ts_ns`: an open window's kept objects are taken as
+    /// they are at this point (the first time only: an interpreter finalizes once).
+    pub fn finalizing(&mut self, ts_ns: u64) {
+        if self.finalized_ns.is_some() {
+            return;
+        }
+        self.finalized_ns = Some(ts_ns);
+        let kept = self.kept_objects(ts_ns);
+        if let Some(w) = self.objects.as_mut().filter(|w| w.from_ns.is_some()) {
+            w.at_exit = Some((ts_ns, kept));
+        }
+    }
+
     /// What each stack made in its window's first half up to `now_ns` and still holds, largest
     /// kept first; none without a window or before its first object.
     pub fn kept_objects(&self, now_ns: u64) -> Vec<KeptLine> {
@@ -257,5 +280,43 @@ mod tests {
                 line(7, 80, 0)
             ]
         );
+    }
+
+    #[test]
+    fn a_window_open_when_the_interpreter_exits_is_taken_as_it_was_then() {
+        const MS: u64 = 1_000_000;
+        let mut l = Ledger::default();
+        l.add_root(PID, "python3".into(), Vec::new(), 0);
+        l.open_objects(PID);
+        l.apply(alloc(AllocFn::PyObjectMalloc, 0, 1, 0x10, 100));
+        l.apply(alloc(AllocFn::PyObjectMalloc, 60 * MS, 1, 0x20, 200));
+        let exit = |ts_ns| {
+            Input::Event(Event {
+                tgid: PID,
+                tid: 0,
+                ts_ns,
+                func: None,
+                stack: None,
+                what: What::Finalize,
+            })
+        };
+        // 200 ms in: the first half is [0, 100) ms, both objects made and held.
+        l.apply(exit(200 * MS));
+        // The teardown makes objects and frees the program's: neither changes what was taken.
+        l.apply(alloc(AllocFn::PyObjectMalloc, 210 * MS, 2, 0x30, 5000));
+        l.apply(free(220 * MS, 0x10));
+        l.apply(exit(300 * MS));
+        let p = &l.procs[&PID];
+        let line = KeptLine {
+            stack: Some(StackId::new(1)),
+            made: 300,
+            kept: 300,
+            ..KeptLine::default()
+        };
+        let taken = p.objects.as_ref().unwrap().at_exit().cloned();
+        assert_eq!(taken, Some((200 * MS, vec![line])));
+        assert_eq!(p.finalized_ns, Some(200 * MS));
+        // What it would be judged on now: the teardown's object kept, the program's gone.
+        assert_eq!(p.kept_objects(1000 * MS)[0].stack, Some(StackId::new(2)));
     }
 }

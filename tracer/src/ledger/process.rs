@@ -63,6 +63,9 @@ pub struct Process {
     pub allocator_env: Vec<(String, String)>,
     pub started_ns: u64,
     pub exited_ns: Option<u64>,
+    /// When its interpreter began its exit (`Py_FinalizeEx`), where it is a Python process
+    /// whose interpreter was found.
+    pub finalized_ns: Option<u64>,
     pub execs: u32,
     pub heap: Blocks,
     pub mmaps: Regions,
@@ -233,7 +236,7 @@ impl Process {
             What::Brk { result } => self.brk(result, origin),
             What::Exec { command, env } => self.exec(command, env),
             What::Exit => self.exited_ns = Some(origin.ts_ns),
-            What::Fork { .. } | What::Step | What::ThreadExit => {}
+            What::Fork { .. } | What::Step | What::ThreadExit | What::Finalize => {}
         }
         None
     }
@@ -278,6 +281,7 @@ impl Process {
         self.device = Device::default();
         self.malloc_seen = false;
         self.objects = None;
+        self.finalized_ns = None;
         self.execs += 1;
         if let Some(c) = command {
             self.command = c;

@@ -129,6 +129,9 @@ pub struct Probes {
     objects: objects::ObjectLayer,
 }
 
+/// CPython's exit: exit handlers, then the modules' clearing.
+const FINALIZE: &str = "Py_FinalizeEx";
+
 impl Probes {
     /// Ends tracing without waiting for the kernel to unregister the uprobes. Each unregistration
     /// waits for an RCU grace period under a global lock (about 0.1 s each on this kind of machine,
@@ -369,6 +372,7 @@ impl Probes {
                     // Only ever attached for one process, in its window.
                     if self.layers.on {
                         self.objects.found.push(path.to_path_buf());
+                        self.attach_finalize(path, &elf)?;
                     }
                     continue;
                 }
@@ -410,6 +414,23 @@ impl Probes {
                 pid: lib_pid,
             });
         }
+        Ok(())
+    }
+
+    /// Marks the start of each traced interpreter's exit: `Py_FinalizeEx` in `path`, an
+    /// interpreter (a window of its objects is judged on what it held then).
+    fn attach_finalize(&mut self, path: &Path, elf: &elf::ElfFile) -> Result<(), Error> {
+        let Some(f) = elf.function(FINALIZE) else {
+            return Ok(());
+        };
+        let at = std::iter::once((f.file_offset, None));
+        self.attach_points(path, "py_finalize_enter", at, UProbeScope::AllProcesses)?;
+        self.attached.push(AttachedFn {
+            function: FINALIZE.into(),
+            library: path.to_path_buf(),
+            offset: 0,
+            reason: "the interpreter's exit begins (objects' window)".into(),
+        });
         Ok(())
     }
 

@@ -91,9 +91,10 @@ impl Owner {
     }
 
     /// Whether `w` stays open (with what its stacks keep so far) or closes (with what it is
-    /// judged on; nothing when it cannot be). At the process's exit, its last look before: best
-    /// effort, as the interpreter's teardown may have freed some of what was kept by then,
-    /// which can only hide a leak, never make one. It has seen enough when the sites that keep kept
+    /// judged on; nothing when it cannot be). Once the interpreter began its exit, on what its
+    /// stacks held at that point (the ledger took it then): the teardown makes objects it never
+    /// frees (the modules' clearing, exit handlers), which would read as kept. At an exit without
+    /// that point (`os._exit`), its last look before. It has seen enough when the sites that keep kept
     /// [`SURE_BYTES`] together; sites, not stacks: one line's dict and its strings are stacks of
     /// their own, and a stack of tuples that CPython's free list holds on to keeps a quarter of
     /// what it made while its line's other stacks keep nothing. Or when libraries' imports kept
@@ -103,11 +104,22 @@ impl Owner {
         let Some(p) = self.ledger.procs.get(&w.pid) else {
             return Look::Close(None);
         };
+        let window = p.objects.as_ref();
+        if let (Some(from), Some((at, kept))) = (
+            window.and_then(|o| o.started_ns()),
+            window.and_then(|o| o.at_exit()).cloned(),
+        ) {
+            return Look::Close(Some(self.judged_at(w, at.saturating_sub(from), kept)));
+        }
+        if p.finalized_ns.is_some() {
+            // Opened, or its first object made, as the interpreter exited: only the teardown's.
+            return Look::Close(None);
+        }
         if p.exited_ns.is_some() {
             // Not what it holds now: the interpreter's exit freed what its modules held.
             return Look::Close(w.latest.take());
         }
-        let Some(from) = p.objects.as_ref().and_then(|o| o.started_ns()) else {
+        let Some(from) = window.and_then(|o| o.started_ns()) else {
             return if now >= w.give_up_ns {
                 Look::Close(None)
             } else {
@@ -119,14 +131,25 @@ impl Owner {
             return Look::Open(None);
         }
         let kept = p.kept_objects(now);
-        let (mut lines, sites) = self.by_site(kept);
-        grown_sites(w, elapsed_s, &mut lines, &sites);
+        let lines = self.judged_at(w, now.saturating_sub(from), kept);
         let sure = |kept: u64| kept >= SURE_BYTES;
         if sure(kept_by_keepers(&lines)) || sure(kept_by_imports(&lines)) || elapsed_s >= MAX_S {
             Look::Close(Some(lines))
         } else {
             Look::Open(Some(lines))
         }
+    }
+
+    /// What `w`'s stacks `kept` `elapsed_ns` into it, by site, each site's growth told.
+    fn judged_at(
+        &mut self,
+        w: &mut OpenWindow,
+        elapsed_ns: u64,
+        kept: Vec<KeptLine>,
+    ) -> Vec<(KeptLine, u32)> {
+        let (mut lines, sites) = self.by_site(kept);
+        grown_sites(w, elapsed_ns as f64 / 1e9, &mut lines, &sites);
+        lines
     }
 
     /// Opens a window for each process whose arenas leak (judged so, not explained by its
