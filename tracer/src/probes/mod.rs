@@ -369,11 +369,12 @@ impl Probes {
                 .any(|(&m, &d)| d && m == set.marker);
             if found {
                 if set.role == OBJECTS.role {
-                    // Only ever attached for one process, in its window.
+                    // Only ever attached for one process, in its window; the interpreter's
+                    // exit is marked in every mode.
                     if self.layers.on {
                         self.objects.found.push(path.to_path_buf());
-                        self.attach_finalize(path, &elf)?;
                     }
+                    self.attach_finalize(path, &elf)?;
                     continue;
                 }
                 if heap && let Some(deferred) = &mut self.heap_deferred {
