@@ -118,11 +118,19 @@ fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
     let temp_made: u64 = temps.iter().map(|t| n(t, "made_bytes")).sum();
     let kept_made: u64 = at(kept).map(|x| n(x, "made_bytes")).sum();
     assert!(temp_made > kept_made, "{temp_made} {kept_made}");
-    // No arena stack is a leak of its own: they are under the objects.
+    // No arena stack is a leak of its own: they are under the objects. (The list that keeps
+    // the responses has its array in malloc's mmap'd blocks, 10 to 40 MiB as it doubles: a
+    // leak of its own, at the same line.)
+    let arena = |s: &serde_json::Value| {
+        let frames = s["frames"].as_array().unwrap();
+        frames
+            .iter()
+            .any(|f| f["function"] == "_PyObject_ArenaMmap")
+    };
     let arena_leaks = r
         .stacks()
         .iter()
-        .filter(|s| s["kind"] == "mmap" && s["verdict"]["verdict"] == "leak")
+        .filter(|s| s["kind"] == "mmap" && s["verdict"]["verdict"] == "leak" && arena(s))
         .count();
     assert_eq!(arena_leaks, 0, "{out}");
     let objects_probed = r.0["libraries"]
