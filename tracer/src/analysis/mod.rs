@@ -65,6 +65,11 @@ pub struct Analysis {
     last_x: f64,
 }
 
+/// How long a process may run on after its interpreter began its exit for its series to be
+/// judged up to that point: a teardown takes seconds (exit handlers that save a checkpoint, a
+/// minute); a program that embeds the interpreter may finalize it and go on for hours.
+const TEARDOWN_MOST_S: f64 = 60.0;
+
 /// A process's series.
 #[derive(Default)]
 struct ProcSeries {
@@ -201,6 +206,9 @@ impl Analysis {
                 s.exit_x = None; // exec'd since
             } else if s.exit_x.is_none() {
                 s.exit_x = Some(t_s);
+            } else if s.exit_x.is_some_and(|x| t_s - x > TEARDOWN_MOST_S) {
+                // A program that embeds the interpreter, finalized it, and runs on.
+                s.exit_x = Some(f64::INFINITY);
             }
             s.heap.push(t_s, b.heap);
             s.pages.push(t_s, b.pages);

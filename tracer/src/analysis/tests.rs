@@ -595,3 +595,25 @@ fn what_an_interpreters_exit_makes_is_not_judged() {
     assert_eq!(run(true), Verdict::Leak);
     assert_ne!(run(false), Verdict::Leak);
 }
+
+/// A program that embeds the interpreter, finalizes it at 20 s and runs on for 100 s, its pages
+/// flat before and rising after: judged on the whole run once it has gone on for longer than a
+/// teardown takes.
+#[test]
+fn a_program_that_runs_on_after_finalizing_its_interpreter_is_judged_whole() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "app".into(), Vec::new(), 0);
+    let mut a = Analysis::default();
+    let pages = key(1, Kind::Mmap);
+    for i in 0..120u64 {
+        if i == 20 {
+            ledger.procs.get_mut(&1).unwrap().finalized_ns = Some(1);
+        }
+        let held = 64 * K + i.saturating_sub(20) * 8 * K;
+        a.sample(i as f64, &ledger, &[(pages, held)]);
+        if i == 60 {
+            assert_ne!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+        }
+    }
+    assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
+}
