@@ -374,7 +374,7 @@ impl Probes {
                     if self.layers.on {
                         self.objects.found.push(path.to_path_buf());
                     }
-                    self.attach_finalize(path, &elf)?;
+                    self.attach_finalize(path, &elf);
                     continue;
                 }
                 if heap && let Some(deferred) = &mut self.heap_deferred {
@@ -419,20 +419,25 @@ impl Probes {
     }
 
     /// Marks the start of each traced interpreter's exit: `Py_FinalizeEx` in `path`, an
-    /// interpreter (a window of its objects is judged on what it held then).
-    fn attach_finalize(&mut self, path: &Path, elf: &elf::ElfFile) -> Result<(), Error> {
+    /// interpreter (its process is judged on what it held then). Without it (not found, or not
+    /// attached: said in the log), the teardown is judged with the rest.
+    fn attach_finalize(&mut self, path: &Path, elf: &elf::ElfFile) {
         let Some(f) = elf.function(FINALIZE) else {
-            return Ok(());
+            tracing::warn!(library = %path.display(), "no {FINALIZE}: the interpreter's exit is not marked");
+            return;
         };
         let at = std::iter::once((f.file_offset, None));
-        self.attach_points(path, "py_finalize_enter", at, UProbeScope::AllProcesses)?;
+        if let Err(e) = self.attach_points(path, "py_finalize_enter", at, UProbeScope::AllProcesses)
+        {
+            tracing::warn!(library = %path.display(), error = %e, "the interpreter's exit is not marked");
+            return;
+        }
         self.attached.push(AttachedFn {
             function: FINALIZE.into(),
             library: path.to_path_buf(),
             offset: 0,
-            reason: "the interpreter's exit begins (objects' window)".into(),
+            reason: "the interpreter's exit begins (judged before it)".into(),
         });
-        Ok(())
     }
 
     /// Probes every file with code that `pid` maps now.
