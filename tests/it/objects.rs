@@ -323,8 +323,9 @@ fn what_a_librarys_import_keeps_is_its_modules_state_not_a_leak() {
 /// loop notices its steps slow down, goes on for half a second and returns). Its exit handler
 /// then makes 200,000 tuples and holds them for 3 s, and the modules' clearing frees what the
 /// loop kept: the arenas fall at the end, after a teardown that grew them more. `check` judges
-/// what the program held when its interpreter began its exit: the loop's line leaks, and the
-/// exit handler's lines are not in the window's account, nor leaks. (Judged on the whole run,
+/// what the program held when its interpreter began its exit: the loop's line leaks (the line
+/// tracemalloc names, untraced), and the exit handler's lines are not in the window's account,
+/// nor leaks. (Judged on the whole run,
 /// the loop's arenas read steady and the check passed.)
 #[test]
 fn a_leak_that_ends_inside_its_window_is_judged_before_the_interpreters_exit() {
@@ -332,13 +333,18 @@ fn a_leak_that_ends_inside_its_window_is_judged_before_the_interpreters_exit() {
         return;
     }
     let py = python();
+    let kept = line("exit_objects", "# KEPT");
+    assert_eq!(
+        tracemalloc_line(&py, "exit_objects", "3"),
+        kept,
+        "the oracle"
+    );
     let _x = fixture::exclusive();
     let (code, out, r) = check_json(&py, "exit_objects", &["30"]);
     assert!(
         out.contains("window at step"),
         "the window never slowed the loop: {out}"
     );
-    let kept = line("exit_objects", "# KEPT");
     assert_object_leak_at(code, &out, &format!("step (exit_objects.py:{kept})"));
     let at_exit = format!(
         "teardown (exit_objects.py:{})",
