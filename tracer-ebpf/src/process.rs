@@ -114,8 +114,8 @@ fn flush_current_frees() {
     }
 }
 
-/// Entry of CPython's `Py_FinalizeEx`: the traced interpreter begins its exit (a window of its
-/// objects open then is judged on what it held at this point, not on what the teardown makes).
+/// Entry of CPython's `Py_FinalizeEx`: the traced interpreter begins its exit (its process is
+/// judged on what it held before this point, not on what the teardown makes and frees).
 #[aya_ebpf::macros::uprobe]
 pub fn py_finalize_enter(_ctx: aya_ebpf::programs::ProbeContext) -> u32 {
     if let Some((id, _, _)) = traced_flags() {
