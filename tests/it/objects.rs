@@ -38,6 +38,15 @@ fn check_json(py: &str, name: &str, args: &[&str]) -> (Option<i32>, String, Repo
     (o.status.code(), out, Report::parse(&text).unwrap())
 }
 
+/// The rows of the root process's objects' window in report `r` (`out`: what `check` printed,
+/// shown where there was no window).
+fn window_rows(r: &Report, out: &str) -> Vec<serde_json::Value> {
+    r.process(r.root_pid())["objects"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no window: {out}"))
+        .clone()
+}
+
 /// Asserts that `check` failed (`code`) and that the first leak it printed (`out`) is one of
 /// Python objects at `site`.
 fn assert_object_leak_at(code: Option<i32>, out: &str, site: &str) {
@@ -91,10 +100,7 @@ fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
     assert_object_leak_at(code, &out, &format!("handle (responses.py:{kept})"));
     // The window's account: the responses' line kept what it made; the temporaries' lines
     // (json.loads, json.dumps) made more and kept next to nothing (the request in flight).
-    let lines = r.process(r.root_pid())["objects"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no window: {out}"))
-        .clone();
+    let lines = window_rows(&r, &out);
     let at = |l: u64| {
         let site = format!("handle (responses.py:{l})");
         lines.iter().filter(move |x| x["site"] == site.as_str())
@@ -289,10 +295,7 @@ fn what_a_librarys_import_keeps_is_its_modules_state_not_a_leak() {
         "step (lazy_imports.py:{})",
         line("lazy_imports", "# IMPORT")
     );
-    let rows = r.process(r.root_pid())["objects"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no window: {out}"))
-        .clone();
+    let rows = window_rows(&r, &out);
     let imports = rows.iter().find(|x| x["site"] == import.as_str());
     let imports = imports.unwrap_or_else(|| panic!("{rows:?}"));
     let imported = imports["imported_bytes"].as_u64().unwrap();
@@ -325,8 +328,7 @@ fn what_a_librarys_import_keeps_is_its_modules_state_not_a_leak() {
 /// loop kept: the arenas fall at the end, after a teardown that grew them more. `check` judges
 /// what the program held when its interpreter began its exit: the loop's line leaks (the line
 /// tracemalloc names, untraced), and the exit handler's lines are not in the window's account,
-/// nor leaks. (Judged on the whole run,
-/// the loop's arenas read steady and the check passed.)
+/// nor leaks. (Judged on the whole run, the loop's arenas read steady and the check passed.)
 #[test]
 fn a_leak_that_ends_inside_its_window_is_judged_before_the_interpreters_exit() {
     if !fixture::bpf_available() {
@@ -350,10 +352,7 @@ fn a_leak_that_ends_inside_its_window_is_judged_before_the_interpreters_exit() {
         "teardown (exit_objects.py:{})",
         line("exit_objects", "# AT EXIT")
     );
-    let rows = r.process(r.root_pid())["objects"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no window: {out}"))
-        .clone();
+    let rows = window_rows(&r, &out);
     assert!(
         rows.iter().all(|x| x["site"] != at_exit.as_str()),
         "{rows:?}"

@@ -75,13 +75,10 @@ impl Analysis {
     /// for a heap stack; before its interpreter's exit, for any.
     pub(super) fn as_judged<'s>(&self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
         let series = self.before_exit(key.pid, series);
-        if key.kind != Kind::Heap {
+        if key.kind != Kind::Heap || !self.heap_window.contains_key(&key.pid) {
             return series;
         }
-        match series {
-            Cow::Borrowed(s) => self.heap_as_judged(key.pid, s),
-            Cow::Owned(s) => Cow::Owned(self.heap_as_judged(key.pid, &s).into_owned()),
-        }
+        Cow::Owned(self.heap_as_judged(key.pid, &series).into_owned())
     }
 
     /// `series` of a stack of `pid`, up to the samples before its interpreter began its exit
@@ -89,8 +86,8 @@ impl Analysis {
     /// frees was held.
     pub(super) fn before_exit<'s>(&self, pid: u32, series: &'s Series) -> Cow<'s, Series> {
         match self.procs.get(&pid).and_then(|p| p.exit_x) {
-            Some(x) => Cow::Owned(series.before(x)),
-            None => Cow::Borrowed(series),
+            Some(x) if x.is_finite() => Cow::Owned(series.before(x)),
+            _ => Cow::Borrowed(series),
         }
     }
 

@@ -171,15 +171,19 @@ mod tests {
 
     const PID: u32 = 7;
 
-    fn ev(func: AllocFn, ts_ns: u64, stack: u32, what: What) -> Input {
+    fn record(ts_ns: u64, func: Option<AllocFn>, stack: Option<StackId>, what: What) -> Input {
         Input::Event(Event {
             tgid: PID,
             tid: 0,
             ts_ns,
-            func: Some(func),
-            stack: Some(StackId::new(stack)),
+            func,
+            stack,
             what,
         })
+    }
+
+    fn ev(func: AllocFn, ts_ns: u64, stack: u32, what: What) -> Input {
+        record(ts_ns, Some(func), Some(StackId::new(stack)), what)
     }
 
     fn alloc(func: AllocFn, ts_ns: u64, stack: u32, addr: u64, size: u64) -> Input {
@@ -290,16 +294,7 @@ mod tests {
         l.open_objects(PID);
         l.apply(alloc(AllocFn::PyObjectMalloc, 0, 1, 0x10, 100));
         l.apply(alloc(AllocFn::PyObjectMalloc, 60 * MS, 1, 0x20, 200));
-        let exit = |ts_ns| {
-            Input::Event(Event {
-                tgid: PID,
-                tid: 0,
-                ts_ns,
-                func: None,
-                stack: None,
-                what: What::Finalize,
-            })
-        };
+        let exit = |ts_ns| record(ts_ns, None, None, What::Finalize);
         // 200 ms in: the first half is [0, 100) ms, both objects made and held.
         l.apply(exit(200 * MS));
         // The teardown makes objects and frees the program's: neither changes what was taken.
