@@ -204,6 +204,51 @@ fn the_heap_top_moving_up_once_at_the_end_is_not_a_leak_of_pages() {
     assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
 
+/// What calls for a process's tensors: a brk stack whose floors rose in every window, or by
+/// 4 MiB; not the heap's top moving up in steps now and then as the allocator places blocks.
+#[test]
+fn a_heap_top_rising_in_some_windows_only_does_not_call_for_the_tensors() {
+    let k = |n: u64| n << 10;
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    // Window floors as the no-leak training job's were when its tensors were asked for:
+    // 2048, 3072, 3072, 4084 KiB (two 1 MiB steps), and 1472, 1472, 1680, 2068.
+    let (stepped, twice) = (key(1, Kind::Brk), key(2, Kind::Brk));
+    // 192, 2052, 2308, 2948 KiB: a job keeping each step's loss.
+    let leak = key(3, Kind::Brk);
+    // 1 MiB, 1 MiB, 6 MiB, 11 MiB: rising in some windows only, by more than 4 MiB.
+    let large = key(4, Kind::Brk);
+    let at = |floors: [u64; 4], i: u64| k(floors[(i / 5) as usize]);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        let groups = [
+            (stepped, at([2048, 3072, 3072, 4084], i)),
+            (twice, at([1472, 1472, 1680, 2068], i)),
+            (leak, at([192, 2052, 2308, 2948], i)),
+            (large, at([1024, 1024, 6144, 11264], i)),
+        ];
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    let grown = analysis.growing_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(grown.len(), 4, "{grown:?}");
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    let mut stacks: Vec<_> = rising.iter().map(|k| k.stack).collect();
+    stacks.sort();
+    assert_eq!(stacks, vec![leak.stack, large.stack]);
+    // Pages a tensor's mmap made are not the heap's top: their growth is taken as it is.
+    let mut analysis = Analysis::default();
+    let mapped = key(5, Kind::Mmap);
+    for i in 0..20u64 {
+        analysis.sample(
+            i as f64,
+            &ledger,
+            &[(mapped, at([2048, 3072, 3072, 4084], i))],
+        );
+    }
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    assert_eq!(rising, vec![mapped]);
+}
+
 #[test]
 fn a_large_heap_top_floating_by_less_than_a_tenth_is_not_a_leak_of_pages() {
     // The spike control's brk stack: a 16 MiB scratch buffer, its heap's top floating from

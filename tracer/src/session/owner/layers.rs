@@ -22,7 +22,10 @@ const ENGAGE_EVERY_S: f64 = 1.0;
 const ENGAGE_MIN_BYTES: i64 = 4 << 20;
 const ENGAGE_SPAN_S: f64 = 10.0;
 /// The growth that calls for its tensors, over how long at least: a tensor leak of a CPU training
-/// job grows its pages by megabytes a second, and its tensors cost far less than its mallocs.
+/// job grows its pages by megabytes a second, and its tensors cost far less than its mallocs. A
+/// brk stack's must also have risen in every window, or by [`ENGAGE_MIN_BYTES`] (see
+/// `Analysis::rising_pages`): its tensors traced for [`TENSORS_HOLD_S`] slow a loop by a quarter
+/// meanwhile.
 const TENSORS_MIN_BYTES: i64 = 256 << 10;
 const TENSORS_SPAN_S: f64 = 1.0;
 /// How long after its tensors were asked for a process's other layers wait, so that what its
@@ -299,9 +302,9 @@ impl Owner {
             let t = self.layers.as_ref().and_then(|l| l.tensors.get(&pid));
             t.and_then(|t| t.off_x).map_or(half, |o| half.max(o))
         };
-        let grown = self
-            .analysis
-            .growing_pages(off, TENSORS_SPAN_S, TENSORS_MIN_BYTES);
+        let grown =
+            self.analysis
+                .rising_pages(off, TENSORS_SPAN_S, TENSORS_MIN_BYTES, ENGAGE_MIN_BYTES);
         let mut pids = self.not_arenas(grown);
         self.kept_pages_held(at_s, x);
         if let Some(l) = &self.layers {
