@@ -6,22 +6,45 @@
 //! unseen, and what the window shows is what the program does now. A window the run's end cut
 //! short before it was decided (a leak confirmed, or the heap held) tells too little: the one
 //! before it stands.
+//!
+//! A window traced again is judged on series of its own, begun with it: a long run's series
+//! merge their points to keep their whole span (see series.rs), and 30 minutes in, one point
+//! spans tens of seconds, more than such a window lasts: it had no verdict, its heap "held", and
+//! a leak went unreported.
 
 use std::borrow::Cow;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{Analysis, Verdict, series::Series};
 use crate::model::{GroupKey, Kind, StackId};
 
 /// A process's malloc family as traced last, on the series' axis: from when it was traced again
 /// (none: from the start) until it was taken out (none: traced now); while it is traced again,
-/// the window before.
-#[derive(Clone, Copy, Debug, Default)]
+/// the window before. With the series of the window traced again, and of the one before.
+#[derive(Debug, Default)]
 pub(super) struct HeapWindow {
     from: Option<f64>,
     until: Option<f64>,
     before: Option<(Option<f64>, f64)>,
+    series: Option<WindowSeries>,
+    before_series: Option<WindowSeries>,
+}
+
+/// The series of a window of a process's malloc family traced again, from its first sample:
+/// each heap stack's, and its heap-level and brk totals (see `ProcSeries`).
+#[derive(Debug, Default)]
+pub(super) struct WindowSeries {
+    stacks: FxHashMap<GroupKey, Series>,
+    heap: Series,
+    pages: Series,
+}
+
+/// Which of a process's totals (see [`Analysis::heap_as_judged`]).
+#[derive(Clone, Copy)]
+pub(super) enum Total {
+    Heap,
+    Pages,
 }
 
 impl Analysis {
@@ -35,11 +58,45 @@ impl Analysis {
     pub fn heap_traced_again(&mut self, pid: u32, x: f64) {
         let w = self.heap_window.entry(pid).or_default();
         let before = w.until.map(|until| (w.from, until));
+        let before_series = before.and(w.series.take());
         *w = HeapWindow {
             from: Some(x),
             until: None,
             before,
+            series: Some(WindowSeries::default()),
+            before_series,
         };
+    }
+
+    /// Samples the window of each process whose malloc family is traced again: its heap
+    /// stacks in `groups` (those gone since the window began as 0), and its totals.
+    pub(super) fn sample_heap_windows(
+        &mut self,
+        t_s: f64,
+        groups: &[(GroupKey, u64)],
+        totals: impl Fn(u32) -> (u64, u64),
+    ) {
+        for (&pid, w) in self.heap_window.iter_mut() {
+            let Some(series) = w.series.as_mut().filter(|_| w.until.is_none()) else {
+                continue;
+            };
+            let mut seen = FxHashSet::default();
+            let heap = groups
+                .iter()
+                .filter(|(k, _)| k.pid == pid && k.kind == Kind::Heap);
+            for &(key, bytes) in heap {
+                series.stacks.entry(key).or_default().push(t_s, bytes);
+                seen.insert(key);
+            }
+            for (key, s) in series.stacks.iter_mut() {
+                if !seen.contains(key) {
+                    s.push(t_s, 0);
+                }
+            }
+            let (heap, pages) = totals(pid);
+            series.heap.push(t_s, heap);
+            series.pages.push(t_s, pages);
+        }
     }
 
     /// `pid`'s malloc family, traced again, was still undecided when the run ended: its heap is
@@ -50,6 +107,7 @@ impl Analysis {
         };
         if let (None, Some((from, until))) = (w.until, w.before.take()) {
             (w.from, w.until) = (from, Some(until));
+            w.series = w.before_series.take();
         }
     }
 
@@ -74,11 +132,22 @@ impl Analysis {
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,
     /// for a heap stack; before its interpreter's exit, for any.
     pub(super) fn as_judged<'s>(&self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
+        let window = self
+            .heap_window
+            .get(&key.pid)
+            .filter(|_| key.kind == Kind::Heap);
+        let Some(w) = window else {
+            return self.before_exit(key.pid, series);
+        };
+        let own = w.series.as_ref().map(|s| s.stacks.get(key));
+        let series = match own {
+            // Not sampled since the window began: nothing of it was seen in the window.
+            Some(None) => return Cow::Owned(Series::default()),
+            Some(Some(own)) => own,
+            None => series,
+        };
         let series = self.before_exit(key.pid, series);
-        if key.kind != Kind::Heap || !self.heap_window.contains_key(&key.pid) {
-            return series;
-        }
-        Cow::Owned(self.heap_as_judged(key.pid, &series).into_owned())
+        Cow::Owned(w.judged(&series).into_owned())
     }
 
     /// `series` of a stack of `pid`, up to the samples before its interpreter began its exit
@@ -91,17 +160,35 @@ impl Analysis {
         }
     }
 
-    /// `pid`'s heap-level total (`heap`) or pages beside it, up to when its malloc family was
-    /// taken out (after, the heap is not seen, while the pages go on holding its leak), from
-    /// when it was traced again.
-    pub(super) fn heap_as_judged<'s>(&self, pid: u32, series: &'s Series) -> Cow<'s, Series> {
+    /// `pid`'s heap-level total (`heap`) or pages beside it (`series`, `which` of them), up to
+    /// when its malloc family was taken out (after, the heap is not seen, while the pages go on
+    /// holding its leak), from when it was traced again (on the window's own series).
+    pub(super) fn heap_as_judged<'s>(
+        &'s self,
+        pid: u32,
+        series: &'s Series,
+        which: Total,
+    ) -> Cow<'s, Series> {
         let Some(w) = self.heap_window.get(&pid) else {
             return Cow::Borrowed(series);
         };
-        let from = w
-            .from
-            .map_or(Cow::Borrowed(series), |x| Cow::Owned(series.since(x)));
-        match w.until {
+        let own = w.series.as_ref().map(|s| match which {
+            Total::Heap => &s.heap,
+            Total::Pages => &s.pages,
+        });
+        w.judged(own.unwrap_or(series))
+    }
+}
+
+impl HeapWindow {
+    /// `series` from when the window began (where it is not the window's own) until it was
+    /// taken out.
+    fn judged<'s>(&self, series: &'s Series) -> Cow<'s, Series> {
+        let from = match (self.from, &self.series) {
+            (Some(x), None) => Cow::Owned(series.since(x)),
+            _ => Cow::Borrowed(series),
+        };
+        match self.until {
             Some(x) => Cow::Owned(from.until(x)),
             None => from,
         }
@@ -181,6 +268,39 @@ mod tests {
             a.sample(i as f64, &ledger, &groups);
         }
         (a, first, second)
+    }
+
+    /// [`leaking`], then half an hour of samples ten a second, the stack kept as it was taken
+    /// out; traced again there, it grows by 1 MiB a second for 5 s, sampled twenty times a
+    /// second. The run's series have merged their points to one per ~50 s by then: the window
+    /// is judged on its own series, a leak (on the run's series, it had no verdict at all).
+    #[test]
+    fn a_window_traced_again_half_an_hour_in_is_judged_on_its_own_samples() {
+        let (mut a, heap) = leaking(true);
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+        for i in 300..18_000u64 {
+            a.sample(i as f64 / 10.0, &ledger, &[(heap, 23 << 20)]);
+        }
+        let whole = &a.groups[&heap].series;
+        let point = whole.points()[1].t0 - whole.points()[0].t0;
+        assert!(point > 25.0, "{point}");
+        a.heap_traced_again(1, 1800.0);
+        for i in 0..100u64 {
+            let bytes = (23 << 20) + i * (1 << 20) / 20;
+            a.sample(1800.0 + i as f64 / 20.0, &ledger, &[(heap, bytes)]);
+        }
+        let e = a.judge(&heap, 0.0).unwrap();
+        assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
+        assert!(e.windows[0].t0_s >= 1800.0, "{e:?}");
+        assert!(a.heap_leaks(1, 0.0));
+        // Taken out, then traced again and cut short by the run's end: this window stands.
+        a.heap_taken_out(1, 1805.0);
+        a.heap_traced_again(1, 1900.0);
+        a.sample(1900.0, &ledger, &[(heap, 28 << 20)]);
+        a.heap_window_undecided(1);
+        assert_eq!(a.judge(&heap, 0.0).unwrap().verdict, Verdict::Leak);
     }
 
     /// Judged on its last window, the first leak's stack is no leak any more (judged whole, its

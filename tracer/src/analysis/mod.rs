@@ -8,6 +8,7 @@ pub mod series;
 mod tensors;
 pub mod verdict;
 
+use heap::Total;
 use tensors::Judged;
 
 use rustc_hash::FxHashMap;
@@ -214,6 +215,11 @@ impl Analysis {
             s.pages.push(t_s, b.pages);
             s.tensors.push(t_s, b.tensors);
         }
+        let totals = |pid: u32| {
+            let b = per_proc.get(&pid).copied().unwrap_or_default();
+            (b.heap, b.pages)
+        };
+        self.sample_heap_windows(t_s, groups, totals);
         self.sample_chains(t_s, ledger, groups);
     }
 
@@ -534,7 +540,11 @@ impl Analysis {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        holds(&self.heap_as_judged(pid, &s.heap), stack, warmup_s)
+        holds(
+            &self.heap_as_judged(pid, &s.heap, Total::Heap),
+            stack,
+            warmup_s,
+        )
     }
 
     /// Whether its process's brk heap, all its stacks together, holds while a brk stack grows
@@ -621,8 +631,8 @@ impl Analysis {
         let s = self.procs.get(&pid)?;
         let from = self.heap_seen.get(&pid)?.max(warmup_s);
         let (heap, pages) = (
-            self.heap_as_judged(pid, &s.heap),
-            self.heap_as_judged(pid, &s.pages),
+            self.heap_as_judged(pid, &s.heap, Total::Heap),
+            self.heap_as_judged(pid, &s.pages, Total::Pages),
         );
         let (heap, pages) = (classify(&heap, from)?, classify(&pages, from)?);
         Some(Retention {

@@ -126,6 +126,24 @@ struct TensorLayer {
     quiet_every_s: f64,
 }
 
+impl TensorLayer {
+    /// Never asked for yet, at `x` on the series' axis.
+    fn new(x: f64) -> Self {
+        Self {
+            asked_s: f64::NEG_INFINITY,
+            on_x: x,
+            on: false,
+            off_x: None,
+            again_s: None,
+            every_s: TENSORS_AGAIN_S,
+            pages_at: None,
+            stop_x: x,
+            quiet_until_s: f64::NEG_INFINITY,
+            quiet_every_s: TENSORS_AGAIN_S,
+        }
+    }
+}
+
 impl Layers {
     pub(super) fn new(tensors: TensorsMode) -> Self {
         Self {
@@ -144,8 +162,10 @@ impl Owner {
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
         self.note_tensors(at_s, x);
-        // Every sample while a malloc family is traced: each second of it costs the most.
+        // Every sample while a malloc family or tensors are traced: each second of them costs
+        // the most (a tensor window ended up to a second late, a quarter of that second lost).
         self.take_out_heap(at_s, x);
+        self.disengage_tensors(at_s, x);
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -287,13 +307,12 @@ impl Owner {
 
     /// `--tensors auto`: asks for the CPU tensors of each process with a page-level stack (not
     /// an arena's) judged a leak over the later half of the run so far, and since its tensors
-    /// were last taken out, and of those kept as they were whose time to be traced again came;
-    /// and takes out those of the processes whose memory holds or whose leak is confirmed.
+    /// were last taken out, and of those kept as they were whose time to be traced again came
+    /// (taken out at every sample, see [`Owner::disengage_tensors`]).
     fn engage_tensors(&mut self, at_s: f64, x: f64) {
         if !self.layers.as_ref().is_some_and(|l| l.tensors_layered) {
             return;
         }
-        self.disengage_tensors(at_s, x);
         // Over the later half of the run so far: importing torch grows pages for a second or
         // two as a leak would.
         let half = self.config.warmup.max(x / 2.0);
@@ -317,40 +336,48 @@ impl Owner {
         let Some(layers) = &mut self.layers else {
             return;
         };
-        for tgid in pids {
-            let t = layers.tensors.entry(tgid).or_insert(TensorLayer {
-                asked_s: f64::NEG_INFINITY,
-                on_x: x,
-                on: false,
-                off_x: None,
-                again_s: None,
-                every_s: TENSORS_AGAIN_S,
-                pages_at: None,
-                stop_x: x,
-                quiet_until_s: f64::NEG_INFINITY,
-                quiet_every_s: TENSORS_AGAIN_S,
-            });
-            // Asked for already, and neither given up nor taken out since; or kept as they
-            // were, and not yet time to trace them again.
-            let asked = t.asked_s.is_finite() && (t.on || t.off_x.is_none());
-            let quiet = t.again_s.is_none() && at_s < t.quiet_until_s;
-            if asked || quiet || t.again_s.is_some_and(|again| at_s < again) {
-                continue;
-            }
-            // Those of the leak kept stay: frees of theirs seen from now on release them (see
-            // `Ledger::keep_tensors`).
-            if t.again_s.take().is_some() {
-                let leaks = self.analysis.kept_leak_stacks(tgid);
-                self.ledger.forget_tensors_but(tgid, |s| leaks.contains(&s));
-            }
-            (t.asked_s, t.off_x) = (at_s, None);
-            self.ledger.layer_asked(tgid);
-            let ask = ProbeRequest::EngageTensors {
-                tgid,
-                after_s: at_s,
-            };
-            let _ = self.prober.requests.send(ask);
+        let due: Vec<u32> = pids
+            .into_iter()
+            .filter(|&tgid| {
+                let t = layers.tensors.get(&tgid);
+                // Kept as they were, and not yet time to trace them again; or given up on, and
+                // not yet time to look again.
+                let waits = t.and_then(|t| t.again_s).is_some_and(|again| at_s < again);
+                let quiet = t.is_some_and(|t| t.again_s.is_none() && at_s < t.quiet_until_s);
+                !waits && !quiet
+            })
+            .collect();
+        for tgid in due {
+            self.ask_tensors(tgid, at_s, x);
         }
+    }
+
+    /// Asks for `tgid`'s CPU tensors (`at_s` seconds into tracing, `x` on the series' axis),
+    /// unless they were asked for already and neither given up nor taken out since.
+    fn ask_tensors(&mut self, tgid: u32, at_s: f64, x: f64) {
+        let Some(layers) = &mut self.layers else {
+            return;
+        };
+        let t = layers
+            .tensors
+            .entry(tgid)
+            .or_insert_with(|| TensorLayer::new(x));
+        if t.asked_s.is_finite() && (t.on || t.off_x.is_none()) {
+            return;
+        }
+        // Those of the leak kept stay: frees of theirs seen from now on release them (see
+        // `Ledger::keep_tensors`).
+        if t.again_s.take().is_some() {
+            let leaks = self.analysis.kept_leak_stacks(tgid);
+            self.ledger.forget_tensors_but(tgid, |s| leaks.contains(&s));
+        }
+        (t.asked_s, t.off_x) = (at_s, None);
+        self.ledger.layer_asked(tgid);
+        let ask = ProbeRequest::EngageTensors {
+            tgid,
+            after_s: at_s,
+        };
+        let _ = self.prober.requests.send(ask);
     }
 
     /// Brings forward the next tracing of the tensors kept as they were of each process whose
@@ -416,7 +443,7 @@ impl Owner {
     /// leak no longer grows are kept as they were judged, or forgotten (see
     /// [`Owner::leak_stopped`]).
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
-        let Some(layers) = &self.layers else {
+        let Some(layers) = self.layers.as_ref().filter(|l| l.tensors_layered) else {
             return;
         };
         let held: Vec<(u32, f64)> = layers
@@ -607,6 +634,13 @@ impl Owner {
         }
         let again = h.asked_s.is_finite();
         (h.asked_s, h.leak_since, h.out, h.again) = (at_s, None, false, again);
+        // The prober traces its tensors under it (a block of posix_memalign's is a tensor's
+        // where they are traced): asked for with it, they go out with it. Unasked, they stayed
+        // traced after it, unknown here, until pages that grew asked for them and they held
+        // (two minutes at a time on a 30-minute job).
+        if layers.tensors_layered && self.maps_torch(tgid) {
+            self.ask_tensors(tgid, at_s, x);
+        }
         if again {
             tracing::info!(tgid, at_s, "malloc family asked for again: pages grow on");
             self.heap_traced_again(tgid, x);
