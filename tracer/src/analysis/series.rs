@@ -314,9 +314,6 @@ mod tests {
         );
         assert_eq!(spans[0], 255.0, "9,872 samples in points of 256");
         assert!(tail.iter().all(|d| *d == 0.0), "{tail:?}");
-        assert_eq!(
-            s.points()[s.points().len() - TAIL].t0,
-            10_000.0 - TAIL as f64
-        );
+        assert_eq!(s.points()[s.points().len() - TAIL].t0, 10_000.0 - TAIL as f64);
     }
 }

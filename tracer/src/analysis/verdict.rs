@@ -235,6 +235,13 @@ fn until_quiet(points: &[Point], warmup_s: f64) -> Vec<&Point> {
     }
 }
 
+/// Least-squares slope of the floors against the windows' mid times.
+fn slope(windows: &[Window]) -> f64 {
+    let xs: Vec<f64> = windows.iter().map(|w| (w.t0_s + w.t1_s) / 2.0).collect();
+    let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
+    slope_of(&xs, &floors)
+}
+
 /// Least-squares slope of `floors` against their times `xs`.
 fn slope_of(xs: &[f64], floors: &[u64]) -> f64 {
     let ys: Vec<f64> = floors.iter().map(|&f| f as f64).collect();
@@ -516,13 +523,11 @@ mod tests {
             })
             .collect();
         let growth = windows[windows.len() - 1].floor as i64 - windows[0].floor as i64;
-        let starts: Vec<f64> = windows.iter().map(|w| w.t0_s).collect();
-        let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
         Evidence {
             verdict: Verdict::Leak,
             confidence: 1.0,
             growth_bytes: growth,
-            slope_bytes_per_s: slope_of(&starts, &floors),
+            slope_bytes_per_s: slope(&windows),
             windows,
         }
     }
