@@ -1,18 +1,12 @@
-//! A bounded time series of outstanding bytes. Its last [`TAIL`] samples are points of their own
-//! (a verdict on the last seconds, a layer's window, needs each of them); older ones are in
-//! points that each cover the same number of samples (the stride): when those are full, every
-//! pair of them is merged and the stride doubles, so a long run keeps its whole span at an even
-//! grain, never losing its floor (minimum) or its peak (maximum): memory per series is fixed
-//! whatever the run's length. (Merging only the older half made the oldest points ever wider
-//! until one spanned more than a verdict window, and a long run's verdicts vanished. Without the
-//! tail, 30 minutes into a run a point spanned 30 s of samples a second, or 3 s of a layer's
-//! window sampled every 50 ms, and a window of a few seconds could not be judged.)
+//! A bounded time series of outstanding bytes. Each point covers the same number of samples (its
+//! stride); when the series is full, every pair of points is merged and the stride doubles, so a
+//! long run keeps its whole span at an even grain, never losing its floor (minimum) or its peak
+//! (maximum): memory per series is fixed whatever the run's length. (Merging only the older half
+//! made the oldest points ever wider until one spanned more than a verdict window, and a long
+//! run's verdicts vanished.)
 
-/// Merged points kept per series at most (a point is 48 bytes).
+/// Points kept per series at most (a point is 32 bytes).
 pub const CAP: usize = 64;
-/// The latest samples kept as points of their own: 6.4 s at a layer's pace (every 50 ms), more
-/// than a layer's window judges at once.
-pub const TAIL: usize = 128;
 
 /// A span of samples: its first and last time, the least and most bytes seen, the last value,
 /// and whether the program allocated or freed at the stack during it (known for heap-level
@@ -27,27 +21,13 @@ pub struct Point {
     pub active: bool,
 }
 
-impl Point {
-    /// Merges `b`, which follows, into this point.
-    fn merge(&mut self, b: &Point) {
-        self.t1 = b.t1;
-        self.min = self.min.min(b.min);
-        self.max = self.max.max(b.max);
-        self.last = b.last;
-        self.active |= b.active;
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct Series {
-    /// The merged points, then the tail's.
     points: Vec<Point>,
-    /// Samples per merged point.
+    /// Samples per point.
     stride: u32,
-    /// Samples in the last merged point.
+    /// Samples in the last point.
     filled: u32,
-    /// Points of the tail, at the end of `points`.
-    tail: usize,
 }
 
 impl Default for Series {
@@ -56,7 +36,6 @@ impl Default for Series {
             points: Vec::new(),
             stride: 1,
             filled: 0,
-            tail: 0,
         }
     }
 }
@@ -68,6 +47,20 @@ impl Series {
 
     /// A sample, and whether the stack was used since the one before.
     pub fn push_sample(&mut self, t: f64, bytes: u64, active: bool) {
+        if self.filled < self.stride
+            && let Some(p) = self.points.last_mut()
+        {
+            p.t1 = t;
+            p.min = p.min.min(bytes);
+            p.max = p.max.max(bytes);
+            p.last = bytes;
+            p.active |= active;
+            self.filled += 1;
+            return;
+        }
+        if self.points.len() == CAP {
+            self.compact();
+        }
         self.points.push(Point {
             t0: t,
             t1: t,
@@ -76,37 +69,7 @@ impl Series {
             last: bytes,
             active,
         });
-        self.tail += 1;
-        if self.tail > TAIL {
-            self.age_oldest_of_tail();
-        }
-    }
-
-    /// The tail's oldest point joins the merged ones: into the last of them while it is not
-    /// full, else as a new one (every pair of them merged first, when there are [`CAP`]).
-    fn age_oldest_of_tail(&mut self) {
-        self.tail -= 1;
-        let at = self.points.len() - self.tail - 1;
-        if at > 0 && self.filled < self.stride {
-            let p = self.points.remove(at);
-            self.points[at - 1].merge(&p);
-            self.filled += 1;
-            return;
-        }
-        if at == CAP {
-            self.compact(at);
-        }
         self.filled = 1;
-    }
-
-    /// A series of `points` taken from this one, to be read (not pushed to).
-    fn part(&self, points: &[Point]) -> Series {
-        Series {
-            points: points.to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-            tail: 0,
-        }
     }
 
     pub fn points(&self) -> &[Point] {
@@ -121,25 +84,41 @@ impl Series {
         while end > 1 && self.points[end - 1].min <= self.points[end - 2].min {
             end -= 1;
         }
-        self.part(&self.points[..end])
+        Series {
+            points: self.points[..end].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The series up to its points that begin before `t_s`.
     pub fn before(&self, t_s: f64) -> Series {
         let end = self.points.partition_point(|p| p.t0 < t_s);
-        self.part(&self.points[..end])
+        Series {
+            points: self.points[..end].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The series up to its points that begin at `t_s` or before.
     pub fn until(&self, t_s: f64) -> Series {
         let end = self.points.partition_point(|p| p.t0 <= t_s);
-        self.part(&self.points[..end])
+        Series {
+            points: self.points[..end].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The series from its points that begin at `t_s` or after.
     pub fn since(&self, t_s: f64) -> Series {
         let from = self.points.partition_point(|p| p.t0 < t_s);
-        self.part(&self.points[from..])
+        Series {
+            points: self.points[from..].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The series from `t_s` on, less the least it held there: what it added to what it held
@@ -148,13 +127,19 @@ impl Series {
         let from = self.points.partition_point(|p| p.t0 < t_s);
         let points = &self.points[from..];
         let least = points.iter().map(|p| p.min).min().unwrap_or(0);
-        let less = |p: &Point| Point {
-            min: p.min - least,
-            max: p.max - least,
-            last: p.last - least,
-            ..*p
-        };
-        self.part(&points.iter().map(less).collect::<Vec<_>>())
+        Series {
+            points: points
+                .iter()
+                .map(|p| Point {
+                    min: p.min - least,
+                    max: p.max - least,
+                    last: p.last - least,
+                    ..*p
+                })
+                .collect(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The series without the stretch [`t0_s`, `t1_s`): the points inside it go, those after it
@@ -176,7 +161,11 @@ impl Series {
                 Some(*p)
             }
         });
-        self.part(&points.collect::<Vec<_>>())
+        Series {
+            points: points.collect(),
+            stride: self.stride,
+            filled: self.stride,
+        }
     }
 
     /// The least-squares slope of the points' floors (bytes a second) over those that begin in
@@ -214,20 +203,24 @@ impl Series {
         self.points.last().map(|p| p.last)
     }
 
-    /// Merges every pair of the first `merged` points (all full: compaction happens only when
-    /// the last one is).
-    fn compact(&mut self, merged: usize) {
-        let pairs: Vec<Point> = self.points[..merged]
+    /// Merges every pair of points (all full: compaction happens only when the last one is).
+    fn compact(&mut self) {
+        self.points = self
+            .points
             .chunks(2)
-            .map(|c| {
-                let mut a = c[0];
-                if let Some(b) = c.get(1) {
-                    a.merge(b);
-                }
-                a
+            .map(|c| match c {
+                [a, b] => Point {
+                    t0: a.t0,
+                    t1: b.t1,
+                    min: a.min.min(b.min),
+                    max: a.max.max(b.max),
+                    last: b.last,
+                    active: a.active || b.active,
+                },
+                [a] => *a,
+                _ => unreachable!("chunks of two"),
             })
             .collect();
-        self.points.splice(..merged, pairs);
         self.stride *= 2;
         self.filled = self.stride;
     }
@@ -297,23 +290,19 @@ mod tests {
             let v = if i == 3 { 1_000_000 } else { 100 + i };
             s.push(i as f64, v);
         }
-        assert!(s.points().len() <= CAP + TAIL);
+        assert!(s.points().len() <= CAP);
         assert_eq!(s.points().iter().map(|p| p.max).max(), Some(1_000_000));
         assert_eq!(s.points()[0].min, 100);
         assert_eq!(s.points()[0].t0, 0.0);
         assert_eq!(s.last(), Some(100 + 9_999));
         let times: Vec<f64> = s.points().iter().map(|p| p.t0).collect();
         assert!(times.windows(2).all(|w| w[0] < w[1]), "in time order");
-        // An even grain: every merged point but the last spans the same number of samples,
-        // and the last 128 samples are points of their own.
+        // An even grain: every point but the last spans the same number of samples.
         let spans: Vec<f64> = s.points().iter().map(|p| p.t1 - p.t0).collect();
-        let (merged, tail) = spans.split_at(spans.len() - TAIL);
         assert!(
-            merged[..merged.len() - 1].iter().all(|d| *d == spans[0]),
+            spans[..spans.len() - 1].iter().all(|d| *d == spans[0]),
             "{spans:?}"
         );
-        assert_eq!(spans[0], 255.0, "9,872 samples in points of 256");
-        assert!(tail.iter().all(|d| *d == 0.0), "{tail:?}");
-        assert_eq!(s.points()[s.points().len() - TAIL].t0, 10_000.0 - TAIL as f64);
+        assert_eq!(spans[0], 255.0, "10,000 samples in points of 256");
     }
 }

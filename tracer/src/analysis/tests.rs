@@ -662,27 +662,3 @@ fn a_program_that_runs_on_after_finalizing_its_interpreter_is_judged_whole() {
     }
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
-
-/// Half an hour of a brk stack sampled once a second, then a layer's window sampled every 50 ms
-/// for 3 s in which it grows by 1 MiB a second: judged from the window's start, it grows as a
-/// leak (the run's merged points span 30 s there; the window's samples are points of their
-/// own), and a stack that holds through the window does not.
-#[test]
-fn pages_late_in_a_long_run_are_judged_on_a_windows_own_samples() {
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-    let (grows, holds) = (key(1, Kind::Brk), key(2, Kind::Brk));
-    let mut analysis = Analysis::default();
-    for i in 0..1800u64 {
-        analysis.sample(i as f64, &ledger, &[(grows, 8 << 20), (holds, 8 << 20)]);
-    }
-    for i in 0..60u64 {
-        let t = 1800.0 + i as f64 * 0.05;
-        let grown = (8 << 20) + i * (1 << 20) / 20;
-        analysis.sample(t, &ledger, &[(grows, grown), (holds, 8 << 20)]);
-    }
-    let first = analysis.series(&grows).unwrap();
-    assert!(first[1].t0 - first[0].t0 >= 16.0, "{:?}", &first[..2]);
-    let grown = analysis.growing_pages(|_| 1800.0, 1.0, 1 << 20);
-    assert_eq!(grown, vec![grows]);
-}

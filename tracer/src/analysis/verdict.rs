@@ -103,21 +103,13 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     let span = (end - start).max(f64::MIN_POSITIVE);
     let index = |p: &Point| (((p.t0 - start) / span * WINDOWS as f64) as usize).min(WINDOWS - 1);
     let mut windows: Vec<Option<Window>> = vec![None; WINDOWS];
-    // When each window's floor was (the start of the point that holds it: where a rising
-    // series is least), for its slope: the windows' mid times are off by up to a point's span,
-    // merged points beside the tail's single samples.
-    let mut floor_at = [0.0; WINDOWS];
     for p in &pts {
-        let i = index(p);
-        let w = windows[i].get_or_insert(Window {
+        let w = windows[index(p)].get_or_insert(Window {
             t0_s: p.t0,
             t1_s: p.t1,
             floor: p.min,
             peak: p.max,
         });
-        if p.t0 == w.t0_s || p.min < w.floor {
-            floor_at[i] = p.t0;
-        }
         w.t1_s = p.t1;
         w.floor = w.floor.min(p.min);
         w.peak = w.peak.max(p.max);
@@ -163,7 +155,7 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
         verdict,
         confidence: (support * length * 100.0).round() / 100.0,
         growth_bytes: growth,
-        slope_bytes_per_s: slope_of(&floor_at, &floors),
+        slope_bytes_per_s: slope(&windows),
         windows,
     })
 }
@@ -238,13 +230,7 @@ fn until_quiet(points: &[Point], warmup_s: f64) -> Vec<&Point> {
 /// Least-squares slope of the floors against the windows' mid times.
 fn slope(windows: &[Window]) -> f64 {
     let xs: Vec<f64> = windows.iter().map(|w| (w.t0_s + w.t1_s) / 2.0).collect();
-    let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
-    slope_of(&xs, &floors)
-}
-
-/// Least-squares slope of `floors` against their times `xs`.
-fn slope_of(xs: &[f64], floors: &[u64]) -> f64 {
-    let ys: Vec<f64> = floors.iter().map(|&f| f as f64).collect();
+    let ys: Vec<f64> = windows.iter().map(|w| w.floor as f64).collect();
     let n = xs.len() as f64;
     let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
     let sxx: f64 = xs.iter().map(|x| (x - mx).powi(2)).sum();
