@@ -63,8 +63,7 @@ pub fn run() -> Result<i32, Error> {
         "  same loop without the leak        {:>20}   (baseline: never)",
         show(steady)
     );
-    let points = series::CAP + series::TAIL;
-    let per_series = size_of::<Series>() + points * size_of::<series::Point>();
+    let per_series = size_of::<Series>() + series::CAP * size_of::<series::Point>();
     println!(
         "memory per tracked stack series: {per_series} bytes (bounded); 100k stacks: {:.1} MiB",
         per_series as f64 * 1e5 / MIB as f64

@@ -162,10 +162,8 @@ impl Owner {
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
         self.note_tensors(at_s, x);
-        // Every sample while a malloc family or tensors are traced: each second of them costs
-        // the most (a tensor window ended up to a second late, a quarter of that second lost).
+        // Every sample while a malloc family is traced: each second of it costs the most.
         self.take_out_heap(at_s, x);
-        self.disengage_tensors(at_s, x);
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -307,12 +305,13 @@ impl Owner {
 
     /// `--tensors auto`: asks for the CPU tensors of each process with a page-level stack (not
     /// an arena's) judged a leak over the later half of the run so far, and since its tensors
-    /// were last taken out, and of those kept as they were whose time to be traced again came
-    /// (taken out at every sample, see [`Owner::disengage_tensors`]).
+    /// were last taken out, and of those kept as they were whose time to be traced again came;
+    /// and takes out those of the processes whose memory holds or whose leak is confirmed.
     fn engage_tensors(&mut self, at_s: f64, x: f64) {
         if !self.layers.as_ref().is_some_and(|l| l.tensors_layered) {
             return;
         }
+        self.disengage_tensors(at_s, x);
         // Over the later half of the run so far: importing torch grows pages for a second or
         // two as a leak would.
         let half = self.config.warmup.max(x / 2.0);
@@ -443,7 +442,7 @@ impl Owner {
     /// leak no longer grows are kept as they were judged, or forgotten (see
     /// [`Owner::leak_stopped`]).
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
-        let Some(layers) = self.layers.as_ref().filter(|l| l.tensors_layered) else {
+        let Some(layers) = &self.layers else {
             return;
         };
         let held: Vec<(u32, f64)> = layers
