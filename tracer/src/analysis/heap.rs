@@ -131,7 +131,7 @@ impl Analysis {
 
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,
     /// for a heap stack; before its interpreter's exit, for any.
-    pub(super) fn as_judged<'s>(&self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
+    pub(super) fn as_judged<'s>(&'s self, key: &GroupKey, series: &'s Series) -> Cow<'s, Series> {
         let window = self
             .heap_window
             .get(&key.pid)
@@ -146,8 +146,10 @@ impl Analysis {
             Some(Some(own)) => own,
             None => series,
         };
-        let series = self.before_exit(key.pid, series);
-        Cow::Owned(w.judged(&series).into_owned())
+        match self.before_exit(key.pid, series) {
+            Cow::Borrowed(s) => w.judged(s),
+            Cow::Owned(s) => Cow::Owned(w.judged(&s).into_owned()),
+        }
     }
 
     /// `series` of a stack of `pid`, up to the samples before its interpreter began its exit

@@ -234,7 +234,7 @@ impl Analysis {
         span_s: f64,
         min_bytes: i64,
     ) -> Vec<GroupKey> {
-        self.pages_grown(start, span_s, min_bytes, false)
+        self.pages_grown(start, span_s, min_bytes, |_, _| true)
     }
 
     /// As [`Analysis::growing_pages`], less the brk stacks whose floors rose in some windows
@@ -249,15 +249,9 @@ impl Analysis {
         min_bytes: i64,
         sure_bytes: i64,
     ) -> Vec<GroupKey> {
-        let mut grown: Vec<GroupKey> = self
-            .pages_growing(start, span_s, min_bytes)
-            .filter(|(k, e)| {
-                k.kind != Kind::Brk || e.growth_bytes >= sure_bytes || rose_in_every_window(e)
-            })
-            .map(|(k, _)| k)
-            .collect();
-        grown.sort_unstable_by_key(|k| k.pid);
-        grown
+        self.pages_grown(start, span_s, min_bytes, |k, e| {
+            k.kind != Kind::Brk || e.growth_bytes >= sure_bytes || rose_in_every_window(e)
+        })
     }
 
     /// As [`Analysis::growing_pages`], less those a leak of tensors kept as they were explains
@@ -268,19 +262,22 @@ impl Analysis {
         span_s: f64,
         min_bytes: i64,
     ) -> Vec<GroupKey> {
-        self.pages_grown(start, span_s, min_bytes, true)
+        self.pages_grown(start, span_s, min_bytes, |k, e| {
+            !self.under_kept_tensors(k, e)
+        })
     }
 
+    /// The stacks [`Analysis::pages_growing`] gives that `keep` keeps, by process.
     fn pages_grown(
         &self,
         start: impl Fn(u32) -> f64,
         span_s: f64,
         min_bytes: i64,
-        unexplained: bool,
+        keep: impl Fn(&GroupKey, &Evidence) -> bool,
     ) -> Vec<GroupKey> {
         let mut grown: Vec<GroupKey> = self
             .pages_growing(start, span_s, min_bytes)
-            .filter(|(k, e)| !(unexplained && self.under_kept_tensors(k, e)))
+            .filter(|(k, e)| keep(k, e))
             .map(|(k, _)| k)
             .collect();
         grown.sort_unstable_by_key(|k| k.pid);

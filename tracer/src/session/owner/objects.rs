@@ -95,9 +95,10 @@ impl Owner {
     /// stacks held at that point (the ledger took it then): the teardown makes objects it
     /// never frees (the modules' clearing, exit handlers), which would read as kept. At an
     /// exit without that point (`os._exit`), its last look before. It has seen enough when the
-    /// sites that keep kept [`SURE_BYTES`] together; sites, not stacks: one line's dict and its strings are stacks of
-    /// their own, and a stack of tuples that CPython's free list holds on to keeps a quarter of
-    /// what it made while its line's other stacks keep nothing. Or when libraries' imports kept
+    /// sites that keep kept [`SURE_BYTES`] together; sites, not stacks: one line's dict and its
+    /// strings are stacks of their own, and a stack of tuples that CPython's free list holds on
+    /// to keeps a quarter of what it made while its line's other stacks keep nothing. Or when
+    /// libraries' imports kept
     /// as much: the arenas grew with modules (a GPU job imports for seconds after its start),
     /// and every object they make is a probe trap while the window is open.
     fn look_at_window(&mut self, w: &mut OpenWindow, now: u64) -> Look {
