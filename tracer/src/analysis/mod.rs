@@ -108,10 +108,11 @@ struct Tracked {
 }
 
 impl Tracked {
-    /// A sample of `bytes`, active when the stack's count moved since the last one.
-    fn push(&mut self, t_s: f64, bytes: u64, round: u64, activity: u32) {
+    /// A sample of `bytes` (`least` at the least since the last one), active when the stack's
+    /// count moved since the last one.
+    fn push(&mut self, t_s: f64, (least, bytes): (u64, u64), round: u64, activity: u32) {
         self.series
-            .push_sample(t_s, bytes, activity != self.activity);
+            .push_least(t_s, least, bytes, activity != self.activity);
         (self.round, self.activity) = (round, activity);
     }
 }
@@ -173,7 +174,8 @@ impl Analysis {
                 self.groups.get_mut(&key)
             };
             if let Some(t) = tracked {
-                t.push(t_s, bytes, round, activity(ledger, &key));
+                let held = (ledger.least_since_sample(&key, bytes), bytes);
+                t.push(t_s, held, round, activity(ledger, &key));
             }
             if key.kind == Kind::TorchBlock {
                 self.caching.insert(key.pid);
@@ -191,7 +193,7 @@ impl Analysis {
         }
         for (key, t) in self.groups.iter_mut() {
             if t.round != round {
-                t.push(t_s, 0, round, activity(ledger, key));
+                t.push(t_s, (0, 0), round, activity(ledger, key));
             }
         }
         for (pid, p) in &ledger.procs {
@@ -219,7 +221,7 @@ impl Analysis {
             let b = per_proc.get(&pid).copied().unwrap_or_default();
             (b.heap, b.pages)
         };
-        self.sample_heap_windows(t_s, groups, totals);
+        self.sample_heap_windows(t_s, ledger, groups, totals);
         self.sample_chains(t_s, ledger, groups);
     }
 

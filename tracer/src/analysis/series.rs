@@ -47,11 +47,18 @@ impl Series {
 
     /// A sample, and whether the stack was used since the one before.
     pub fn push_sample(&mut self, t: f64, bytes: u64, active: bool) {
+        self.push_least(t, bytes, bytes, active);
+    }
+
+    /// A sample of `bytes`, where the least held since the sample before was `least` (see
+    /// `Ledger::least_since_sample`), and whether the stack was used since then.
+    pub fn push_least(&mut self, t: f64, least: u64, bytes: u64, active: bool) {
+        let least = least.min(bytes);
         if self.filled < self.stride
             && let Some(p) = self.points.last_mut()
         {
             p.t1 = t;
-            p.min = p.min.min(bytes);
+            p.min = p.min.min(least);
             p.max = p.max.max(bytes);
             p.last = bytes;
             p.active |= active;
@@ -64,7 +71,7 @@ impl Series {
         self.points.push(Point {
             t0: t,
             t1: t,
-            min: bytes,
+            min: least,
             max: bytes,
             last: bytes,
             active,

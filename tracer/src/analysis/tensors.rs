@@ -58,9 +58,59 @@ pub(super) struct Chain {
     round: u64,
     /// Where each span begins: on the chain's axis, and on the series' axis.
     starts: Vec<(f64, f64)>,
+    /// The stacks that held bytes as the open span began (traced again): where their chain
+    /// went on from.
+    resumed: FxHashMap<GroupKey, Resumed>,
+}
+
+/// A stack of a chain traced again: the least it held on the chain as the span began, and
+/// the least it held at its first sample that saw it hold anything since. It goes on by what
+/// it gained or lost since that sample: those of a leak kept as they were are still held (a
+/// list that keeps every step's tensor), but an accumulator grown by copying (`acc =
+/// torch.cat([acc, x])`) holds one block, its last copy, made anew as the span began, grown by
+/// all it gained while not traced: taken as it is, the chain would jump there, and its leak
+/// read as a cache that filled in one window. (The least, not what a sample caught: such a
+/// stack holds two copies while it copies, most of the time once it is large.)
+#[derive(Clone, Copy, Debug)]
+struct Resumed {
+    from: u64,
+    first: Option<u64>,
+}
+
+impl Resumed {
+    /// `(least, bytes)` on the chain, where the stack holds them now.
+    fn on_chain(&mut self, (least, bytes): (u64, u64)) -> (u64, u64) {
+        if least > 0 && self.first.is_none() {
+            self.first = Some(least);
+        }
+        let Some(first) = self.first else {
+            return (self.from, self.from);
+        };
+        let at = |b: u64| (self.from + b).saturating_sub(first);
+        (at(least), at(bytes))
+    }
 }
 
 impl Chain {
+    /// A span begins where the chain was kept: each stack holding bytes goes on from there.
+    fn resume(&mut self) {
+        self.resumed = self
+            .stacks
+            .iter()
+            .filter_map(|(k, t)| Some((*k, t.series.points().last()?.min)))
+            .filter(|&(_, from)| from > 0)
+            .map(|(k, from)| (k, Resumed { from, first: None }))
+            .collect();
+    }
+
+    /// `(least, bytes)` of `key`, as they read on the chain.
+    fn held(&mut self, key: &GroupKey, held: (u64, u64)) -> (u64, u64) {
+        match self.resumed.get_mut(key) {
+            Some(r) => r.on_chain(held),
+            None => held,
+        }
+    }
+
     /// `e`, judged on the chain's axis, with its windows put on the series' axis.
     pub(super) fn on_series_axis(&self, mut e: Evidence) -> Evidence {
         let at = |t: f64| {
@@ -81,10 +131,11 @@ impl Chain {
         };
         self.stacks.values().any(|t| {
             let leak = classify(&t.series, TENSOR_RAMP).is_some_and(|e| e.verdict == Verdict::Leak);
+            // By the least held (a sample may catch an accumulator holding two copies).
             let points = t.series.points();
             let i = points.partition_point(|p| p.t0 < began).saturating_sub(1);
-            let then = points.get(i).map_or(0, |p| p.last);
-            leak && t.series.last().is_some_and(|now| now > then + 4096)
+            let then = points.get(i).map_or(0, |p| p.min);
+            leak && points.last().is_some_and(|now| now.min > then + 4096)
         })
     }
 }
@@ -147,6 +198,7 @@ impl Analysis {
         }
         let traced = match last {
             Some(s) if s.kept.is_some() => {
+                h.chain.resume();
                 h.chain.starts.last().map_or(0.0, |c| c.0) + s.to - s.from
             }
             _ => {
@@ -178,17 +230,24 @@ impl Analysis {
             for &(key, bytes) in groups {
                 if key.pid == pid && key.kind == Kind::Tensor {
                     let activity = super::activity(ledger, &key);
+                    let held = (ledger.least_since_sample(&key, bytes), bytes);
+                    let held = chain.held(&key, held);
                     chain
                         .stacks
                         .entry(key)
                         .or_default()
-                        .push(t, bytes, chain.round, activity);
-                    all += bytes;
+                        .push(t, held, chain.round, activity);
+                    all += held.1;
                 }
             }
             for (key, tracked) in chain.stacks.iter_mut() {
                 if tracked.round != chain.round {
-                    tracked.push(t, 0, chain.round, super::activity(ledger, key));
+                    let held = match chain.resumed.get_mut(key) {
+                        Some(r) => r.on_chain((0, 0)),
+                        None => (0, 0),
+                    };
+                    let activity = super::activity(ledger, key);
+                    tracked.push(t, held, chain.round, activity);
                 }
             }
             chain.all.push(t, all);

@@ -662,3 +662,35 @@ fn a_program_that_runs_on_after_finalizing_its_interpreter_is_judged_whole() {
     }
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
+
+/// `--tensors auto`: an accumulator grown by copying (`acc = torch.cat([acc, x])`, one block
+/// made anew every step) kept as it was, then traced again: its stack holds one block, grown by
+/// all it gained while untraced. On the chain it goes on from where it was kept, by what it gains
+/// in the new span: still a leak, and it grew in this span. Taken as it is, the chain would
+/// jump, and read as a cache that filled in one window.
+#[test]
+fn an_accumulator_traced_again_goes_on_from_where_its_chain_was_kept() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 eval.py".into(), Vec::new(), 0);
+    let acc = key(1, Kind::Tensor);
+    let mut a = Analysis::default();
+    const M: u64 = 1 << 20;
+    // Samples every half second; the accumulator gains 1 MiB a sample all along.
+    let sample = |a: &mut Analysis, i: u64| a.sample(i as f64 / 2.0, &ledger, &[(acc, i * M)]);
+    a.tensors_traced_from(1, 2.0);
+    for i in 4..12u64 {
+        sample(&mut a, i);
+    }
+    assert!(a.tensors_leak(1).is_some_and(|s| s >= 2.0));
+    a.tensors_taken_out(1, 6.0, TakenOut::Kept);
+    // Untraced: kept as it was (its pages unmapped, the block went: see the ledger).
+    for i in 12..40u64 {
+        a.sample(i as f64 / 2.0, &ledger, &[]);
+    }
+    a.tensors_traced_from(1, 20.0);
+    for i in 40..48u64 {
+        sample(&mut a, i);
+    }
+    assert!(a.tensors_leak(1).is_some(), "a leak on its chain");
+    assert!(a.tensors_grew(1), "it grew in this span");
+}

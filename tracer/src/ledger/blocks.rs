@@ -1,6 +1,10 @@
 //! The outstanding heap blocks of a process, by address: a million of them is the common case
 //! for a training process. One hash table doubling from 1M to 2M slots holds both tables at once
 //! (three times the entries' memory, briefly); split into shards, one shard grows at a time.
+//! The large blocks are also kept in address order: an allocator maps each of them on its own,
+//! and a block whose pages were unmapped was freed, whether its free was seen or not.
+
+use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
 
@@ -8,15 +12,21 @@ use super::Origin;
 
 const SHARDS: usize = 64;
 
+/// Blocks this large or larger are kept in address order too: glibc maps a block of 128 KiB or
+/// more on its own (its threshold at the least; 64 KiB leaves room for a lowered one).
+pub const LARGE: u64 = 64 << 10;
+
 #[derive(Clone, Debug)]
 pub struct Blocks {
     shards: Box<[FxHashMap<u64, Block>]>,
+    large: BTreeSet<u64>,
 }
 
 impl Default for Blocks {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| FxHashMap::default()).collect(),
+            large: BTreeSet::new(),
         }
     }
 }
@@ -36,11 +46,27 @@ fn shard(addr: u64) -> usize {
 impl Blocks {
     /// The block now at `addr`; the one it replaces, if any.
     pub fn insert(&mut self, addr: u64, block: Block) -> Option<Block> {
-        self.shards[shard(addr)].insert(addr, block)
+        let large = block.size >= LARGE;
+        let old = self.shards[shard(addr)].insert(addr, block);
+        if large {
+            self.large.insert(addr);
+        } else if old.as_ref().is_some_and(|b| b.size >= LARGE) {
+            self.large.remove(&addr);
+        }
+        old
     }
 
     pub fn remove(&mut self, addr: &u64) -> Option<Block> {
-        self.shards[shard(*addr)].remove(addr)
+        let old = self.shards[shard(*addr)].remove(addr);
+        if old.as_ref().is_some_and(|b| b.size >= LARGE) {
+            self.large.remove(addr);
+        }
+        old
+    }
+
+    /// The addresses of the large blocks ([`LARGE`]) that begin in [start, end).
+    pub fn large_in(&self, start: u64, end: u64) -> Vec<u64> {
+        self.large.range(start..end).copied().collect()
     }
 
     pub fn get(&self, addr: &u64) -> Option<&Block> {
@@ -69,8 +95,15 @@ impl Blocks {
 
     /// Keeps the blocks `keep` says to, by address and block.
     pub fn retain(&mut self, mut keep: impl FnMut(&u64, &Block) -> bool) {
+        let large = &mut self.large;
         for s in self.shards.iter_mut() {
-            s.retain(|a, b| keep(a, b));
+            s.retain(|a, b| {
+                let kept = keep(a, b);
+                if !kept && b.size >= LARGE {
+                    large.remove(a);
+                }
+                kept
+            });
         }
     }
 
@@ -78,6 +111,7 @@ impl Blocks {
         self.shards
             .iter_mut()
             .for_each(|s| *s = FxHashMap::default());
+        self.large.clear();
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod blocks;
 mod device;
+mod dips;
 mod objects;
 mod process;
 mod regions;
@@ -291,6 +292,24 @@ impl Ledger {
             self.activity.resize(i + 1, 0);
         }
         self.activity[i] = self.activity[i].wrapping_add(1);
+    }
+
+    /// The least `key` (holding `bytes` now) held since the last sample, where its blocks'
+    /// makes and frees are seen one by one (heap blocks and CPU tensors); `bytes` elsewhere.
+    pub fn least_since_sample(&self, key: &GroupKey, bytes: u64) -> u64 {
+        if !matches!(key.kind, Kind::Heap | Kind::Tensor) {
+            return bytes;
+        }
+        let dip = self
+            .procs
+            .get(&key.pid)
+            .map_or(0, |p| p.dips.dip(key.stack));
+        bytes.saturating_sub(dip)
+    }
+
+    /// A sample was taken of every group: what each holds at its least is told from now on.
+    pub fn sampled(&mut self) {
+        self.procs.values_mut().for_each(|p| p.dips.sampled());
     }
 
     /// Allocations and frees made at `stack` so far (wrapping): a stack whose count did not

@@ -8,6 +8,7 @@ use super::{
     Kind, Origin,
     blocks::{Block, Blocks},
     device::Device,
+    dips::Dips,
     regions::{Regions, Spans},
 };
 use crate::{
@@ -125,6 +126,8 @@ pub struct Process {
     /// Per thread, its frees of an address with no block since its last allocation: counted as
     /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
     pub tail_frees: std::collections::HashMap<u32, u64>,
+    /// How far each stack's heap blocks and tensors fell since the last sample.
+    pub dips: Dips,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -273,6 +276,7 @@ impl Process {
     /// execve: a fresh image, nothing of the old address space survives.
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
+        self.dips = Dips::default();
         self.displaced.clear();
         self.tail_frees.clear();
         self.mmaps = Regions::default();
@@ -314,7 +318,11 @@ impl Process {
         if func == Some(AllocFn::C10AllocCpu) {
             self.pages_to_tensor(addr, size, &origin);
         }
+        self.dips.made(origin.stack, size);
         let replaced = self.heap.insert(addr, Block { size, origin });
+        if let Some(old) = &replaced {
+            self.dips.freed(old.origin.stack, old.size);
+        }
         // Kept as they were while untraced: tensors up to then, and every heap block once the
         // malloc family is taken out (it is not traced again). Their frees are not seen.
         let kept = |old: &Block| match Kind::of(old.origin.func) {
@@ -408,6 +416,7 @@ impl Process {
             }
             return None;
         };
+        self.dips.freed(block.origin.stack, block.size);
         block.origin.stack
     }
 
@@ -468,6 +477,35 @@ impl Process {
         let end = addr.saturating_add(len);
         let removed = self.mmaps.remove(addr, end) + self.files.remove(addr, end);
         self.mismatches.unmatched_unmap_bytes += len - removed.min(len);
+        self.unmapped_blocks(addr, end);
+    }
+
+    /// The pages of [start, end) were unmapped: a large block that began there was freed. One of
+    /// a layer out now (kept as it was: `--heap auto`) goes, as its free will not be seen; one
+    /// of a layer traced has its free on the way. (An accumulator grown by copying, kept as it
+    /// was at each confirmation, held every copy it ever made where a new block at the same
+    /// address was all that took one away.)
+    fn unmapped_blocks(&mut self, start: u64, end: u64) {
+        for addr in self.heap.large_in(start, end) {
+            if !self.heap.get(&addr).is_some_and(|b| self.untraced_now(b)) {
+                continue;
+            }
+            if let Some(b) = self.heap.remove(&addr) {
+                self.dips.freed(b.origin.stack, b.size);
+            }
+        }
+    }
+
+    /// Whether `b`'s layer is out now, so that its free would not be seen.
+    fn untraced_now(&self, b: &Block) -> bool {
+        match Kind::of(b.origin.func) {
+            Kind::Tensor => matches!(
+                self.tensor_layer,
+                Some(TensorLayer::Kept | TensorLayer::TakenOut)
+            ),
+            Kind::Heap => self.heap_as_of_s.is_some() && !self.heap_retraced,
+            _ => false,
+        }
     }
 
     /// mremap keeps the original region's origin at its new place and size.
@@ -477,6 +515,7 @@ impl Process {
         };
         let reserved = self.mmaps.is_reserved(old);
         self.mmaps.remove(old, old.saturating_add(page_up(old_len)));
+        self.unmapped_blocks(old, old.saturating_add(page_up(old_len)));
         let end = new.saturating_add(page_up(new_len));
         self.mmaps.insert(new, end, origin, reserved);
     }

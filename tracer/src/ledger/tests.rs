@@ -703,3 +703,54 @@ fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
         (Some(2.0), 1, false)
     );
 }
+
+/// An accumulator grown by copying (`acc = torch.cat([acc, x])`: the new tensor made, the old
+/// one freed) is caught by a sample holding both; the least it held since the sample before
+/// is one copy. Only heap-level kinds are told so.
+#[test]
+fn the_least_held_since_the_last_sample_is_one_copy_of_an_accumulator() {
+    let mut l = ledger(vec![alloc(AllocFn::C10AllocCpu, 0x1_0000, 1000, 4)]);
+    l.sampled();
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x2_0000, 1100, 4));
+    l.apply(free(0x1_0000));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x3_0000, 1200, 4));
+    let key = |kind| GroupKey {
+        pid: PID,
+        stack: Some(StackId::new(4)),
+        kind,
+        inherited: false,
+    };
+    assert_eq!(outstanding(&l, Kind::Tensor), (2300, 2));
+    assert_eq!(l.least_since_sample(&key(Kind::Tensor), 2300), 1100);
+    assert_eq!(l.least_since_sample(&key(Kind::Mmap), 2300), 2300);
+    l.sampled();
+    assert_eq!(l.least_since_sample(&key(Kind::Tensor), 2300), 2300);
+}
+
+/// The pages of a large tensor kept as it was (its layer out, `--tensors auto`) unmapped: it was
+/// freed, unseen, and goes. One traced has its free on its way and stays until it comes; a small
+/// one (in pages of the allocator's own) is not told by its pages.
+#[test]
+fn a_kept_large_tensor_whose_pages_were_unmapped_goes() {
+    let big = 1 << 20;
+    let mut l = ledger(vec![
+        mmap(0x10_0000, big + 4096, RW, 4),
+        alloc(AllocFn::C10AllocCpu, 0x10_0040, big, 4),
+        mmap(0x40_0000, big + 4096, RW, 4),
+        alloc(AllocFn::C10AllocCpu, 0x40_0040, big, 4),
+        mmap(0x80_0000, 4096, RW, 5),
+        alloc(AllocFn::C10AllocCpu, 0x80_0000, 512, 5),
+    ]);
+    l.apply(munmap(0x40_0000, big + 4096));
+    assert_eq!(
+        outstanding(&l, Kind::Tensor).1,
+        3,
+        "traced: its free is to come"
+    );
+    l.apply(free(0x40_0040));
+    l.keep_tensors(PID, 1.0);
+    l.apply(munmap(0x10_0000, big + 4096));
+    l.apply(munmap(0x80_0000, 4096));
+    assert_eq!(outstanding(&l, Kind::Tensor), (512, 1));
+    assert_eq!(l.procs[&PID].mismatches, Mismatches::default());
+}

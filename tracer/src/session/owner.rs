@@ -315,6 +315,7 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
+        self.ledger.sampled();
         self.ledger.sample_pages_after_heap();
         self.sample_pages(x, &groups);
         self.close_object_windows(x);

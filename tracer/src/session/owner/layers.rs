@@ -246,7 +246,11 @@ impl Owner {
     }
 
     /// Takes out `pid`'s tensors with its malloc family, where they were traced under it: kept
-    /// as they are where their own leak is confirmed, else forgotten.
+    /// as they are where their own leak is confirmed, else forgotten. Traced again after a
+    /// leak of theirs was kept, as [`Owner::disengage_tensors`] would: stopped where it no
+    /// longer grows; still traced, to be judged on, where it grows but is not confirmed yet
+    /// (forgotten, a leak confirmed before went unreported: an accumulator grown by copying,
+    /// traced again under a malloc family that slowed it, had not read as one again by then).
     fn tensors_out_with_heap(&mut self, pid: u32, at_s: f64, x: f64) {
         let on = self
             .layers
@@ -260,12 +264,14 @@ impl Owner {
             .analysis
             .tensors_leak(pid)
             .is_some_and(|span| span >= crate::analysis::TENSORS_CONFIRM_S);
-        let how = if confirmed {
-            TakenOut::Kept
-        } else {
-            TakenOut::Forgotten
-        };
-        self.take_out_tensors(pid, at_s, x, how);
+        let again = self.analysis.kept_leak_rate(pid).is_some();
+        if confirmed {
+            self.take_out_tensors(pid, at_s, x, TakenOut::Kept);
+        } else if again && !self.analysis.tensors_grew(pid) {
+            self.leak_stopped(pid, at_s, x);
+        } else if !again {
+            self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten);
+        }
     }
 
     /// Where the verdicts that call for `pid`'s next layer begin: the warm-up, or when its

@@ -1,0 +1,92 @@
+//! How far each stack's blocks fell below what they hold now since the last sample: a sample
+//! reads what a stack holds at one instant, and a stack that holds two blocks for most of the
+//! time and one between (an accumulator grown by copying: `acc = torch.cat([acc, x])` makes the
+//! new tensor, copies, then frees the old one) is caught holding two at random. Its floor is the
+//! least it held between samples, which these tell.
+
+use rustc_hash::FxHashMap;
+
+use crate::model::StackId;
+
+/// Per stack of one process, its blocks' bytes as made and freed since it was first seen (a
+/// level, not what it holds: blocks made before its layer went in are not counted, and blocks
+/// forgotten are not freed), and the least that level was after a free since the last sample
+/// (none: it fell nowhere below what it holds now).
+#[derive(Clone, Debug, Default)]
+pub struct Dips {
+    stacks: FxHashMap<StackId, Level>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Level {
+    now: i64,
+    least: Option<i64>,
+}
+
+impl Dips {
+    /// A block of `size` bytes made at `stack`.
+    pub fn made(&mut self, stack: Option<StackId>, size: u64) {
+        if let Some(s) = stack {
+            self.stacks.entry(s).or_default().now += size as i64;
+        }
+    }
+
+    /// A block of `size` bytes made at `stack` freed (or replaced at its address).
+    pub fn freed(&mut self, stack: Option<StackId>, size: u64) {
+        if let Some(s) = stack {
+            let l = self.stacks.entry(s).or_default();
+            l.now -= size as i64;
+            l.least = Some(l.least.map_or(l.now, |least| least.min(l.now)));
+        }
+    }
+
+    /// How far below what it holds now `stack` held at its least since the last sample.
+    pub fn dip(&self, stack: Option<StackId>) -> u64 {
+        let level = stack.and_then(|s| self.stacks.get(&s));
+        level.map_or(0, |l| (l.now - l.least.unwrap_or(l.now)).max(0) as u64)
+    }
+
+    /// A sample was taken: the least begins again; stacks back at zero are dropped (a stack
+    /// used once costs nothing from then on).
+    pub fn sampled(&mut self) {
+        self.stacks.retain(|_, l| {
+            l.least = None;
+            l.now != 0
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(n: u32) -> Option<StackId> {
+        Some(StackId::new(n))
+    }
+
+    #[test]
+    fn an_accumulator_grown_by_copying_dips_to_one_block_between_samples() {
+        let mut d = Dips::default();
+        let s = stack(7);
+        d.made(s, 100);
+        d.sampled();
+        // Step: the new block made (both held), the old one freed; then the next step's new
+        // block made, and the sample comes while both are held.
+        d.made(s, 110);
+        d.freed(s, 100);
+        d.made(s, 120);
+        assert_eq!(d.dip(s), 120, "it held 110 at its least since, 230 now");
+        d.sampled();
+        assert_eq!(d.dip(s), 0);
+        d.freed(s, 110);
+        assert_eq!(
+            d.dip(s),
+            0,
+            "a fall to what it holds now is no dip below it"
+        );
+        assert_eq!(d.dip(stack(8)), 0);
+        d.freed(s, 120);
+        d.sampled();
+        assert!(d.stacks.is_empty(), "a stack back at zero is dropped");
+    }
+}
