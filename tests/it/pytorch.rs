@@ -236,6 +236,40 @@ fn predictions_kept_with_their_graphs_fail_the_check_at_the_validation_line() {
     );
 }
 
+/// Each step's validation output concatenated onto those before (`outputs =
+/// torch.cat([outputs, out])`): one tensor, made anew and larger every step, the old one freed,
+/// as evaluation loops collect their predictions. With every tensor traced, its stack holds
+/// exactly the one tensor PyTorch says is kept; under default options, where the tensors are
+/// traced now and then, kept as they were between (each copy's pages unmapped while untraced),
+/// `check` still fails at its line: each span goes on from where the last was kept, and its
+/// floors are the one copy the stack holds between steps, not the two a sample may catch.
+#[test]
+fn an_accumulator_grown_by_concatenation_is_a_tensor_leak_at_its_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let at = line("train_loop", "# ACCUMULATE");
+    let (o, r, kept) = check_train(
+        "train-accumulate-all",
+        ALL,
+        &["accumulate", "300", "abrupt"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let kept = kept.expect("the script's accounting");
+    assert_eq!(kept, (300 * 64 * 256 * 4, 1), "PyTorch's own figure");
+    assert_eq!(tensors_at(&r, &[at]), kept);
+
+    let (o, _, _) = check_train("train-accumulate", &[], &["accumulate", "300"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("LEAK tensor") && out.contains(&site("# ACCUMULATE")),
+        "{out}"
+    );
+}
+
 /// The same leak over 800 steps (some 27 s), under default options: once the leak of its
 /// tensors is confirmed, they are taken out and kept as they were, traced again ten seconds
 /// later and kept again. Each time libc10's probes go in for the process alone, and the

@@ -133,10 +133,11 @@ impl Ledger {
     }
 
     /// `pid`'s CPU tensors are traced from now on, `at_s` seconds into tracing, where they were
-    /// not before (`--tensors auto`).
+    /// not before (`--tensors auto`). Traced again after they were kept, when they last were
+    /// stays told.
     pub fn tensors_traced(&mut self, pid: u32, at_s: f64) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Traced), None);
+            p.tensor_layer = Some(TensorLayer::Traced);
             p.tensors_since_s = Some(at_s);
         }
     }

@@ -309,7 +309,13 @@ fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
             "tensors of pid {}: as of {at:.1} s, when their leak was confirmed; traced now and then since, so only those made while traced are counted (--tensors all counts every one)",
             p.pid
         )),
-        (TensorLayer::Traced, _, Some(since)) if r.final_report && r.elapsed_s - since < needs => {
+        (TensorLayer::Traced, Some(at), Some(since)) => Some(format!(
+            "tensors of pid {}: as of {at:.1} s, when their leak was last confirmed, and those made since {since:.1} s, when they were traced again (--tensors all counts every one)",
+            p.pid
+        )),
+        (TensorLayer::Traced, None, Some(since))
+            if r.final_report && r.elapsed_s - since < needs =>
+        {
             Some(format!(
                 "tensors of pid {}: traced only from {since:.1} s, {:.1} s before the end: a leak of them may not have had the time to show (--tensors all traces them from the start)",
                 p.pid,

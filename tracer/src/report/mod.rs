@@ -101,7 +101,8 @@ pub struct ProcReport {
     /// `--tensors auto`, where its CPU tensors were traced for a while: whether they are now
     /// (`traced`), were taken out when its memory held (`taken_out`, their outstanding ones
     /// forgotten), or once their leak was confirmed (`kept`: their outstanding ones kept as they
-    /// were at `tensors_as_of_s`). Absent where they were traced all along, or never.
+    /// were at `tensors_as_of_s`, which stays while they are traced again). Absent where they
+    /// were traced all along, or never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors: Option<crate::ledger::TensorLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
