@@ -126,7 +126,7 @@ pub struct Process {
     /// Per thread, its frees of an address with no block since its last allocation: counted as
     /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
     pub tail_frees: std::collections::HashMap<u32, u64>,
-    /// How far each stack's heap blocks and tensors fell since the last sample.
+    /// How far each stack's CPU tensors fell since the last sample.
     pub dips: Dips,
 }
 
@@ -318,9 +318,14 @@ impl Process {
         if func == Some(AllocFn::C10AllocCpu) {
             self.pages_to_tensor(addr, size, &origin);
         }
-        self.dips.made(origin.stack, size);
+        if func == Some(AllocFn::C10AllocCpu) {
+            self.dips.made(origin.stack, size);
+        }
         let replaced = self.heap.insert(addr, Block { size, origin });
-        if let Some(old) = &replaced {
+        if let Some(old) = replaced
+            .as_ref()
+            .filter(|b| b.origin.func == Some(AllocFn::C10AllocCpu))
+        {
             self.dips.freed(old.origin.stack, old.size);
         }
         // Kept as they were while untraced: tensors up to then, and every heap block once the
@@ -416,7 +421,9 @@ impl Process {
             }
             return None;
         };
-        self.dips.freed(block.origin.stack, block.size);
+        if block.origin.func == Some(AllocFn::C10AllocCpu) {
+            self.dips.freed(block.origin.stack, block.size);
+        }
         block.origin.stack
     }
 
@@ -490,7 +497,9 @@ impl Process {
             if !self.heap.get(&addr).is_some_and(|b| self.untraced_now(b)) {
                 continue;
             }
-            if let Some(b) = self.heap.remove(&addr) {
+            if let Some(b) = self.heap.remove(&addr)
+                && b.origin.func == Some(AllocFn::C10AllocCpu)
+            {
                 self.dips.freed(b.origin.stack, b.size);
             }
         }
