@@ -17,10 +17,7 @@ use std::borrow::Cow;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{Analysis, Verdict, series::Series};
-use crate::{
-    ledger::Ledger,
-    model::{GroupKey, Kind, StackId},
-};
+use crate::model::{GroupKey, Kind, StackId};
 
 /// A process's malloc family as traced last, on the series' axis: from when it was traced again
 /// (none: from the start) until it was taken out (none: traced now); while it is traced again,
@@ -76,7 +73,6 @@ impl Analysis {
     pub(super) fn sample_heap_windows(
         &mut self,
         t_s: f64,
-        ledger: &Ledger,
         groups: &[(GroupKey, u64)],
         totals: impl Fn(u32) -> (u64, u64),
     ) {
@@ -89,9 +85,7 @@ impl Analysis {
                 .iter()
                 .filter(|(k, _)| k.pid == pid && k.kind == Kind::Heap);
             for &(key, bytes) in heap {
-                let least = ledger.least_since_sample(&key, bytes);
-                let s = series.stacks.entry(key).or_default();
-                s.push_least(t_s, least, bytes, false);
+                series.stacks.entry(key).or_default().push(t_s, bytes);
                 seen.insert(key);
             }
             for (key, s) in series.stacks.iter_mut() {

@@ -174,8 +174,9 @@ impl Analysis {
                 self.groups.get_mut(&key)
             };
             if let Some(t) = tracked {
-                let held = (ledger.least_since_sample(&key, bytes), bytes);
-                t.push(t_s, held, round, activity(ledger, &key));
+                // Instants here: the least since the sample is a chain's (analysis/tensors.rs);
+                // on the run's series it lost `--tensors all` an accumulator in two runs of four.
+                t.push(t_s, (bytes, bytes), round, activity(ledger, &key));
             }
             if key.kind == Kind::TorchBlock {
                 self.caching.insert(key.pid);
@@ -221,7 +222,7 @@ impl Analysis {
             let b = per_proc.get(&pid).copied().unwrap_or_default();
             (b.heap, b.pages)
         };
-        self.sample_heap_windows(t_s, ledger, groups, totals);
+        self.sample_heap_windows(t_s, groups, totals);
         self.sample_chains(t_s, ledger, groups);
     }
 

@@ -5,7 +5,9 @@
 //! least it held between samples, which these tell.
 
 use rustc_hash::FxHashMap;
+use tracer_common::AllocFn;
 
+use super::blocks::Block;
 use crate::model::StackId;
 
 /// Per stack of one process, its blocks' bytes as made and freed since it was first seen (a
@@ -23,19 +25,28 @@ struct Level {
     least: Option<i64>,
 }
 
+/// The stack of `b`, where it is a CPU tensor: heap blocks are not followed (a level kept per
+/// stack for every malloc and free slowed the test binary's ingest enough to shift when a Python
+/// objects' window closed).
+fn tensor_stack(b: &Block) -> Option<StackId> {
+    (b.origin.func == Some(AllocFn::C10AllocCpu))
+        .then_some(b.origin.stack)
+        .flatten()
+}
+
 impl Dips {
-    /// A block of `size` bytes made at `stack`.
-    pub fn made(&mut self, stack: Option<StackId>, size: u64) {
-        if let Some(s) = stack {
-            self.stacks.entry(s).or_default().now += size as i64;
+    /// Block `b` made.
+    pub fn made(&mut self, b: &Block) {
+        if let Some(s) = tensor_stack(b) {
+            self.stacks.entry(s).or_default().now += b.size as i64;
         }
     }
 
-    /// A block of `size` bytes made at `stack` freed (or replaced at its address).
-    pub fn freed(&mut self, stack: Option<StackId>, size: u64) {
-        if let Some(s) = stack {
+    /// Block `b` freed (or replaced at its address).
+    pub fn freed(&mut self, b: &Block) {
+        if let Some(s) = tensor_stack(b) {
             let l = self.stacks.entry(s).or_default();
-            l.now -= size as i64;
+            l.now -= b.size as i64;
             l.least = Some(l.least.map_or(l.now, |least| least.min(l.now)));
         }
     }
@@ -64,28 +75,41 @@ mod tests {
         Some(StackId::new(n))
     }
 
+    /// A CPU tensor of `size` bytes made at stack 7.
+    fn t(size: u64) -> Block {
+        Block {
+            size,
+            origin: crate::ledger::Origin {
+                stack: stack(7),
+                ts_ns: 0,
+                func: Some(AllocFn::C10AllocCpu),
+                inherited: false,
+            },
+        }
+    }
+
     #[test]
     fn an_accumulator_grown_by_copying_dips_to_one_block_between_samples() {
         let mut d = Dips::default();
         let s = stack(7);
-        d.made(s, 100);
+        d.made(&t(100));
         d.sampled();
         // Step: the new block made (both held), the old one freed; then the next step's new
         // block made, and the sample comes while both are held.
-        d.made(s, 110);
-        d.freed(s, 100);
-        d.made(s, 120);
+        d.made(&t(110));
+        d.freed(&t(100));
+        d.made(&t(120));
         assert_eq!(d.dip(s), 120, "it held 110 at its least since, 230 now");
         d.sampled();
         assert_eq!(d.dip(s), 0);
-        d.freed(s, 110);
+        d.freed(&t(110));
         assert_eq!(
             d.dip(s),
             0,
             "a fall to what it holds now is no dip below it"
         );
         assert_eq!(d.dip(stack(8)), 0);
-        d.freed(s, 120);
+        d.freed(&t(120));
         d.sampled();
         assert!(d.stacks.is_empty(), "a stack back at zero is dropped");
     }

@@ -318,15 +318,11 @@ impl Process {
         if func == Some(AllocFn::C10AllocCpu) {
             self.pages_to_tensor(addr, size, &origin);
         }
-        if func == Some(AllocFn::C10AllocCpu) {
-            self.dips.made(origin.stack, size);
-        }
-        let replaced = self.heap.insert(addr, Block { size, origin });
-        if let Some(old) = replaced
-            .as_ref()
-            .filter(|b| b.origin.func == Some(AllocFn::C10AllocCpu))
-        {
-            self.dips.freed(old.origin.stack, old.size);
+        let block = Block { size, origin };
+        self.dips.made(&block);
+        let replaced = self.heap.insert(addr, block);
+        if let Some(old) = &replaced {
+            self.dips.freed(old);
         }
         // Kept as they were while untraced: tensors up to then, and every heap block once the
         // malloc family is taken out (it is not traced again). Their frees are not seen.
@@ -421,9 +417,7 @@ impl Process {
             }
             return None;
         };
-        if block.origin.func == Some(AllocFn::C10AllocCpu) {
-            self.dips.freed(block.origin.stack, block.size);
-        }
+        self.dips.freed(&block);
         block.origin.stack
     }
 
@@ -497,10 +491,8 @@ impl Process {
             if !self.heap.get(&addr).is_some_and(|b| self.untraced_now(b)) {
                 continue;
             }
-            if let Some(b) = self.heap.remove(&addr)
-                && b.origin.func == Some(AllocFn::C10AllocCpu)
-            {
-                self.dips.freed(b.origin.stack, b.size);
+            if let Some(b) = self.heap.remove(&addr) {
+                self.dips.freed(&b);
             }
         }
     }
@@ -523,8 +515,9 @@ impl Process {
             return; // a file mapping or one from before tracing: not ours to count
         };
         let reserved = self.mmaps.is_reserved(old);
-        self.mmaps.remove(old, old.saturating_add(page_up(old_len)));
-        self.unmapped_blocks(old, old.saturating_add(page_up(old_len)));
+        let old_end = old.saturating_add(page_up(old_len));
+        self.mmaps.remove(old, old_end);
+        self.unmapped_blocks(old, old_end);
         let end = new.saturating_add(page_up(new_len));
         self.mmaps.insert(new, end, origin, reserved);
     }
