@@ -227,9 +227,14 @@ pub fn wait_for_detached_probes() {
 }
 
 /// One BPF test at a time: concurrent tracers would each add their probes to every allocation.
+/// A tracer that has finished is still at work while its child detaches its uprobes (seconds,
+/// after `--heap full`), taking a core and the kernel's uprobe locks from the next test's
+/// tracer: each test starts once it is gone, so what a test times is its own run.
 pub fn exclusive() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    wait_for_detached_probes();
+    guard
 }
 
 /// The outcome of `leaktracer run --json`.

@@ -419,7 +419,9 @@ fn outstanding_stacks(
         // object stack's blocks are its window's samples, not what it holds).
         let age = cx.now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9;
         let timed = !cx.per_step && g.kind != Kind::Object;
-        Some(match crate::analysis::working_set(&e, age, cx.elapsed_s) {
+        let stepped = crate::analysis::working_set(&e, age, cx.elapsed_s)
+            || crate::analysis::rose_once_within_swing(&e, age, cx.elapsed_s);
+        Some(match stepped {
             true if timed => Evidence {
                 verdict: Verdict::Steady,
                 ..e
