@@ -204,6 +204,35 @@ fn a_script_started_through_a_wrapper_is_still_attributed() {
     }
 }
 
+/// A Python program whose work runs in child interpreters exec'd anew, as `torchrun` starts
+/// its workers (a script run by a new interpreter) and `torch.multiprocessing.spawn` its own (a
+/// new interpreter run with `-c`): each child maps the interpreter its parent mapped first, and
+/// its frames are walked all the same. Its leak is at its line, exact, in the child.
+#[test]
+fn a_python_programs_children_exec_d_anew_are_attributed_at_their_lines() {
+    let py = python();
+    let path = script("spawned_workers");
+    let path = path.to_str().unwrap();
+    let in_child = |r: &Report, function: &str, name: &str, line: u64| {
+        let file = script(name).display().to_string();
+        let root = r.root_pid();
+        r.sum(|s| {
+            s["kind"] == "heap"
+                && s["pid"].as_u64() != Some(root)
+                && python_top(s).is_some_and(|(f, p, l)| f == function && p == file && l == line)
+        })
+    };
+    let Some(r) = run(&[&py, path, "script", "5"]) else {
+        return;
+    };
+    let leak = line("leaky_list", "# LEAK");
+    let kept = (5 * ((1 << 20) + 1), 5);
+    assert_eq!(in_child(&r, "grow", "leaky_list", leak), kept);
+    let r = run(&[&py, path, "spawn", "5"]).unwrap();
+    let leak = line("spawned_workers", "# LEAK");
+    assert_eq!(in_child(&r, "work", "spawned_workers", leak), kept);
+}
+
 /// Each other CPython 3.10–3.13 on the machine (pyenv's, under `$PYENV_ROOT` or ~/.pyenv), one
 /// per minor version: (minor, path of its executable).
 fn other_interpreters() -> Vec<(u8, String)> {

@@ -159,6 +159,11 @@ struct Decoder {
     stopped: HashSet<u32>,
     /// Files with executable pages already announced to the prober.
     code_seen: HashSet<Arc<str>>,
+    /// Per process since its last exec, the Python interpreters (executable or libpython) it
+    /// was seen mapping: each is announced for each process that maps it, seen before or not
+    /// (a Python program's children exec'd anew, as `torchrun`'s workers and
+    /// `multiprocessing`'s spawned ones are, have their own interpreter to find).
+    python_seen: HashSet<(u32, Arc<str>)>,
     probe: Option<std::sync::mpsc::Sender<ProbeRequest>>,
     /// Per thread: the Python frames (raw triples) sent for its next record with a stack.
     py_pending: HashMap<u32, Vec<u64>>,
@@ -427,6 +432,7 @@ impl Decoder {
         let held = ev.old_size == STOPPED_FOR_PROBES;
         match kind {
             EventKind::Exec => {
+                self.python_seen.retain(|(tgid, _)| *tgid != ev.tgid);
                 self.sampled.forget(ev.tgid);
                 self.python.forget(ev.tgid);
                 self.stacks.forget(ev.tgid); // same addresses, different code now
@@ -452,6 +458,7 @@ impl Decoder {
                 if let Some(probe) = &self.probe {
                     let _ = probe.send(ProbeRequest::Exit { tgid: ev.tgid });
                 }
+                self.python_seen.retain(|(tgid, _)| *tgid != ev.tgid);
                 self.sampled.forget(ev.tgid);
                 self.thread_stacks.forget(ev.tgid);
                 self.python.forget(ev.tgid);
@@ -473,7 +480,9 @@ impl Decoder {
             return;
         };
         for path in maps.paths() {
-            if self.code_seen.insert(path.clone()) {
+            let python = crate::python::interp::version_of(&path).is_some()
+                && self.python_seen.insert((ev.tgid, path.clone()));
+            if self.code_seen.insert(path.clone()) || python {
                 let _ = probe.send(ProbeRequest::Code {
                     tgid: ev.tgid,
                     path: path.clone(),
