@@ -480,7 +480,7 @@ impl Decoder {
             return;
         };
         for path in maps.paths() {
-            let python = crate::python::interp::version_of(&path).is_some()
+            let python = crate::python::interp::version_of(path).is_some()
                 && self.python_seen.insert((ev.tgid, path.clone()));
             if self.code_seen.insert(path.clone()) || python {
                 let _ = probe.send(ProbeRequest::Code {
