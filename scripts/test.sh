@@ -10,7 +10,9 @@ cargo clippy -p tracer-common -p tracer -p tests -p harness --all-targets -- -D 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test -p tracer-common -p tracer -p tests --lib --tests 2>&1 | tee "$log"
+# One test at a time: a tracer test judges a program by when its memory grows, and a test run
+# beside it (an untraced oracle, a fixture's build) takes a core from it on two.
+cargo test -p tracer-common -p tracer -p tests --lib --tests -- --test-threads=1 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 table=$(cat target/debug/test-scratch/scenarios/*.txt 2>/dev/null || true)
