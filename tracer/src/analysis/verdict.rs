@@ -190,7 +190,8 @@ pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
 /// `oldest_age_s` old, `now_s` into the run): a step's temporaries held across one window, as
 /// when the process stalls mid-step, not memory kept window after window (a leak's floors rise
 /// in the windows before, and its first blocks stay). Its tensors kept as they were once their
-/// process's leak was confirmed, an optimizer's step caught so reads as a leak of its own.
+/// process's leak was confirmed, a backward pass's gradients (made at `loss.backward()`, freed
+/// at the next step's `zero_grad`) caught so read as a leak of their own.
 pub fn rose_once_within_swing(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
     let n = e.windows.len();
     if e.verdict != Verdict::Leak || n < 3 {
@@ -458,7 +459,7 @@ mod tests {
         assert!(!working_set(&e, 0.7, 8.5), "not a leak");
     }
 
-    /// An optimizer step's temporaries (about 1 MiB) sampled in every window, its floors nothing
+    /// A backward pass's gradients (about 1 MiB) sampled in every window, their floors nothing
     /// until one 64 KiB block was held across the last window, made 2.4 s before the report at
     /// 19.5 s: one rise within the stack's swing, on young blocks. With a block as old as the
     /// second window, a floor that rose before, or a last floor above every earlier peak, it is
