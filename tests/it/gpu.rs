@@ -296,10 +296,10 @@ fn a_library_probed_late_is_reported_as_late() {
     if !fixture::bpf_available() {
         return;
     }
-    let _x = fixture::exclusive();
     // Probing late takes the kernel's uprobe lock, which an earlier session still detaching its
-    // probes in the background holds for seconds: the library would be probed after the end.
-    fixture::wait_for_detached_probes();
+    // probes in the background holds for seconds (the library would be probed after the end):
+    // `exclusive` waits for it.
+    let _x = fixture::exclusive();
     let cuda = fixture::fake_cuda();
     let bin = fixture::build_with("gpu_dlopen", &["-ldl"]);
     let mut cmd = Command::new(&bin);

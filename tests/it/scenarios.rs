@@ -104,7 +104,6 @@ fn run(e: &Expect) -> Option<(Report, Report)> {
     }
     let harness = fixture::harness()?;
     let _x = fixture::exclusive();
-    fixture::wait_for_detached_probes();
     let (code, leaky) = check(&harness, e.scenario, "leaky");
     let (fixed_code, fixed) = check(&harness, e.scenario, "fixed");
     let mut table = String::new();

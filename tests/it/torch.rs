@@ -117,7 +117,6 @@ fn sampled_heap_still_counts_retained_tensors_exactly() {
         return;
     };
     let _x = fixture::exclusive();
-    fixture::wait_for_detached_probes();
     let steps = 4;
     let t = fixture::trace(
         &["--heap", "sampled", "--sample-bytes", "20000"],

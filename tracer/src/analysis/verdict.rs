@@ -117,7 +117,7 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     // A window without a sample (a gap in sampling) leaves nothing to compare.
     let windows: Vec<Window> = windows.into_iter().collect::<Option<_>>()?;
     let floors: Vec<u64> = windows.iter().map(|w| w.floor).collect();
-    let peak = windows.iter().map(|w| w.peak).max().unwrap_or(0);
+    let peak = highest_peak(&windows);
     let base = floors.iter().copied().min().unwrap_or(0);
     let tol = tolerance(&floors);
     let rises = floors.windows(2).filter(|f| f[1] > f[0] + tol).count();
@@ -160,6 +160,11 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     })
 }
 
+/// The highest peak of `windows` (0 where there are none).
+fn highest_peak(windows: &[Window]) -> u64 {
+    windows.iter().map(|w| w.peak).max().unwrap_or(0)
+}
+
 /// Whether a leak verdict (`e`, on seconds) is a working set sampled at different moments of its
 /// cycle rather than memory kept: the last window's floor is no higher than a peak the stack
 /// reached in an earlier window, and none of its outstanding blocks (the oldest `oldest_age_s`
@@ -176,7 +181,7 @@ pub fn working_set(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bool {
     let Some((last, earlier)) = e.windows.split_last() else {
         return false;
     };
-    let reached = earlier.iter().map(|w| w.peak).max().unwrap_or(0);
+    let reached = highest_peak(earlier);
     let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
     let above = last.peak > reached + tolerance(&floors);
     e.verdict == Verdict::Leak
@@ -200,7 +205,7 @@ pub fn rose_once_within_swing(e: &Evidence, oldest_age_s: f64, now_s: f64) -> bo
     let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
     let tol = tolerance(&floors);
     let flat_before = floors[..n - 1].iter().all(|&f| f <= floors[0] + tol);
-    let reached = e.windows[..n - 1].iter().map(|w| w.peak).max().unwrap_or(0);
+    let reached = highest_peak(&e.windows[..n - 1]);
     flat_before && floors[n - 1] <= reached && oldest_age_s < now_s - e.windows[n - 2].t0_s
 }
 
@@ -227,7 +232,7 @@ pub fn released_working_set(e: &Evidence) -> bool {
     let (least, most) = rises.fold((u64::MAX, 0), |(l, m), r| (l.min(r), m.max(r)));
     let steady = every && least.saturating_mul(2) >= most;
     let within_swing = e.windows.split_last().is_some_and(|(last, earlier)| {
-        let reached = earlier.iter().map(|w| w.peak).max().unwrap_or(0);
+        let reached = highest_peak(earlier);
         last.peak.saturating_add(e.growth_bytes.max(0) as u64) < reached
     });
     (!every || (within_swing && !steady)) && working_set(e, 0.0, f64::INFINITY)
