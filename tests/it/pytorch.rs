@@ -576,7 +576,10 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
 /// until the report says the malloc family was taken out, then by another. The pages grow on
 /// after the take-out, so the malloc family is traced again, and the heap is judged on that
 /// window: `check` fails at the second line; the first line's blocks, kept as they were, no
-/// longer grow, and it is not called a leak.
+/// longer grow, and it is not called a heap leak. (Its Python objects, the losses' tensors, are
+/// kept too: where the objects' window falls in the first phase, as on a slow machine, where the
+/// interpreter's imports are done before the arenas have grown by enough, they are called a leak of
+/// objects at the first line, and so they are.)
 #[test]
 fn a_heap_leak_that_moves_is_found_at_its_new_line_once_the_malloc_family_is_traced_again() {
     if !fixture::bpf_available() {
@@ -606,7 +609,12 @@ fn a_heap_leak_that_moves_is_found_at_its_new_line_once_the_malloc_family_is_tra
             .any(|l| l.contains("LEAK heap") && l.ends_with(&names(b))),
         "{out}"
     );
-    assert!(!leaks.iter().any(|l| l.ends_with(&names(a))), "{out}");
+    assert!(
+        !leaks
+            .iter()
+            .any(|l| l.contains("LEAK heap") && l.ends_with(&names(a))),
+        "{out}"
+    );
     assert!(out.contains("traced again once"), "{out}");
     let process = r.process(r.root_pid());
     assert_eq!(process["heap_again"], 1, "{process}");

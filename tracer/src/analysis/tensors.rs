@@ -124,18 +124,22 @@ impl Chain {
     }
 
     /// Whether a stack judged a leak on the chain holds more at the end of the open span than
-    /// it did as the span began: the leak goes on (it may have stopped where none does).
+    /// it did as the span began (where it resumed from: the least of the last point of the span
+    /// before, which lies where this one begins): the leak goes on (it may have stopped where
+    /// none does).
     fn grew_in_last_span(&self) -> bool {
-        let Some(&(began, _)) = self.starts.last() else {
+        if self.starts.is_empty() {
             return false;
-        };
-        self.stacks.values().any(|t| {
+        }
+        self.stacks.iter().any(|(key, t)| {
             let leak = classify(&t.series, TENSOR_RAMP).is_some_and(|e| e.verdict == Verdict::Leak);
             // By the least held (a sample may catch an accumulator holding two copies).
-            let points = t.series.points();
-            let i = points.partition_point(|p| p.t0 < began).saturating_sub(1);
-            let then = points.get(i).map_or(0, |p| p.min);
-            leak && points.last().is_some_and(|now| now.min > then + 4096)
+            let then = self.resumed.get(key).map_or(0, |r| r.from);
+            leak && t
+                .series
+                .points()
+                .last()
+                .is_some_and(|now| now.min > then + 4096)
         })
     }
 }

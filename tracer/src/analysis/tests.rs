@@ -663,6 +663,38 @@ fn a_program_that_runs_on_after_finalizing_its_interpreter_is_judged_whole() {
     assert_eq!(a.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
 
+/// `--tensors auto`: a cache that filled, its leak confirmed and kept as it was at the sample
+/// that confirmed it (the last point of its span, where the next span begins on the chain, a
+/// sample above the one before), then traced again once it holds: on its chain a leak still,
+/// but it did not grow in the new span.
+#[test]
+fn a_cache_kept_at_its_confirming_sample_and_holding_since_did_not_grow_when_traced_again() {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let cache = key(1, Kind::Tensor);
+    let mut a = Analysis::default();
+    const M: u64 = 1 << 20;
+    let sample = |a: &mut Analysis, i: u64, held: u64| {
+        a.sample(i as f64 / 2.0, &ledger, &[(cache, held)]);
+    };
+    // Samples every half second: traced from 2 s, 1 MiB more each sample; kept after the
+    // sample at 8 s, at 13 MiB, which it holds from then on.
+    a.tensors_traced_from(1, 2.0);
+    for i in 4..=16u64 {
+        sample(&mut a, i, (i - 3) * M);
+    }
+    a.tensors_taken_out(1, 8.0, TakenOut::Kept);
+    for i in 17..40u64 {
+        sample(&mut a, i, 13 * M);
+    }
+    a.tensors_traced_from(1, 20.0);
+    for i in 40..48u64 {
+        sample(&mut a, i, 13 * M);
+    }
+    assert!(a.tensors_leak(1).is_some(), "a leak on its chain");
+    assert!(!a.tensors_grew(1), "it held in this span");
+}
+
 /// `--tensors auto`: an accumulator grown by copying (`acc = torch.cat([acc, x])`, one block
 /// made anew every step) kept as it was, then traced again: its stack holds one block, grown by
 /// all it gained while untraced. On the chain it goes on from where it was kept, by what it gains
