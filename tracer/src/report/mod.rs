@@ -3,7 +3,7 @@
 //! read, the payload the history stores and the API serves, and what `check` judges; `render`
 //! turns it into text and the export formats.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, collections::HashMap};
 
 use serde::{Deserialize, Serialize};
 use tracer_common::Counter;
@@ -409,6 +409,7 @@ fn outstanding_stacks(
 ) -> Vec<StackReport> {
     // The top stacks by bytes; in the final report also every other one judged a leak: what a
     // teardown left of it may be small (the pages the allocator kept, the block it did not free).
+    let heaps = heap_bytes(groups);
     let judge = |g: &Group| {
         let e = if cx.final_report {
             cx.analysis.judge_final(&g.key(), cx.warmup_s)
@@ -419,14 +420,16 @@ fn outstanding_stacks(
         // object stack's blocks are its window's samples, not what it holds).
         let age = cx.now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9;
         let timed = !cx.per_step && g.kind != Kind::Object;
+        let heap = heaps.get(&g.pid).copied().unwrap_or(0);
+        let small = g.kind == Kind::Brk && crate::analysis::a_large_heaps_small_rise(&e, heap);
         let stepped = crate::analysis::working_set(&e, age, cx.elapsed_s)
             || crate::analysis::rose_once_within_swing(&e, age, cx.elapsed_s);
-        Some(match stepped {
-            true if timed => Evidence {
+        Some(match (stepped && timed) || small {
+            true => Evidence {
                 verdict: Verdict::Steady,
                 ..e
             },
-            _ => e,
+            false => e,
         })
     };
     let mut shown: Vec<(&Group, Option<Evidence>)> = Vec::new();
@@ -449,6 +452,15 @@ fn outstanding_stacks(
             ..stack_report(ledger, sym, g, cx.now_ns)
         })
         .collect()
+}
+
+/// Each process's heap: the bytes its brk stacks hold.
+fn heap_bytes(groups: &[Group]) -> HashMap<u32, u64> {
+    let mut heaps = HashMap::new();
+    for g in groups.iter().filter(|g| g.kind == Kind::Brk) {
+        *heaps.entry(g.pid).or_insert(0) += g.bytes;
+    }
+    heaps
 }
 
 /// `pid`'s window of Python objects, its stacks named by their sites.
