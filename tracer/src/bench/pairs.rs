@@ -13,6 +13,7 @@ use crate::{
     config::{self as session_config, RunMode, Target},
     error::Error,
     launch,
+    model::thread_cpu_ns,
     probes::{Mode, Probes},
     session,
 };
@@ -61,17 +62,6 @@ impl std::str::FromStr for PairCost {
             _ => Err(format!("expected two numbers, got {s:?}")),
         }
     }
-}
-
-/// This thread's CPU time in ns.
-fn thread_cpu_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
 /// The loop the workload runs: `pairs` malloc(64)+free pairs; returns the cost per pair. It runs

@@ -24,7 +24,7 @@ use crate::{
     gpu::GpuView,
     ingest::{self, Batch, Input, What},
     ledger::Ledger,
-    model::{HeapAfter, HeapMode, monotonic_ns, now_unix_ns},
+    model::{HeapAfter, HeapMode, monotonic_ns, now_unix_ns, thread_cpu_ns},
     probes::{
         Probes,
         prober::{ProbeRequest, Prober},
@@ -259,8 +259,10 @@ impl Owner {
                     self.start_heap()
                 }
                 () = inbox.ticks.sample.due() => {
+                    let wall = Instant::now();
                     let cost = self.sample();
-                    tracing::debug!(cost_ms = cost.as_secs_f64() * 1e3, "sample");
+                    let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
+                    tracing::debug!(cost_ms = cost.as_secs_f64() * 1e3, wall_ms, "sample");
                     let elapsed_s = self.started.elapsed().as_secs_f64();
                     inbox.ticks.sample.taken(elapsed_s, cost, self.layer_judged());
                 }
@@ -302,10 +304,13 @@ impl Owner {
         let _ = self.prober.requests.send(ProbeRequest::StartHeap);
     }
 
-    /// One sample of every group for the verdicts: at the step count, or the seconds traced.
-    /// Returns what it took.
+    /// One sample of every group for the verdicts (at the step count, or the seconds traced),
+    /// then what follows from it: object windows closed, layers engaged. Returns the CPU time the
+    /// sample itself took, what sets the pace of samples: a window's closing now and then (tens
+    /// of ms), or the scheduler running the program meanwhile on a busy machine (a wall time ten
+    /// times that), would leave seconds of a short run unsampled.
     fn sample(&mut self) -> std::time::Duration {
-        let t = Instant::now();
+        let cpu_ns = thread_cpu_ns();
         let groups = self.ledger.group_bytes();
         let at_s = self.started.elapsed().as_secs_f64();
         self.gpus.observe(at_s, |pid| device_bytes(&groups, pid));
@@ -318,9 +323,10 @@ impl Owner {
         self.ledger.sampled();
         self.ledger.sample_pages_after_heap();
         self.sample_pages(x, &groups);
+        let cost = std::time::Duration::from_nanos(thread_cpu_ns().saturating_sub(cpu_ns));
         self.close_object_windows(x);
         self.engage_layers(at_s, x);
-        t.elapsed()
+        cost
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {

@@ -1,7 +1,8 @@
 //! When the verdicts' samples are taken. With `--sample S`, every S seconds. By default the pace
 //! follows the run: every 50 ms at the start, so that a run of two seconds (a CI test) is judged
 //! too, slowing as the run grows (a thirty-second part of the time traced, up to one second), and
-//! never spending more than a twentieth of the time on sampling; every 50 ms again while a layer
+//! never spending more than a twentieth of the time on sampling (the CPU time a sample takes,
+//! not its wall time, which a busy machine stretches); every 50 ms again while a layer
 //! of `--heap auto` is traced and judged (its probes cost the program most while it waits for a
 //! verdict). A series merges its old points
 //! as it grows (analysis/series.rs), so a long run keeps its whole span either way.
@@ -21,7 +22,8 @@ const SHARE: f64 = 32.0;
 /// At most one twentieth of the time goes to sampling.
 const COST_FACTOR: f64 = 20.0;
 
-/// Seconds until the next sample, `elapsed_s` into the run, the last sample having taken `cost`;
+/// Seconds until the next sample, `elapsed_s` into the run, the last sample having taken `cost`
+/// of CPU time;
 /// at the finest pace where a layer is judged (`fine`).
 fn interval(sampling: Sampling, elapsed_s: f64, cost: Duration, fine: bool) -> f64 {
     let pace = if fine { FIRST } else { elapsed_s / SHARE };
@@ -56,7 +58,7 @@ impl SampleClock {
         }
     }
 
-    /// A sample was taken `elapsed_s` into the run, in `cost`: the next one is set, at the
+    /// A sample was taken `elapsed_s` into the run, in `cost` of CPU time: the next one is set, at the
     /// finest pace where a layer is judged (`fine`).
     pub(super) fn taken(&mut self, elapsed_s: f64, cost: Duration, fine: bool) {
         if let Some(s) = self.sampling {
