@@ -476,6 +476,7 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     };
     let pid = r.root_pid();
     assert_eq!(r.process(pid)["malloc_traced"], true);
+    assert_eq!(r.process(pid)["heap_asked"], "unexplained");
     let libc = r.library("libc.so.6");
     assert_eq!(libc["timing"]["when"], "engaged", "{libc}");
     assert_eq!(libc["pid"], pid);

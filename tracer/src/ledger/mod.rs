@@ -23,7 +23,7 @@ pub use stacks::StackTable;
 
 use crate::{
     ingest::{Event, Fill, Input, KernelCounters, What},
-    model::{GroupKey, Kind, StackId},
+    model::{GroupKey, HeapAsked, Kind, StackId},
 };
 
 /// Where a piece of memory came from.
@@ -129,6 +129,14 @@ impl Ledger {
     pub fn layer_asked(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.layer_late = true;
+        }
+    }
+
+    /// `pid`'s malloc family is asked for the first time, `why` (`--heap auto`).
+    pub fn heap_asked(&mut self, pid: u32, why: HeapAsked) {
+        self.layer_asked(pid);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.heap_asked.get_or_insert(why);
         }
     }
 

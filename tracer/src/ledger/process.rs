@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     ingest::{What, unsampled},
-    model::StackId,
+    model::{HeapAsked, StackId},
 };
 
 const PAGE: u64 = 4096;
@@ -101,6 +101,8 @@ pub struct Process {
     /// Its CPU tensors or its malloc family were asked for after its start (`--heap auto`): a
     /// free of an address with no block is then of one made while they were not traced.
     pub layer_late: bool,
+    /// Why its malloc family was first asked for (`--heap auto`).
+    pub heap_asked: Option<HeapAsked>,
     /// Its CPU tensors made up to then (kernel ns) were kept as they were while untraced
     /// (`Ledger::keep_tensors`): a new block at the address of one of them replaces it, as its
     /// free was not seen.

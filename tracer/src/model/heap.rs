@@ -58,6 +58,17 @@ pub struct HeapTracing {
     pub tensors: TensorsMode,
 }
 
+/// Why a process's malloc family was asked for (`--heap auto`), the first time.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HeapAsked {
+    /// Its pages grew by more than twice what its tensors grew, once those were traced long
+    /// enough to tell (or, with every tensor traced, over the later half of the run so far).
+    BeyondTensors,
+    /// Its pages grew for ten seconds with no layer below to explain them.
+    Unexplained,
+}
+
 /// Where heap tracing starts with `--heap-after`: blocks allocated before are not seen.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case")]

@@ -11,7 +11,7 @@ use tracer_common::Counter;
 use crate::{
     analysis::{Analysis, Evidence, Retention, Verdict},
     ledger::{Group, Ledger, Mismatches, Process},
-    model::{GroupKey, HeapTracing, Kind},
+    model::{GroupKey, HeapAsked, HeapTracing, Kind},
     probes::{AttachedFn, Library},
     symbolize::{SymFrame, Symbolizer},
 };
@@ -110,6 +110,9 @@ pub struct ProcReport {
     /// Where they are `traced`: since when (seconds into tracing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors_since_s: Option<f64>,
+    /// Why its malloc family was asked for (`--heap auto`), where it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_asked: Option<HeapAsked>,
     /// Where its malloc family was traced (`--heap auto`) and taken out once its leak was
     /// confirmed: when (seconds into tracing). Its heap stacks are as they were then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -519,6 +522,7 @@ fn proc_report(p: &Process) -> ProcReport {
         malloc_traced: p.malloc_seen,
         tensors: p.tensor_layer,
         tensors_as_of_s: p.tensors_as_of_s,
+        heap_asked: p.heap_asked,
         heap_as_of_s: p.heap_as_of_s,
         heap_held: p.heap_held,
         heap_again: p.heap_again,

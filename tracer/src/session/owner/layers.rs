@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use super::Owner;
 use crate::{
     analysis::TakenOut,
-    model::{Kind, TensorsMode},
+    model::{HeapAsked, Kind, TensorsMode},
     probes::prober::ProbeRequest,
 };
 
@@ -465,7 +465,7 @@ impl Owner {
             // (a block of posix_memalign's is a tensor's where tensors are traced) and go out
             // with.
             if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
-                self.ask_heap(pid, at_s, x);
+                self.ask_heap(pid, at_s, x, HeapAsked::BeyondTensors);
             }
             if self.heap_asked(pid) {
                 continue;
@@ -594,7 +594,7 @@ impl Owner {
         };
         for pid in pids {
             if !waits(self, pid) {
-                self.ask_heap(pid, at_s, x);
+                self.ask_heap(pid, at_s, x, HeapAsked::Unexplained);
             }
         }
     }
@@ -614,14 +614,15 @@ impl Owner {
         let from = self.config.warmup.max(x / 2.0);
         for pid in self.pages_beyond_tensors(None, from) {
             if self.analysis.held_tensors(pid) {
-                self.ask_heap(pid, at_s, x);
+                self.ask_heap(pid, at_s, x, HeapAsked::BeyondTensors);
             }
         }
     }
 
-    /// Asks for `tgid`'s malloc family (`at_s` seconds into tracing, `x` on the series' axis):
-    /// the first time, or again where it was taken out and its time to be traced again came.
-    fn ask_heap(&mut self, tgid: u32, at_s: f64, x: f64) {
+    /// Asks for `tgid`'s malloc family (`at_s` seconds into tracing, `x` on the series' axis,
+    /// `why`): the first time, or again where it was taken out and its time to be traced again
+    /// came.
+    fn ask_heap(&mut self, tgid: u32, at_s: f64, x: f64, why: HeapAsked) {
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -650,12 +651,8 @@ impl Owner {
             tracing::info!(tgid, at_s, "malloc family asked for again: pages grow on");
             self.heap_traced_again(tgid, x);
         } else {
-            tracing::info!(
-                tgid,
-                at_s,
-                "malloc family asked for: pages grow, no layer below explains it"
-            );
-            self.ledger.layer_asked(tgid);
+            tracing::info!(tgid, at_s, ?why, "malloc family asked for");
+            self.ledger.heap_asked(tgid, why);
         }
         let ask = ProbeRequest::EngageHeap {
             tgid,
