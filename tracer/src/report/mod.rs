@@ -362,7 +362,8 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         }
     }
     let mut folded = pages::Folded::of(&groups);
-    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups, &mut folded);
+    let heaps = heap_bytes(&processes);
+    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups, &heaps, &mut folded);
     if cx.final_report {
         let outstanding = groups.iter().map(Group::key).collect();
         let mut released = cx.analysis.released_leaks(&outstanding, cx.warmup_s);
@@ -408,11 +409,11 @@ fn outstanding_stacks(
     sym: &mut Symbolizer,
     cx: &Context<'_>,
     groups: &[Group],
+    heaps: &HashMap<u32, u64>,
     folded: &mut pages::Folded,
 ) -> Vec<StackReport> {
     // The top stacks by bytes; in the final report also every other one judged a leak: what a
     // teardown left of it may be small (the pages the allocator kept, the block it did not free).
-    let heaps = heap_bytes(groups);
     let judge = |g: &Group| {
         let e = if cx.final_report {
             cx.analysis.judge_final(&g.key(), cx.warmup_s)
@@ -457,13 +458,13 @@ fn outstanding_stacks(
         .collect()
 }
 
-/// Each process's heap: the bytes its brk stacks hold.
-fn heap_bytes(groups: &[Group]) -> HashMap<u32, u64> {
-    let mut heaps = HashMap::new();
-    for g in groups.iter().filter(|g| g.kind == Kind::Brk) {
-        *heaps.entry(g.pid).or_insert(0) += g.bytes;
-    }
-    heaps
+/// Each process's heap: the bytes its brk stacks hold, its own and those inherited at fork.
+fn heap_bytes(processes: &[ProcReport]) -> HashMap<u32, u64> {
+    let brk = |t: &KindTotals| t.get(Kind::Brk).bytes;
+    processes
+        .iter()
+        .map(|p| (p.pid, brk(&p.own) + brk(&p.inherited)))
+        .collect()
 }
 
 /// `pid`'s window of Python objects, its stacks named by their sites.
