@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +120,16 @@ def timed(argv, env, timeout=None):
     return time.monotonic() - t, subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
+def keep_wrong(report):
+    """Keeps the report of a run that missed its leak or printed one where there is none, for
+    its stacks to be read later; returns where."""
+    keep = ROOT / "target/bench-wrong"
+    keep.mkdir(parents=True, exist_ok=True)
+    path = keep / f"{time.strftime('%Y%m%dT%H%M%S')}.json"
+    shutil.copy(report, path)
+    return path.relative_to(ROOT)
+
+
 def leaktracer(argv, env, flags, site, tmp):
     out = Path(tmp) / "report.json"
     cmd = [LT, "check", "--no-store", "--json", "-o", str(out), *flags, "--", *argv]
@@ -132,6 +143,8 @@ def leaktracer(argv, env, flags, site, tmp):
     right = found.endswith(f"({site})") if site else found == "-"
     if not site:
         found = "none printed" if right else f"printed {found}"
+    if not right:
+        found += f" (report kept: {keep_wrong(out)})"
     return wall, {
         "rss": r.get("tracer_peak_rss_bytes", 0),
         "lost": sum(r["losses"].get(k, 0) for k in LOST),

@@ -144,6 +144,14 @@ pub fn text(r: &Report) -> String {
         }
         frames(&mut s, &st.frames);
     }
+    if r.unlisted.stacks > 0 {
+        let _ = writeln!(
+            s,
+            "…and {} smaller stacks not listed (--top to list them): {}",
+            r.unlisted.stacks,
+            kinds(&r.unlisted.totals)
+        );
+    }
     s
 }
 

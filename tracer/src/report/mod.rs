@@ -298,6 +298,24 @@ pub struct Report {
     /// leaktracer's own peak resident memory so far (its VmHWM), in bytes.
     #[serde(default)]
     pub tracer_peak_rss_bytes: u64,
+    /// The outstanding stacks past `--top` that `stacks` leaves out (none judged a leak).
+    #[serde(default)]
+    pub unlisted: Unlisted,
+}
+
+/// Stacks left out of a report's list, and what they hold per kind: the list's bytes and these
+/// add up to the processes' totals.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Unlisted {
+    pub stacks: u64,
+    pub totals: KindTotals,
+}
+
+impl Unlisted {
+    fn add(&mut self, kind: Kind, bytes: u64, blocks: u64) {
+        self.stacks += 1;
+        self.totals.add(kind, bytes, blocks);
+    }
 }
 
 impl Report {
@@ -305,12 +323,18 @@ impl Report {
     /// left small is still the answer the run was for).
     pub fn keep_top(&mut self, top: usize) {
         let mut i = 0;
+        let unlisted = &mut self.unlisted;
         self.stacks.retain(|s| {
             i += 1;
-            i <= top
+            let keep = i <= top
+                || s.released
                 || s.verdict
                     .as_ref()
-                    .is_some_and(|v| v.verdict == Verdict::Leak)
+                    .is_some_and(|v| v.verdict == Verdict::Leak);
+            if !keep {
+                unlisted.add(s.kind, s.bytes, s.blocks);
+            }
+            keep
         });
     }
 }
@@ -363,7 +387,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
     }
     let mut folded = pages::Folded::of(&groups);
     let heaps = heap_bytes(&processes);
-    let mut stacks = outstanding_stacks(ledger, sym, cx, &groups, &heaps, &mut folded);
+    let (mut stacks, unlisted) = outstanding_stacks(ledger, sym, cx, &groups, &heaps, &mut folded);
     if cx.final_report {
         let outstanding = groups.iter().map(Group::key).collect();
         let mut released = cx.analysis.released_leaks(&outstanding, cx.warmup_s);
@@ -399,11 +423,13 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         heap: cx.heap,
         probe_cost: cx.probe_cost.clone(),
         tracer_peak_rss_bytes: crate::procfs::own_status_bytes("VmHWM"),
+        unlisted,
     }
 }
 
-/// The outstanding stacks, largest first, `cx.top` of them, with their verdicts; page-level groups
-/// that a heap-level stack explains are that stack's `pages`, not stacks of their own.
+/// The outstanding stacks, largest first, `cx.top` of them, with their verdicts, and what the
+/// others hold; page-level groups that a heap-level stack explains are that stack's `pages`, not
+/// stacks of their own.
 fn outstanding_stacks(
     ledger: &Ledger,
     sym: &mut Symbolizer,
@@ -411,7 +437,7 @@ fn outstanding_stacks(
     groups: &[Group],
     heaps: &HashMap<u32, u64>,
     folded: &mut pages::Folded,
-) -> Vec<StackReport> {
+) -> (Vec<StackReport>, Unlisted) {
     // The top stacks by bytes; in the final report also every other one judged a leak: what a
     // teardown left of it may be small (the pages the allocator kept, the block it did not free).
     let judge = |g: &Group| {
@@ -437,6 +463,7 @@ fn outstanding_stacks(
         })
     };
     let mut shown: Vec<(&Group, Option<Evidence>)> = Vec::new();
+    let mut unlisted = Unlisted::default();
     let candidates = groups.iter().filter(|g| !folded.explains(&g.key()));
     for (i, g) in candidates.enumerate() {
         if i < cx.top {
@@ -445,9 +472,11 @@ fn outstanding_stacks(
             && let Some(v) = judge(g).filter(|v| v.verdict == Verdict::Leak)
         {
             shown.push((g, Some(v)));
+        } else {
+            unlisted.add(g.kind, g.bytes, g.blocks);
         }
     }
-    shown
+    let stacks = shown
         .into_iter()
         .map(|(g, verdict)| StackReport {
             verdict,
@@ -455,7 +484,8 @@ fn outstanding_stacks(
             pages: folded.take(&g.key()),
             ..stack_report(ledger, sym, g, cx.now_ns)
         })
-        .collect()
+        .collect();
+    (stacks, unlisted)
 }
 
 /// Each process's heap: the bytes its brk stacks hold, its own and those inherited at fork.
@@ -611,6 +641,22 @@ mod tests {
             stack: Some(StackId::new(7)),
             what,
         })
+    }
+
+    /// Stacks past `--top`, when the report is built and when it is cut later, are counted with
+    /// what they hold: the list and the rest add up to the total.
+    #[test]
+    fn stacks_left_out_are_counted_with_their_bytes() {
+        let (ledger, analysis) = super::synthetic::ledger_with(10, 1);
+        let mut r = report_of(&ledger, &analysis, 6);
+        assert_eq!(r.stacks.len(), 6);
+        assert_eq!(r.unlisted.stacks, 4);
+        assert_eq!(r.unlisted.totals.heap, super::Amount { bytes: 256, blocks: 4 });
+        r.keep_top(2);
+        assert_eq!(r.unlisted.stacks, 8);
+        let listed: u64 = r.stacks.iter().map(|s| s.bytes).sum();
+        assert_eq!(listed + r.unlisted.totals.heap.bytes, r.totals.heap.bytes);
+        assert_eq!(r.totals.heap.bytes, 640);
     }
 
     /// A stack that leaked 4 KiB per sample and was freed at the end is still in the final
