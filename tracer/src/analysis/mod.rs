@@ -580,12 +580,22 @@ impl Analysis {
         last.peak.saturating_sub(first.peak).saturating_mul(2) < stack.growth_bytes.unsigned_abs()
     }
 
+    /// Its process's brk heap at its highest over a stack's evidence: a released brk stack's rise
+    /// is weighed against it as an outstanding one's is against the heap now.
+    fn heap_peak(&self, pid: u32, stack: &Evidence) -> u64 {
+        self.procs.get(&pid).map_or(0, |s| {
+            let span = same_span(&s.pages, stack);
+            span.points().iter().map(|p| p.max).max().unwrap_or(0)
+        })
+    }
+
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
     /// at teardown: destructors, the interpreter's exit): a CI gate must still see them.
     /// `outstanding` are the groups that hold memory. Each is judged on what it held before its
     /// final fall, when that fall came at the end of the run (within one verdict window of it);
     /// a leak by some windows only, within what an earlier one reached, is a working set
-    /// ([`verdict::released_working_set`]).
+    /// ([`verdict::released_working_set`]); a brk stack's rise small beside its heap, the top
+    /// moving, as for one outstanding ([`a_large_heaps_small_rise`]).
     pub fn released_leaks(
         &self,
         outstanding: &std::collections::HashSet<GroupKey>,
@@ -602,7 +612,8 @@ impl Analysis {
                 let moved = || {
                     k.kind == Kind::Brk
                         && (self.top_moved(k.pid, &e, warmup_s)
-                            || self.top_held(k.pid, &e, warmup_s))
+                            || self.top_held(k.pid, &e, warmup_s)
+                            || a_large_heaps_small_rise(&e, self.heap_peak(k.pid, &e)))
                 };
                 let leak =
                     e.verdict == Verdict::Leak && !verdict::released_working_set(&e) && !moved();

@@ -651,7 +651,13 @@ mod tests {
         let mut r = report_of(&ledger, &analysis, 6);
         assert_eq!(r.stacks.len(), 6);
         assert_eq!(r.unlisted.stacks, 4);
-        assert_eq!(r.unlisted.totals.heap, super::Amount { bytes: 256, blocks: 4 });
+        assert_eq!(
+            r.unlisted.totals.heap,
+            super::Amount {
+                bytes: 256,
+                blocks: 4
+            }
+        );
         r.keep_top(2);
         assert_eq!(r.unlisted.stacks, 8);
         let listed: u64 = r.stacks.iter().map(|s| s.bytes).sum();
