@@ -12,7 +12,9 @@
 #   - under `leaktracer check` with default options.
 # It prints one table: check's exit code and the line it names, the tensor blocks (torch_block)
 # at the script's lines beside the oracle and torch.cuda.memory_allocated(), the device segments
-# and their verdicts, NVML, losses, and the times untraced and traced.
+# and their verdicts, NVML, losses, and the times untraced and traced. Then the start-up alone
+# (import torch, a first tensor on the device), untraced twice and traced: the libraries looked at
+# while the process was held, the layers that went in, what the probes cost in the kernel.
 #   LT=path/to/leaktracer PY=path/to/python3 [ONLY="leak fixed"] bash scripts/gpu-check.sh [STEPS]
 # DEVICE=cpu runs the same cases on the CPU (no oracle, no blocks): a dry run of the script.
 set -uo pipefail
@@ -75,3 +77,19 @@ for case in "${CASES[@]}"; do
   since "$start" > "$DIR/$name.traced-s"
 done
 "$PY" scripts/gpu_check_table.py "$DIR" "$SCRIPT" "${CASES[@]%%|*}"
+
+# Start-up alone (import torch, a first tensor on the device), untraced twice and traced with
+# the tracer's timeline and its probes' cost: where a traced job's seconds before its loop go.
+FIRST="import time, torch; t = time.monotonic(); torch.zeros(1, device='$DEVICE').sum().item(); print(f'first tensor {time.monotonic() - t:.2f} s')"
+: > "$DIR/startup.untraced-s"
+for _ in 1 2; do
+  start=$(stamp)
+  timeout 120 "$PY" -c "$FIRST" > "$DIR/startup.untraced.out" 2>&1
+  since "$start" >> "$DIR/startup.untraced-s"
+done
+start=$(stamp)
+RUST_LOG=info,tracer::probes::prober=debug,tracer::probes::objects=debug,tracer::session::owner=debug \
+  timeout 120 "$LT" run --no-store --probe-cost --json -o "$DIR/startup.json" -- "$PY" -c "$FIRST" \
+  > "$DIR/startup.out" 2> "$DIR/startup.err"
+since "$start" > "$DIR/startup.traced-s"
+"$PY" scripts/gpu_check_startup.py "$DIR"
