@@ -324,7 +324,8 @@ impl Analysis {
     }
 
     /// Page-level stacks judged a leak from `start(pid)` on, over `span_s` at least, grown by
-    /// `min_bytes` at least, that their own tensors do not explain; with their evidence.
+    /// `min_bytes` at least, that neither their own tensors nor a library's import explain (a
+    /// slow `import torch` grew the loader's brk by 10 MiB over 25 s); with their evidence.
     fn pages_growing(
         &self,
         start: impl Fn(u32) -> f64,
@@ -334,6 +335,7 @@ impl Analysis {
         self.groups
             .iter()
             .filter(|(k, _)| matches!(k.kind, Kind::Mmap | Kind::Brk))
+            .filter(|(k, _)| !self.made_by_import(k))
             .filter_map(move |(k, t)| {
                 let from = start(k.pid);
                 let e = classify(&self.before_exit(k.pid, &t.series), from)?;
