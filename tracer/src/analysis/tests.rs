@@ -130,7 +130,11 @@ fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
     let (mut imported, pages) = brk_beside(0, Kind::Tensor, 0);
     imported.imported(pages.stack.unwrap());
     assert!(imported.growing_pages(|_| 0.0, 10.0, 4 << 20).is_empty());
-    assert!(imported.unexplained_pages(|_| 0.0, 10.0, 4 << 20).is_empty());
+    assert!(
+        imported
+            .unexplained_pages(|_| 0.0, 10.0, 4 << 20)
+            .is_empty()
+    );
     // Tensors growing as fast: the pages hold them; the leak, if any, is on the tensors.
     // So for tensors on the GPU: the host pages hold their Python objects and autograd nodes.
     for kind in [Kind::Tensor, Kind::TorchBlock] {
