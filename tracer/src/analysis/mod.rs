@@ -2,6 +2,7 @@
 //! as leak, spike, bounded cache or steady (verdict.rs), with the evidence. Fed by the ledger's owner
 //! at each sample tick; read by the report.
 
+mod brk_top;
 mod heap;
 mod objects;
 pub mod series;
@@ -549,46 +550,6 @@ impl Analysis {
             stack,
             warmup_s,
         )
-    }
-
-    /// Whether its process's brk heap, all its stacks together, holds while a brk stack grows
-    /// (`stack`), as [`Analysis::moved`] says of heap stacks: the heap's top floats by megabytes
-    /// as glibc grows and trims it, and whichever allocation grew it last has the pages above
-    /// (a correct training job's validation line, over its last seconds). Pages are traced
-    /// whether or not the malloc family is, so the brk heap is judged whole.
-    fn top_moved(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
-        let Some(s) = self.procs.get(&pid) else {
-            return false;
-        };
-        holds(&s.pages, stack, warmup_s)
-    }
-
-    /// Whether its process's brk heap, all its stacks together, kept its top while a brk stack
-    /// grew (`stack`): over the stack's span, the heap's highest point in the last window is above
-    /// that of the first by less than half the stack's growth. Pages a leak keeps push the top
-    /// up; a heap floating below a top it reached before (a no-leak training job's, between 140
-    /// and 144.6 MiB, whose floors rose by 3 MiB as it trimmed less often) holds nothing more.
-    fn top_held(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
-        let Some(s) = self.procs.get(&pid) else {
-            return false;
-        };
-        let heap = classify(&same_span(&s.pages, stack), span_start(stack, warmup_s));
-        let Some((first, last)) = heap
-            .as_ref()
-            .and_then(|h| h.windows.first().zip(h.windows.last()))
-        else {
-            return false;
-        };
-        last.peak.saturating_sub(first.peak).saturating_mul(2) < stack.growth_bytes.unsigned_abs()
-    }
-
-    /// Its process's brk heap at its highest over a stack's evidence: a released brk stack's rise
-    /// is weighed against it as an outstanding one's is against the heap now.
-    fn heap_peak(&self, pid: u32, stack: &Evidence) -> u64 {
-        self.procs.get(&pid).map_or(0, |s| {
-            let span = same_span(&s.pages, stack);
-            span.points().iter().map(|p| p.max).max().unwrap_or(0)
-        })
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released

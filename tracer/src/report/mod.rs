@@ -327,7 +327,6 @@ impl Report {
         self.stacks.retain(|s| {
             i += 1;
             let keep = i <= top
-                || s.released
                 || s.verdict
                     .as_ref()
                     .is_some_and(|v| v.verdict == Verdict::Leak);
