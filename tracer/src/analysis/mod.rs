@@ -3,6 +3,7 @@
 //! at each sample tick; read by the report.
 
 mod brk_top;
+mod cpu;
 mod heap;
 mod objects;
 pub mod series;
@@ -64,6 +65,8 @@ pub struct Analysis {
     imported: rustc_hash::FxHashSet<StackId>,
     /// Per process: its malloc family's last traced window, where it was taken out (heap.rs).
     heap_window: FxHashMap<u32, heap::HeapWindow>,
+    /// Per process: its CPU time at each sample (cpu.rs).
+    cpu: FxHashMap<u32, cpu::CpuClock>,
     /// Samples taken so far, and when the last was (on the series' axis).
     round: u64,
     last_x: f64,
@@ -145,6 +148,7 @@ impl Default for Analysis {
             arena_stacks: Default::default(),
             imported: Default::default(),
             heap_window: FxHashMap::default(),
+            cpu: FxHashMap::default(),
             round: 0,
             last_x: 0.0,
         }
@@ -416,6 +420,9 @@ impl Analysis {
     pub fn judge_final(&self, key: &GroupKey, warmup_s: f64) -> Option<Evidence> {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
+        }
+        if let Some(before) = self.before_late_tensors(key, warmup_s) {
+            return before;
         }
         let (from, evidence) = self.judged(key, warmup_s, judge_at_end)?;
         self.long_enough(key, from > warmup_s, evidence)

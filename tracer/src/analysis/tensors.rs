@@ -153,6 +153,9 @@ impl Chain {
 struct KeptLeak {
     stacks: FxHashMap<GroupKey, Evidence>,
     rate: f64,
+    /// The process's CPU seconds a second over the chain's spans (cpu.rs): `rate` over it is
+    /// the rate per second of its CPU time. None where not known.
+    cpu_share: Option<f64>,
     stopped: Option<f64>,
 }
 
@@ -264,6 +267,52 @@ impl Analysis {
         h.spans.first().map(|s| s.from)
     }
 
+    /// A page-level stack (not an arena's) of a process whose tensors went in less than
+    /// [`super::CUT_SPAN_S`] before its last sample (too late for it to be judged from then on, and
+    /// for its tensors to show a leak), where the process's memory went on growing after: it
+    /// is judged on its samples up to then instead, as without tensors (`--heap off`), the
+    /// growth that had them traced at its own line. A short job (a smoke test of a few
+    /// training steps in CI) gets a verdict on the pages it grew, where until then it got
+    /// none and passed; one whose pages grew in its warm-up and held once its tensors went in
+    /// gets none.
+    pub(super) fn before_late_tensors(
+        &self,
+        key: &GroupKey,
+        warmup_s: f64,
+    ) -> Option<Option<Evidence>> {
+        if !matches!(key.kind, Kind::Mmap | Kind::Brk) || self.arena_stacks.contains(key) {
+            return None;
+        }
+        let went_in = self.tensors_first(key.pid)?;
+        let series = self.as_judged(key, &self.groups.get(key)?.series);
+        let end = series.points().last()?.t1;
+        if went_in <= warmup_s || end - went_in >= super::CUT_SPAN_S {
+            return None;
+        }
+        if !self.grew_since(key.pid, went_in) {
+            return Some(None);
+        }
+        let before = classify(&series.until(went_in), warmup_s);
+        Some(before.and_then(|e| self.explain(key, e, warmup_s)))
+    }
+
+    /// Whether `pid`'s tensors, or the pages of its heap (brk), grew from `x` on (before its
+    /// interpreter's exit) in every window, as a leak grows: not by a block or two, once.
+    fn grew_since(&self, pid: u32, x: f64) -> bool {
+        let Some(p) = self.procs.get(&pid) else {
+            return false;
+        };
+        let rising = |e: Evidence| {
+            let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
+            let tol = super::verdict::tolerance(&floors);
+            e.verdict == Verdict::Leak && floors.windows(2).all(|f| f[1] > f[0] + tol)
+        };
+        [&p.tensors, &p.pages].into_iter().any(|s| {
+            let after = self.before_exit(pid, s).since(x);
+            classify(&after, x).is_some_and(rising)
+        })
+    }
+
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on: those outstanding
     /// were forgotten, or kept as they are where their leak was confirmed (`kept`).
     pub fn tensors_taken_out(&mut self, pid: u32, x: f64, how: TakenOut) {
@@ -319,9 +368,14 @@ impl Analysis {
             .into_iter()
             .map(|(k, e)| (k, chain.on_series_axis(e)))
             .collect();
+        let from = chain.starts.first().map_or(f64::INFINITY, |s| s.1);
+        let h = self.tensors.get(&pid)?;
+        let spans = h.spans.iter().filter(|s| s.from >= from);
+        let pieces = spans.map(|s| (s.from, s.to.min(self.last_x)));
         Some(KeptLeak {
             stacks,
             rate,
+            cpu_share: self.cpu_share(pid, pieces),
             stopped: None,
         })
     }
@@ -382,11 +436,33 @@ impl Analysis {
     /// at over the span they were last kept after (see [`Analysis::kept_leak_rate`]): pages
     /// grown while its tensors are kept as they were (no tensor of theirs seen, so no page given
     /// a tensor's stack) are the leak's, unless they grow faster.
+    ///
+    /// Counted in the process's CPU time where it is known, over both (cpu.rs): a rate measured
+    /// while the machine gave the program half a CPU explains pages grown at twice it once it
+    /// has a whole one again.
     pub(super) fn under_kept_tensors(&self, key: &GroupKey, e: &Evidence) -> bool {
-        matches!(key.kind, Kind::Mmap | Kind::Brk)
-            && self
-                .kept_leak_rate(key.pid)
-                .is_some_and(|rate| e.growth_bytes as f64 <= 2.0 * rate * span(e))
+        if !matches!(key.kind, Kind::Mmap | Kind::Brk) {
+            return false;
+        }
+        let (from, to) = match (e.windows.first(), e.windows.last()) {
+            (Some(a), Some(b)) => (a.t0_s, b.t1_s),
+            _ => return false,
+        };
+        self.kept_leak_bytes(key.pid, from, to)
+            .is_some_and(|leaked| e.growth_bytes as f64 <= 2.0 * leaked)
+    }
+
+    /// What `pid`'s tensors leaked between `x0` and `x1` (on the series' axis) at the rate
+    /// they leaked at when they were last kept (see [`Analysis::kept_leak_rate`]), while they
+    /// are kept or traced again since: in the process's CPU time over both where it is known
+    /// (cpu.rs), else on the clock.
+    pub fn kept_leak_bytes(&self, pid: u32, x0: f64, x1: f64) -> Option<f64> {
+        let rate = self.kept_leak_rate(pid)?;
+        let share = self.last_kept(pid).and_then(|k| k.cpu_share);
+        Some(match (share, self.cpu_between(pid, x0, x1)) {
+            (Some(share), Some(cpu)) => rate / share * cpu,
+            _ => rate * (x1 - x0),
+        })
     }
 
     /// `pid`'s tensors as they were last kept, while they are kept or traced again since (not

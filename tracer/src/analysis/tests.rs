@@ -67,21 +67,7 @@ fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey
 /// while taken out.
 #[test]
 fn late_tensors_cut_what_their_process_is_judged_on() {
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-    let (pages, tensors) = (key(1, Kind::Brk), key(2, Kind::Tensor));
-    let mut a = Analysis::default();
-    // Samples every half second. Pages grow for 10 s (a warm-up that called for the
-    // tensors), then hold; one block more at 12 s. The tensors go in at 10 s and rise to a
-    // flat 8 MiB.
-    for i in 0..26u64 {
-        let brk = i.min(20) * 8 * K + if i >= 24 { 8 * K } else { 0 };
-        let held = if i >= 20 { 8 << 20 } else { 0 };
-        if i == 20 {
-            a.tensors_traced_from(1, 10.0);
-        }
-        a.sample(i as f64 / 2.0, &ledger, &[(pages, brk), (tensors, held)]);
-    }
+    let (mut a, pages, tensors) = late_tensors(0);
     let whole = classify(&a.groups[&pages].series, 0.0).unwrap();
     assert_eq!(
         whole.verdict,
@@ -105,6 +91,49 @@ fn late_tensors_cut_what_their_process_is_judged_on() {
         "not judged while taken out"
     );
     assert!(a.released_leaks(&Default::default(), 0.0).is_empty());
+}
+
+/// Samples every half second of a process whose pages grow for 10 s (what called for its
+/// tensors), then hold; one block more at 12 s. Its tensors go in at 10 s and rise to 8 MiB,
+/// then by `step` a sample. The pages' stack and the tensors'.
+fn late_tensors(step: u64) -> (Analysis, GroupKey, GroupKey) {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let (pages, tensors) = (key(1, Kind::Brk), key(2, Kind::Tensor));
+    let mut a = Analysis::default();
+    for i in 0..26u64 {
+        let brk = i.min(20) * 8 * K + if i >= 24 { 8 * K } else { 0 };
+        let held = if i >= 20 {
+            (8 << 20) + (i - 20) * step
+        } else {
+            0
+        };
+        if i == 20 {
+            a.tensors_traced_from(1, 10.0);
+        }
+        a.sample(i as f64 / 2.0, &ledger, &[(pages, brk), (tensors, held)]);
+    }
+    (a, pages, tensors)
+}
+
+/// A short job's tensors went in 2.5 s before its end, too late to show a leak, and grew in
+/// every window since: its pages are judged at the end on what they did before (a leak at
+/// their line), not left without a verdict. Where they held instead (the run above), none.
+#[test]
+fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since() {
+    let (a, pages, _) = late_tensors(1 << 20);
+    assert!(a.judge(&pages, 0.0).is_none(), "while it runs: cut");
+    let e = a.judge_final(&pages, 0.0).unwrap();
+    assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
+    assert!(e.windows.last().unwrap().t1_s <= 10.0, "{e:?}");
+    assert_eq!(e.growth_bytes, 120 * K as i64, "{e:?}");
+    // Grown by one tensor once, then flat: no leak went on.
+    let (a, pages, tensors) = late_tensors(0);
+    assert!(a.judge_final(&pages, 0.0).is_none());
+    assert!(
+        a.judge_final(&tensors, 0.0)
+            .is_none_or(|t| t.verdict != Verdict::Leak)
+    );
 }
 
 #[test]

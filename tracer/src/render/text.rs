@@ -325,7 +325,7 @@ fn tensor_note(r: &Report, p: &crate::report::ProcReport) -> Option<String> {
             if r.final_report && r.elapsed_s - since < needs =>
         {
             Some(format!(
-                "tensors of pid {}: traced only from {since:.1} s, {:.1} s before the end: a leak of them may not have had the time to show (--tensors all traces them from the start)",
+                "tensors of pid {}: traced only from {since:.1} s, {:.1} s before the end: a leak of them may not have had the time to show, so its pages are judged on what they did before then (--tensors all traces them from the start)",
                 p.pid,
                 r.elapsed_s - since
             ))
@@ -562,7 +562,7 @@ mod tests {
         assert_eq!(
             notes(&ledger, 6.2),
             [
-                "tensors of pid 1: traced only from 4.3 s, 1.9 s before the end: a leak of them may not have had the time to show (--tensors all traces them from the start)"
+                "tensors of pid 1: traced only from 4.3 s, 1.9 s before the end: a leak of them may not have had the time to show, so its pages are judged on what they did before then (--tensors all traces them from the start)"
             ]
         );
         assert!(notes(&ledger, 7.4).is_empty());
