@@ -19,6 +19,10 @@ export interface Health {
   heap: string[];
   /// --probe-cost: leaktracer's programs' runs and kernel time, the costliest first.
   probe_cost: { program: string; calls: number; ns: number }[];
+  /// How many stacks the report lists (--top, and every leak).
+  stacks_listed: number;
+  /// The stacks it leaves out: how many, and their bytes and blocks per kind.
+  unlisted: { stacks: number; totals: Record<string, { bytes: number; blocks: number }> };
 }
 
 export interface Update {

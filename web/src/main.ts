@@ -91,6 +91,25 @@ function renderHealth(h: Health): void {
   );
 }
 
+/// What the stack table does not show: the report's stacks past the 500 asked for, and those
+/// past the report's own --top (with what they hold per kind), so that the list and the
+/// totals never disagree without a word.
+function renderLeftOut(h: Health, shown: number): void {
+  const lines: string[] = [];
+  if (state.pid === null && shown < h.stacks_listed) {
+    lines.push(`The ${count(shown)} largest of the ${count(h.stacks_listed)} stacks in the report are shown.`);
+  }
+  if (h.unlisted.stacks > 0) {
+    const kinds = Object.entries(h.unlisted.totals)
+      .filter(([, a]) => a.blocks > 0 || a.bytes > 0)
+      .map(([k, a]) => `${k} ${bytes(a.bytes)} in ${count(a.blocks)} blocks`);
+    lines.push(`${count(h.unlisted.stacks)} smaller stacks are not in the report (--top lists them): ${kinds.join(', ')}.`);
+  }
+  const p = byId('stacks-left-out');
+  p.hidden = lines.length === 0;
+  fill(p, ...lines.map((l) => el('span', {}, l, ' ')));
+}
+
 let refreshing: Promise<void> | null = null;
 let again = false;
 
@@ -113,6 +132,7 @@ function refresh(): Promise<void> {
       if (!state.updates) renderStatus(health);
       tree.render(procs, state.pid);
       table.set(stacks, health.per);
+      renderLeftOut(health, stacks.length);
       timeline.update(tl);
       fill(byId('pid-filter'), state.pid === null ? '' : `process ${state.pid} only (click it again for all)`);
       await refreshFlame();

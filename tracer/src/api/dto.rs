@@ -46,6 +46,10 @@ pub struct Health {
     pub heap: Vec<String>,
     /// `--probe-cost`: leaktracer's programs' runs and kernel time, the costliest first.
     pub probe_cost: Vec<crate::probes::cost::ProgramCost>,
+    /// How many stacks the report lists (`--top`, and every leak), and those it leaves out:
+    /// how many, with their bytes and blocks per kind.
+    pub stacks_listed: usize,
+    pub unlisted: crate::report::Unlisted,
 }
 
 #[derive(Debug, Serialize)]
@@ -80,6 +84,8 @@ impl Health {
                 libraries: Vec::new(),
                 heap: Vec::new(),
                 probe_cost: Vec::new(),
+                stacks_listed: 0,
+                unlisted: Default::default(),
             };
         };
         let losses: BTreeMap<String, u64> = match serde_json::to_value(&r.losses) {
@@ -130,6 +136,8 @@ impl Health {
                 .collect(),
             heap: crate::render::heap_notes(r),
             probe_cost: r.probe_cost.clone(),
+            stacks_listed: r.stacks.len(),
+            unlisted: r.unlisted,
         }
     }
 }

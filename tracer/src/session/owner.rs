@@ -320,6 +320,7 @@ impl Owner {
             self.started.elapsed().as_secs_f64()
         };
         self.analysis.sample(x, &self.ledger, &groups);
+        self.sample_cpu(x);
         self.ledger.sampled();
         self.ledger.sample_pages_after_heap();
         self.sample_pages(x, &groups);

@@ -309,6 +309,20 @@ impl Owner {
         }
     }
 
+    /// Under layers, each live process's CPU time at the sample at `x`: what the rate of a leak
+    /// of tensors kept as they were is counted in (analysis/cpu.rs).
+    pub(super) fn sample_cpu(&mut self, x: f64) {
+        if self.layers.is_none() {
+            return;
+        }
+        let live = self.ledger.procs.values().filter(|p| p.exited_ns.is_none());
+        for p in live {
+            if let Some(cpu_s) = crate::procfs::cpu_seconds(p.pid) {
+                self.analysis.sample_cpu(x, p.pid, cpu_s);
+            }
+        }
+    }
+
     /// `--tensors auto`: asks for the CPU tensors of each process with a page-level stack (not
     /// an arena's) judged a leak over the later half of the run so far, and since its tensors
     /// were last taken out, and of those kept as they were whose time to be traced again came;
@@ -401,7 +415,7 @@ impl Owner {
             let (Some((since, then)), Some(_)) = (t.pages_at, t.again_s) else {
                 continue;
             };
-            let Some(rate) = self.analysis.kept_leak_rate(pid) else {
+            let Some(leaked) = self.analysis.kept_leak_bytes(pid, since, x) else {
                 continue;
             };
             if x - since < TENSORS_HOLD_S || self.analysis.kept_leak_stopped(pid) {
@@ -410,8 +424,8 @@ impl Owner {
             let now = self.analysis.pages_now(pid);
             let grown = (now - then).max(0) as f64;
             // Still growing at the leak's rate, or until about when (at that rate).
-            let held = grown * 4.0 < rate * (x - since);
-            let stop = since + (grown / rate).min(x - since);
+            let held = grown * 4.0 < leaked;
+            let stop = since + (grown / leaked.max(1.0) * (x - since)).min(x - since);
             looked.push((pid, now, held.then_some(stop)));
         }
         let Some(layers) = &mut self.layers else {

@@ -1,0 +1,143 @@
+//! Each process's CPU time (all its threads, user and system) at each sample, as the owner reads
+//! it from /proc: what a rate measured over one stretch and applied over another is counted in,
+//! where the clock would mislead. A machine that takes the CPU from the program for a while (a
+//! build beside it, a slow disk under its imports) slows what it does per second, and a rate
+//! measured then, applied once it runs at full speed again, reads its memory as growing faster
+//! than it did. Per second of its own CPU time, it does not. (The kernel's time in the probes'
+//! handlers is the program's too: a stretch traced costs it more CPU per step than one that is
+//! not, by the same share as on the clock.)
+
+use super::Analysis;
+
+/// A process's CPU seconds at each sample (on the series' axis), in order.
+#[derive(Debug, Default)]
+pub(super) struct CpuClock {
+    points: Vec<(f64, f64)>,
+}
+
+impl CpuClock {
+    fn push(&mut self, x: f64, cpu_s: f64) {
+        if self.points.last().is_none_or(|&(last, _)| x > last) {
+            self.points.push((x, cpu_s));
+        }
+    }
+
+    /// CPU seconds at `x`, interpolated between the samples around it; None outside them.
+    fn at(&self, x: f64) -> Option<f64> {
+        let i = self.points.partition_point(|&(p, _)| p < x);
+        let &(bx, bc) = self.points.get(i)?;
+        if bx == x {
+            return Some(bc);
+        }
+        let &(ax, ac) = self.points.get(i.checked_sub(1)?)?;
+        Some(ac + (bc - ac) * (x - ax) / (bx - ax))
+    }
+}
+
+impl Analysis {
+    /// `pid` had had `cpu_s` seconds of CPU time at the sample at `x`.
+    pub fn sample_cpu(&mut self, x: f64, pid: u32, cpu_s: f64) {
+        self.cpu.entry(pid).or_default().push(x, cpu_s);
+    }
+
+    /// The CPU seconds `pid` had between `x0` and `x1` (on the series' axis), where both are
+    /// within its samples.
+    pub(super) fn cpu_between(&self, pid: u32, x0: f64, x1: f64) -> Option<f64> {
+        let clock = self.cpu.get(&pid)?;
+        Some((clock.at(x1)? - clock.at(x0)?).max(0.0))
+    }
+
+    /// The CPU seconds `pid` had a second, on average, over `pieces` (spans on the series'
+    /// axis); None where a piece is outside its samples or it had none.
+    pub(super) fn cpu_share(
+        &self,
+        pid: u32,
+        pieces: impl Iterator<Item = (f64, f64)>,
+    ) -> Option<f64> {
+        let (mut cpu, mut wall) = (0.0, 0.0);
+        for (from, to) in pieces {
+            cpu += self.cpu_between(pid, from, to)?;
+            wall += to - from;
+        }
+        (cpu > 0.0 && wall > 0.0).then(|| cpu / wall)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CpuClock;
+    use crate::{
+        analysis::{Analysis, TakenOut, Verdict},
+        ledger::Ledger,
+        model::{GroupKey, Kind, StackId},
+    };
+
+    const M: u64 = 1 << 20;
+
+    fn key(s: u32, kind: Kind) -> GroupKey {
+        GroupKey {
+            pid: 1,
+            stack: Some(StackId::new(s)),
+            kind,
+            inherited: false,
+        }
+    }
+
+    /// Samples every half second of a process given half a CPU until 8 s and a whole one after
+    /// (its CPU time sampled where `cpu`). Its tensors, traced from 2 s, leak 0.5 MiB a sample
+    /// (1 MiB a second on the clock, 2 a second of its CPU time) and are kept at 8 s; after,
+    /// its pages grow by 4 MiB a second at one stack and 10 at another. The verdicts of both.
+    fn slow_then_fast(cpu: bool) -> (Verdict, Verdict) {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let (tensors, pages, faster) = (key(1, Kind::Tensor), key(2, Kind::Brk), key(3, Kind::Brk));
+        let mut a = Analysis::default();
+        for i in 0..41u64 {
+            let t = i as f64 / 2.0;
+            if i == 4 {
+                a.tensors_traced_from(1, 2.0);
+            }
+            if i == 16 {
+                a.tensors_taken_out(1, 8.0, TakenOut::Kept);
+            }
+            let held = i.clamp(4, 15).saturating_sub(4) * M / 2 + M;
+            let after = (t - 8.0).max(0.0);
+            let groups = [
+                (tensors, held),
+                (pages, M + (after * 4.0 * M as f64) as u64),
+                (faster, M + (after * 10.0 * M as f64) as u64),
+            ];
+            a.sample(t, &ledger, &groups);
+            if cpu {
+                a.sample_cpu(t, 1, t.min(8.0) / 2.0 + after);
+            }
+        }
+        let verdict = |k: &GroupKey| a.judge(k, 0.0).unwrap().verdict;
+        (verdict(&pages), verdict(&faster))
+    }
+
+    /// A leak of tensors measured while the machine gave the program half a CPU explains pages
+    /// grown at up to twice its rate per second of the program's CPU time once it has a whole
+    /// one, not at twice its rate on the clock; pages grown faster still are a leak of their own.
+    #[test]
+    fn kept_tensors_explain_pages_by_their_rate_per_second_of_cpu_time() {
+        assert_eq!(slow_then_fast(true), (Verdict::UnderTensors, Verdict::Leak));
+        // On the clock alone (no CPU time known), the same pages outgrow the rate.
+        assert_eq!(slow_then_fast(false), (Verdict::Leak, Verdict::Leak));
+    }
+
+    #[test]
+    fn cpu_time_is_interpolated_between_samples_and_unknown_outside_them() {
+        let mut c = CpuClock::default();
+        for (x, cpu) in [(1.0, 0.5), (2.0, 1.5), (4.0, 2.0)] {
+            c.push(x, cpu);
+        }
+        c.push(3.0, 9.0); // out of order: ignored
+        assert_eq!(c.at(1.0), Some(0.5));
+        assert_eq!(c.at(1.5), Some(1.0));
+        assert_eq!(c.at(3.0), Some(1.75));
+        assert_eq!(c.at(4.0), Some(2.0));
+        assert_eq!(c.at(0.5), None);
+        assert_eq!(c.at(4.5), None);
+    }
+}
