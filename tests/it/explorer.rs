@@ -74,8 +74,6 @@ fn the_page_shows_the_leak_live_in_chromium_and_renders_hostile_strings_as_text(
             "1",
             "--sample",
             "0.2",
-            "--top",
-            "3",
             "-o",
             "/dev/null",
             "--",

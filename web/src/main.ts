@@ -102,7 +102,7 @@ function renderLeftOut(h: Health, shown: number): void {
   if (h.unlisted.stacks > 0) {
     const kinds = Object.entries(h.unlisted.totals)
       .filter(([, a]) => a.blocks > 0 || a.bytes > 0)
-      .map(([k, a]) => `${k} ${bytes(a.bytes)} in ${count(a.blocks)} blocks`);
+      .map(([k, a]) => `${k} ${bytes(a.bytes)} in ${count(a.blocks)} block${a.blocks === 1 ? '' : 's'}`);
     lines.push(`${count(h.unlisted.stacks)} smaller stacks are not in the report (--top lists them): ${kinds.join(', ')}.`);
   }
   const p = byId('stacks-left-out');

@@ -500,3 +500,27 @@ async fn health_says_what_the_heap_figures_are_and_what_the_probes_cost() {
         serde_json::json!([{"program": "alloc_return", "calls": 1000, "ns": 600_000}])
     );
 }
+
+#[tokio::test]
+async fn health_counts_the_stacks_the_report_leaves_out_with_their_bytes() {
+    let (ledger, analysis) = ledger_with(8, 6);
+    let mut report = report_of(&ledger, &analysis, 3);
+    report.final_report = false;
+    let (listed, unlisted) = (report.stacks.len(), report.unlisted);
+    let timeline = timeline_of(&report);
+    let state = state_with(Some(Published::new(report, &analysis, &timeline)), None);
+    let (_, v) = get_json(state, "/api/v1/health").await;
+    assert_eq!(v["stacks_listed"], listed);
+    assert_eq!(v["unlisted"]["stacks"], unlisted.stacks);
+    assert_eq!(
+        listed as u64 + unlisted.stacks,
+        8,
+        "every stack, listed or not"
+    );
+    assert!(unlisted.stacks > 0);
+    assert_eq!(
+        v["unlisted"]["totals"]["heap"]["bytes"],
+        unlisted.totals.heap.bytes
+    );
+    assert!(unlisted.totals.heap.bytes > 0);
+}
