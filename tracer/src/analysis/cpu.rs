@@ -1,11 +1,11 @@
 //! Each process's CPU time (all its threads, user and system) at each sample, as the owner reads
-//! it from /proc: what a rate measured over one stretch and applied over another is counted in,
-//! where the clock would mislead. A machine that takes the CPU from the program for a while (a
-//! build beside it, a slow disk under its imports) slows what it does per second, and a rate
+//! it from /proc: what a rate measured over one stretch and applied over another is also counted
+//! in, where the clock would mislead. A machine that takes the CPU from the program for a while
+//! (a build beside it, a slow disk under its imports) slows what it does per second, and a rate
 //! measured then, applied once it runs at full speed again, reads its memory as growing faster
-//! than it did. Per second of its own CPU time, it does not. (The kernel's time in the probes'
-//! handlers is the program's too: a stretch traced costs it more CPU per step than one that is
-//! not, by the same share as on the clock.)
+//! than it did. Per second of its own CPU time, it does not. The clock still counts too: the
+//! kernel's time in the probes' handlers is the program's, and a program that mostly waits (on
+//! its data, a GPU, a timer) spends much more CPU a step while traced, at the same pace.
 
 use super::Analysis;
 
@@ -83,14 +83,14 @@ mod tests {
         }
     }
 
-    /// Samples every half second of a process given half a CPU until 8 s and a whole one after
-    /// (its CPU time sampled where `cpu`). Its tensors, traced from 2 s, leak 0.5 MiB a sample
-    /// (1 MiB a second on the clock, 2 a second of its CPU time) and are kept at 8 s; after,
-    /// its pages grow by 4 MiB a second at one stack and 10 at another. The verdicts of both.
-    fn slow_then_fast(cpu: bool) -> (Verdict, Verdict) {
+    /// Samples every half second of a process whose CPU seconds a second are `cpu` (before 8 s,
+    /// after), where its CPU time is sampled. Its tensors, traced from 2 s, leak 0.5 MiB a
+    /// sample (1 MiB a second on the clock) and are kept at 8 s; after, its pages grow by
+    /// `pages` MiB a second at one stack and 10 at another. The verdicts of both.
+    fn kept_then(cpu: Option<(f64, f64)>, pages: f64) -> (Verdict, Verdict) {
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-        let (tensors, pages, faster) = (key(1, Kind::Tensor), key(2, Kind::Brk), key(3, Kind::Brk));
+        let (tensors, grown, faster) = (key(1, Kind::Tensor), key(2, Kind::Brk), key(3, Kind::Brk));
         let mut a = Analysis::default();
         for i in 0..41u64 {
             let t = i as f64 / 2.0;
@@ -104,26 +104,32 @@ mod tests {
             let after = (t - 8.0).max(0.0);
             let groups = [
                 (tensors, held),
-                (pages, M + (after * 4.0 * M as f64) as u64),
+                (grown, M + (after * pages * M as f64) as u64),
                 (faster, M + (after * 10.0 * M as f64) as u64),
             ];
             a.sample(t, &ledger, &groups);
-            if cpu {
-                a.sample_cpu(t, 1, t.min(8.0) / 2.0 + after);
+            if let Some((before, since)) = cpu {
+                a.sample_cpu(t, 1, t.min(8.0) * before + after * since);
             }
         }
         let verdict = |k: &GroupKey| a.judge(k, 0.0).unwrap().verdict;
-        (verdict(&pages), verdict(&faster))
+        (verdict(&grown), verdict(&faster))
     }
 
     /// A leak of tensors measured while the machine gave the program half a CPU explains pages
     /// grown at up to twice its rate per second of the program's CPU time once it has a whole
-    /// one, not at twice its rate on the clock; pages grown faster still are a leak of their own.
+    /// one, not only at twice its rate on the clock; and measured while its probes cost a
+    /// program that waits half a CPU, pages grown at twice its rate on the clock once it needs
+    /// a tenth, not only at twice its rate per second of its CPU time. Pages grown faster still
+    /// are a leak of their own.
     #[test]
-    fn kept_tensors_explain_pages_by_their_rate_per_second_of_cpu_time() {
-        assert_eq!(slow_then_fast(true), (Verdict::UnderTensors, Verdict::Leak));
+    fn kept_tensors_explain_pages_by_their_rate_on_the_clock_or_in_cpu_time() {
+        let (under, leak) = (Verdict::UnderTensors, Verdict::Leak);
+        assert_eq!(kept_then(Some((0.5, 1.0)), 4.0), (under, leak));
         // On the clock alone (no CPU time known), the same pages outgrow the rate.
-        assert_eq!(slow_then_fast(false), (Verdict::Leak, Verdict::Leak));
+        assert_eq!(kept_then(None, 4.0), (leak, leak));
+        assert_eq!(kept_then(Some((0.5, 0.1)), 1.5), (under, leak));
+        assert_eq!(kept_then(None, 1.5), (under, leak));
     }
 
     #[test]

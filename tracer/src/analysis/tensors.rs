@@ -324,6 +324,9 @@ impl Analysis {
                 ..k.clone()
             }),
         };
+        if let Some(k) = &leak {
+            tracing::debug!(pid, rate = k.rate, cpu_share = k.cpu_share, "tensors kept");
+        }
         let Some(last) = self.tensors.get_mut(&pid).and_then(|h| h.spans.last_mut()) else {
             return;
         };
@@ -437,9 +440,9 @@ impl Analysis {
     /// grown while its tensors are kept as they were (no tensor of theirs seen, so no page given
     /// a tensor's stack) are the leak's, unless they grow faster.
     ///
-    /// Counted in the process's CPU time where it is known, over both (cpu.rs): a rate measured
-    /// while the machine gave the program half a CPU explains pages grown at twice it once it
-    /// has a whole one again.
+    /// Counted on the clock or in the process's CPU time, whichever allows more (see
+    /// [`Analysis::kept_leak_bytes`]): a rate measured while the machine gave the program half a
+    /// CPU explains pages grown at twice it once it has a whole one again.
     pub(super) fn under_kept_tensors(&self, key: &GroupKey, e: &Evidence) -> bool {
         if !matches!(key.kind, Kind::Mmap | Kind::Brk) {
             return false;
@@ -449,20 +452,25 @@ impl Analysis {
             _ => return false,
         };
         self.kept_leak_bytes(key.pid, from, to)
-            .is_some_and(|leaked| e.growth_bytes as f64 <= 2.0 * leaked)
+            .is_some_and(|(_, most)| e.growth_bytes as f64 <= 2.0 * most)
     }
 
     /// What `pid`'s tensors leaked between `x0` and `x1` (on the series' axis) at the rate
     /// they leaked at when they were last kept (see [`Analysis::kept_leak_rate`]), while they
-    /// are kept or traced again since: in the process's CPU time over both where it is known
-    /// (cpu.rs), else on the clock.
-    pub fn kept_leak_bytes(&self, pid: u32, x0: f64, x1: f64) -> Option<f64> {
+    /// are kept or traced again since: the least and the most of it on the clock and in the
+    /// process's CPU time over both (cpu.rs), where that is known. Neither alone tells: a
+    /// machine that takes the CPU from the program slows it on the clock, not in its CPU time;
+    /// a program that waits (on its data, on a GPU, on a timer) does as much per second of
+    /// the clock whatever its probes cost it, which its CPU time does not.
+    pub fn kept_leak_bytes(&self, pid: u32, x0: f64, x1: f64) -> Option<(f64, f64)> {
         let rate = self.kept_leak_rate(pid)?;
+        let clock = rate * (x1 - x0);
         let share = self.last_kept(pid).and_then(|k| k.cpu_share);
-        Some(match (share, self.cpu_between(pid, x0, x1)) {
-            (Some(share), Some(cpu)) => rate / share * cpu,
-            _ => rate * (x1 - x0),
-        })
+        let cpu = share.zip(self.cpu_between(pid, x0, x1));
+        Some(cpu.map_or((clock, clock), |(share, cpu)| {
+            let cpu = rate / share * cpu;
+            (clock.min(cpu), clock.max(cpu))
+        }))
     }
 
     /// `pid`'s tensors as they were last kept, while they are kept or traced again since (not

@@ -415,7 +415,9 @@ impl Owner {
             let (Some((since, then)), Some(_)) = (t.pages_at, t.again_s) else {
                 continue;
             };
-            let Some(leaked) = self.analysis.kept_leak_bytes(pid, since, x) else {
+            // The least the leak would have grown by: whether its pages held is not to be told
+            // from a program that the machine slowed.
+            let Some((leaked, _)) = self.analysis.kept_leak_bytes(pid, since, x) else {
                 continue;
             };
             if x - since < TENSORS_HOLD_S || self.analysis.kept_leak_stopped(pid) {
