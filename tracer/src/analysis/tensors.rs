@@ -14,6 +14,12 @@ use crate::{
     model::{GroupKey, Kind},
 };
 
+/// The samples a process's memory needs after its tensors went in for a page-level stack of
+/// its to be judged on what it did before, where they went in too late (see
+/// `Analysis::before_late_tensors`): whether the memory grew on, or held (a warm-up that
+/// ended). Less tells neither, and the stack is judged on what had its tensors traced.
+const TAIL_MIN_S: f64 = 1.0;
+
 /// How long after its tensors went in (`--tensors auto`) a process's tensors are judged from, at
 /// the start of their chain (on its axis): the samples in between rise from nothing to what it
 /// holds as the probes see the tensors made since. (Traced again, those of the leak were kept:
@@ -269,7 +275,7 @@ impl Analysis {
 
     /// A page-level stack (not an arena's) of a process whose tensors went in less than
     /// [`super::CUT_SPAN_S`] before its last sample (too late for it to be judged from then on, and
-    /// for its tensors to show a leak), where the process's memory went on growing after: it
+    /// for its tensors to show a leak), unless the process's memory held after: it
     /// is judged on its samples up to then instead, as without tensors (`--heap off`), the
     /// growth that had them traced at its own line. A short job (a smoke test of a few
     /// training steps in CI) gets a verdict on the pages it grew, where until then it got
@@ -289,28 +295,38 @@ impl Analysis {
         if went_in <= warmup_s || end - went_in >= super::CUT_SPAN_S {
             return None;
         }
-        if !self.grew_since(key.pid, went_in) {
+        if self.went_on(key.pid, went_in) == Some(false) {
+            tracing::debug!(
+                ?key,
+                went_in,
+                end,
+                "pages not judged before late tensors: none grew after"
+            );
             return Some(None);
         }
         let before = classify(&series.until(went_in), warmup_s);
-        Some(before.and_then(|e| self.explain(key, e, warmup_s)))
+        let before = before.and_then(|e| self.explain(key, e, warmup_s));
+        if before.as_ref().is_some_and(|e| e.growth_bytes > 0) {
+            tracing::debug!(?key, ?before, "pages judged before late tensors");
+        }
+        Some(before)
     }
 
     /// Whether `pid`'s tensors, or the pages of its heap (brk), grew from `x` on (before its
-    /// interpreter's exit) in every window, as a leak grows: not by a block or two, once.
-    fn grew_since(&self, pid: u32, x: f64) -> bool {
-        let Some(p) = self.procs.get(&pid) else {
-            return false;
-        };
+    /// interpreter's exit) in every window, as a leak grows: not by a block or two, once. None
+    /// where less than [`TAIL_MIN_S`] of samples came since: too few to tell either way.
+    fn went_on(&self, pid: u32, x: f64) -> Option<bool> {
+        let p = self.procs.get(&pid)?;
         let rising = |e: Evidence| {
             let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
             let tol = super::verdict::tolerance(&floors);
             e.verdict == Verdict::Leak && floors.windows(2).all(|f| f[1] > f[0] + tol)
         };
-        [&p.tensors, &p.pages].into_iter().any(|s| {
-            let after = self.before_exit(pid, s).since(x);
-            classify(&after, x).is_some_and(rising)
-        })
+        let tails = [&p.tensors, &p.pages].map(|s| self.before_exit(pid, s).since(x));
+        if tails.iter().all(|t| t.span() < TAIL_MIN_S) {
+            return None;
+        }
+        Some(tails.iter().any(|t| classify(t, x).is_some_and(rising)))
     }
 
     /// `pid`'s CPU tensors are no longer traced from the sample at `x` on: those outstanding

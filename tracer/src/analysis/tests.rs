@@ -93,32 +93,38 @@ fn late_tensors_cut_what_their_process_is_judged_on() {
     assert!(a.released_leaks(&Default::default(), 0.0).is_empty());
 }
 
-/// Samples every half second of a process whose pages grow for 10 s (what called for its
-/// tensors), then hold; one block more at 12 s. Its tensors go in at 10 s and rise to 8 MiB,
-/// then by `step` a sample. The pages' stack and the tensors'.
-fn late_tensors(step: u64) -> (Analysis, GroupKey, GroupKey) {
+/// Samples every half second of a process whose pages grow until its tensors go in at sample
+/// `at` (what called for them), then hold; one block more at 12 s. Its tensors rise to 8 MiB,
+/// then by `step` a sample; the run ends at 12.5 s. The pages' stack and the tensors'.
+fn late_tensors_at(at: u64, step: u64) -> (Analysis, GroupKey, GroupKey) {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
     let (pages, tensors) = (key(1, Kind::Brk), key(2, Kind::Tensor));
     let mut a = Analysis::default();
     for i in 0..26u64 {
-        let brk = i.min(20) * 8 * K + if i >= 24 { 8 * K } else { 0 };
-        let held = if i >= 20 {
-            (8 << 20) + (i - 20) * step
+        let brk = i.min(at) * 8 * K + if i >= 24 { 8 * K } else { 0 };
+        let held = if i >= at {
+            (8 << 20) + (i - at) * step
         } else {
             0
         };
-        if i == 20 {
-            a.tensors_traced_from(1, 10.0);
+        if i == at {
+            a.tensors_traced_from(1, at as f64 / 2.0);
         }
         a.sample(i as f64 / 2.0, &ledger, &[(pages, brk), (tensors, held)]);
     }
     (a, pages, tensors)
 }
 
+/// As [`late_tensors_at`], the tensors going in at 10 s.
+fn late_tensors(step: u64) -> (Analysis, GroupKey, GroupKey) {
+    late_tensors_at(20, step)
+}
+
 /// A short job's tensors went in 2.5 s before its end, too late to show a leak, and grew in
 /// every window since: its pages are judged at the end on what they did before (a leak at
-/// their line), not left without a verdict. Where they held instead (the run above), none.
+/// their line), not left without a verdict. Where they held instead (the run above), none;
+/// where too little came after to tell, on what had them traced.
 #[test]
 fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since() {
     let (a, pages, _) = late_tensors(1 << 20);
@@ -134,6 +140,12 @@ fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since()
         a.judge_final(&tensors, 0.0)
             .is_none_or(|t| t.verdict != Verdict::Leak)
     );
+    // Gone in at 12 s, half a second before the end: too little since to tell whether the
+    // memory held; judged on what had the tensors traced.
+    let (a, pages, _) = late_tensors_at(24, 0);
+    let e = a.judge_final(&pages, 0.0).unwrap();
+    assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
+    assert!(e.windows.last().unwrap().t1_s <= 12.0, "{e:?}");
 }
 
 #[test]
