@@ -716,3 +716,26 @@ fn a_heap_that_holds_while_its_pages_grow_has_its_malloc_family_taken_out_again(
     assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * ((64 << 10) + 1));
     assert_ne!(heap["verdict"]["verdict"], "leak", "{heap}");
 }
+
+/// A short training job as a CI smoke test runs one (`torch_train.py 25`: 25 epochs, a loop of
+/// about 2 s, each epoch's validation logits kept with their graph): under default options its
+/// tensors go in a second or two before the end, too late to show the leak, so its pages are
+/// judged on what they did before (`check` fails at the line that keeps the logits, where it
+/// used to pass). The same job validating under `no_grad` passes: its pages never call for its
+/// tensors.
+#[test]
+fn a_short_training_jobs_leak_fails_the_check_at_its_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (path, site) = bench_script("torch_train");
+    let (o, _) = check_torch_at("torch-train-short", &path, &[], &[], &["25"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let leak = crate::objects::first_leak(&out);
+    assert!(leak.ends_with(&format!("(torch_train.py:{site})")), "{out}");
+    let (o, _) = check_torch_at("torch-train-short-fixed", &path, &[], &[], &["25", "fixed"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+}
