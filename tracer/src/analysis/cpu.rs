@@ -9,17 +9,30 @@
 
 use super::Analysis;
 
-/// A process's CPU seconds at each sample (on the series' axis), in order.
+/// A process's CPU seconds at samples (on the series' axis), in order.
 #[derive(Debug, Default)]
 pub(super) struct CpuClock {
     points: Vec<(f64, f64)>,
 }
 
+/// The samples a [`CpuClock`] keeps at most: past it, every other one of its older half goes (a
+/// day-long run's clock stays a few tens of KiB, ever coarser where it is oldest).
+const MAX_POINTS: usize = 2048;
+
 impl CpuClock {
     fn push(&mut self, x: f64, cpu_s: f64) {
-        if self.points.last().is_none_or(|&(last, _)| x > last) {
-            self.points.push((x, cpu_s));
+        if self.points.last().is_some_and(|&(last, _)| x <= last) {
+            return;
         }
+        if self.points.len() >= MAX_POINTS {
+            let half = self.points.len() / 2;
+            let mut i = 0;
+            self.points.retain(|_| {
+                i += 1;
+                i > half || i % 2 == 1
+            });
+        }
+        self.points.push((x, cpu_s));
     }
 
     /// CPU seconds at `x`, interpolated between the samples around it; None outside them.
@@ -145,5 +158,14 @@ mod tests {
         assert_eq!(c.at(4.0), Some(2.0));
         assert_eq!(c.at(0.5), None);
         assert_eq!(c.at(4.5), None);
+        // A long run's clock stays bounded, its first and latest samples kept.
+        let mut c = CpuClock::default();
+        for i in 0..10_000 {
+            c.push(f64::from(i), f64::from(i) / 2.0);
+        }
+        assert!(c.points.len() <= super::MAX_POINTS, "{}", c.points.len());
+        assert_eq!(c.at(0.0), Some(0.0));
+        assert_eq!(c.at(9999.0), Some(4999.5));
+        assert_eq!(c.at(5000.5), Some(2500.25));
     }
 }
