@@ -270,23 +270,18 @@ impl Analysis {
         })
     }
 
-    /// One sample of each process's arena bytes (`stacks`: its arena stacks and what each holds;
-    /// the others hold none), taken with [`Analysis::sample`] at the same `t_s`: all its arena
-    /// stacks together but those an import made (see [`Analysis::imported`]). `import torch`
-    /// makes some 80 MiB of arenas over its seconds, which a short job's arenas, judged without
-    /// its objects' window (opened as the import ended), read as a leak: a 1.5 s loop under
-    /// `no_grad` failed at `loss.backward()` so.
-    pub fn sample_arenas(&mut self, t_s: f64, stacks: &[(GroupKey, u64)]) {
-        let mut sums: FxHashMap<u32, u64> = FxHashMap::default();
-        for (key, bytes) in stacks {
-            if !key.stack.is_some_and(|s| self.imported.contains(&s)) {
-                *sums.entry(key.pid).or_default() += bytes;
-            }
-        }
+    /// One sample of each process's arena bytes (`arenas`: per process, the bytes of its arena
+    /// stacks; the others hold none), taken with [`Analysis::sample`] at the same `t_s`.
+    pub fn sample_arenas(
+        &mut self,
+        t_s: f64,
+        arenas: &FxHashMap<u32, u64>,
+        stacks: impl IntoIterator<Item = GroupKey>,
+    ) {
         for (pid, s) in self.procs.iter_mut() {
-            s.arenas.push(t_s, sums.get(pid).copied().unwrap_or(0));
+            s.arenas.push(t_s, arenas.get(pid).copied().unwrap_or(0));
         }
-        self.arena_stacks.extend(stacks.iter().map(|(k, _)| *k));
+        self.arena_stacks.extend(stacks);
     }
 
     /// Processes whose arenas, all together, leak from `start(pid)` on (the warm-up, or when
@@ -326,7 +321,6 @@ impl Analysis {
             let own = w
                 .arenas
                 .iter()
-                .filter(|k| !k.stack.is_some_and(|s| self.imported.contains(&s)))
                 .filter_map(|k| self.groups.get(k))
                 .filter_map(|t| {
                     let series = self.before_exit(pid, &t.series);
@@ -391,7 +385,8 @@ mod tests {
             let (x, y) = if grow { (i + 1, 3 * (i + 1)) } else { (4, 4) };
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
-            a.sample_arenas(i as f64, &groups);
+            let all = [(1, (x + y) << 20)].into_iter().collect();
+            a.sample_arenas(i as f64, &all, []);
         }
         a
     }
@@ -544,7 +539,7 @@ mod tests {
             let (x, y) = (i + 1, 40 - i);
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
-            a.sample_arenas(i as f64, &groups);
+            a.sample_arenas(i as f64, &[(1, (x + y) << 20)].into_iter().collect(), []);
         }
         let arena = key(3, Kind::Mmap);
         let keeps = vec![(line(1, 2 * KEPT_MIN, KEPT_MIN), 1)];
@@ -568,9 +563,8 @@ mod tests {
         for i in 0..48u64 {
             let mib = 3 + 105 * i.min(17) / 17;
             let t = i as f64 / 4.0;
-            let groups = [(key(3, Kind::Mmap), mib << 20)];
-            a.sample(t, &ledger, &groups);
-            a.sample_arenas(t, &groups);
+            a.sample(t, &ledger, &[(key(3, Kind::Mmap), mib << 20)]);
+            a.sample_arenas(t, &[(1, mib << 20)].into_iter().collect(), []);
         }
         let keeps = KeptLine {
             grows: true,
@@ -579,40 +573,6 @@ mod tests {
         a.objects_sampled(1, (6.25, 12.0), vec![key(3, Kind::Mmap)], vec![(keeps, 1)]);
         let v = a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
         assert_eq!(v, Verdict::Steady);
-    }
-
-    /// A short PyTorch job on a busy machine, as caught failing: its import's arenas grow to
-    /// 80 MiB over five seconds (sampled every quarter of a second), its objects' window opens
-    /// as the import ends and lasts until the job does, a second later, and finds a line keeping
-    /// a few KiB (what `loss.backward()` caches at its first call). Without the window, only
-    /// the import is left to judge the arenas on: where the owner said its stack was an
-    /// import's, they hold nothing, and there is no leak; where not, they read as one.
-    #[test]
-    fn arenas_an_import_made_are_not_what_a_process_arenas_are_judged_on() {
-        let run = |told: bool| {
-            let mut ledger = Ledger::default();
-            ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-            let mut a = Analysis::default();
-            let import = key(3, Kind::Mmap);
-            if told {
-                a.imported(import.stack.unwrap());
-            }
-            for i in 0..24u64 {
-                let mib = 2 + 78 * i.min(20) / 20;
-                let t = i as f64 / 4.0;
-                let groups = [(import, mib << 20)];
-                a.sample(t, &ledger, &groups);
-                a.sample_arenas(t, &groups);
-            }
-            let keeps = KeptLine {
-                grows: true,
-                ..line(1, 24 * KEPT_MIN, KEPT_MIN + 1)
-            };
-            a.objects_sampled(1, (5.0, 6.0), vec![import], vec![(keeps, 1)]);
-            a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict
-        };
-        assert_eq!(run(true), Verdict::Steady);
-        assert_eq!(run(false), Verdict::Leak, "what the owner's word changes");
     }
 
     /// An interpreter that imported torch (100 MiB of arenas in 4 s), then leaks objects slowly:
@@ -631,7 +591,7 @@ mod tests {
             };
             let groups = [(key(3, Kind::Mmap), mib << 20)];
             a.sample(t as f64, ledger, &groups);
-            a.sample_arenas(t as f64, &groups);
+            a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect(), []);
         }
     }
 

@@ -187,11 +187,12 @@ impl Owner {
 
     /// One pass over the page-level stacks of a sample: each new one made by a library's import
     /// is told to the analysis (each looked at once), and under `--heap auto` each process's
-    /// arenas are sampled (all its arena stacks together, but those an import made).
+    /// arenas are sampled, all its arena stacks together.
     pub(super) fn sample_pages(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
         let layered = self.layers.is_some();
-        let mut arenas = Vec::new();
-        for &(key, bytes) in groups {
+        let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();
+        let mut keys = Vec::new();
+        for (key, bytes) in groups {
             let Some(id) = key
                 .stack
                 .filter(|_| matches!(key.kind, Kind::Brk | Kind::Mmap))
@@ -201,12 +202,13 @@ impl Owner {
             if !self.objects.import_stacks.contains_key(&id) && self.is_import(id) {
                 self.analysis.imported(id);
             }
-            if layered && self.is_arena(&key) {
-                arenas.push((key, bytes));
+            if layered && self.is_arena(key) {
+                *sums.entry(key.pid).or_default() += bytes;
+                keys.push(*key);
             }
         }
         if layered {
-            self.analysis.sample_arenas(x, &arenas);
+            self.analysis.sample_arenas(x, &sums, keys);
         }
     }
 
