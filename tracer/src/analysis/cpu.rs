@@ -82,19 +82,12 @@ mod tests {
     use crate::{
         analysis::{Analysis, TakenOut, Verdict},
         ledger::Ledger,
-        model::{GroupKey, Kind, StackId},
+        model::{GroupKey, Kind},
     };
 
     const M: u64 = 1 << 20;
 
-    fn key(s: u32, kind: Kind) -> GroupKey {
-        GroupKey {
-            pid: 1,
-            stack: Some(StackId::new(s)),
-            kind,
-            inherited: false,
-        }
-    }
+    use crate::analysis::tests::key;
 
     /// Samples every half second of a process whose CPU seconds a second are `cpu` (before 8 s,
     /// after), where its CPU time is sampled. Its tensors, traced from 2 s, leak 0.5 MiB a

@@ -767,3 +767,5 @@ fn judge_released(series: &Series, warmup_s: f64) -> Option<Evidence> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_late;

@@ -351,20 +351,13 @@ mod tests {
     use crate::{
         analysis::{Analysis, Verdict},
         ledger::{KeptLine, Ledger},
-        model::{GroupKey, Kind, StackId},
+        model::{Kind, StackId},
     };
 
     /// A window's span after the samples.
     const NO_SPAN: (f64, f64) = (100.0, 101.0);
 
-    fn key(s: u32, kind: Kind) -> GroupKey {
-        GroupKey {
-            pid: 1,
-            stack: Some(StackId::new(s)),
-            kind,
-            inherited: false,
-        }
-    }
+    use crate::analysis::tests::key;
 
     fn line(s: u32, made: u64, kept: u64) -> KeptLine {
         KeptLine {
