@@ -515,6 +515,9 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
     );
     assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
     assert_eq!(at_body("brk")["verdict"]["verdict"], "leak");
+    // A service paced by its timer is not slowed by its probes (its steps wait for it), and its
+    // rate is not put at another pace.
+    assert_eq!(r.process(pid)["heap_slowdown"], Value::Null);
     // The leak went on untraced: the bodies logged after, 20 a second at most, each grew the
     // brk heap by its 64 KiB (none is freed, and little else is allocated), so its pages grew by
     // at most the bodies not seen while traced.
@@ -524,6 +527,39 @@ fn the_default_layers_trace_the_malloc_family_of_a_python_process_whose_pages_gr
         (1 << 20..=unseen + (1 << 20)).contains(&after),
         "pages grew by {after} after, {unseen} unseen"
     );
+}
+
+/// A Python service with a 400 MiB heap that keeps a 2 KiB record every fifth step
+/// (`heap_cache.py`): under the default its pages grow, and its malloc family, traced for a
+/// while, names the line that keeps, each record a block of exactly its size. Its mallocs' traps
+/// slow every step meanwhile; the report measures by how much (`heap_slowdown`: its own code's
+/// pace, user CPU time a second, around the window over that within it; 2.1–2.4 here) and puts
+/// the heap stack's rate at the program's untraced pace: before, the rate read a third of what
+/// the program leaked, and `check --budget` passed a leak three times over its budget.
+#[test]
+fn a_heap_layer_measures_how_much_it_slowed_the_program_and_names_the_line_that_keeps() {
+    let py = python();
+    let path = script("heap_cache");
+    let Some(r) = run_default(&[&py, path.to_str().unwrap(), "20"]) else {
+        return;
+    };
+    let process = r.process(r.root_pid());
+    assert_eq!(process["heap_asked"], "unexplained", "{process}");
+    let slowdown = process["heap_slowdown"].as_f64();
+    assert!(slowdown.is_some_and(|s| s > 1.05), "{process}");
+    let at = line("heap_cache", "# LEAK");
+    let heap = r
+        .stacks()
+        .iter()
+        .find(|s| {
+            s["kind"] == "heap" && python_top(s).is_some_and(|(f, _, l)| f == "<module>" && l == at)
+        })
+        .unwrap_or_else(|| panic!("no heap stack at line {at}"));
+    assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
+    // bytes(2048): its object header (33 bytes) and its bytes, one malloc each.
+    let blocks = heap["blocks"].as_u64().unwrap();
+    assert!(blocks >= 10, "{heap}");
+    assert_eq!(heap["bytes"].as_u64().unwrap(), blocks * (33 + 2048));
 }
 
 /// `leaktracer check --sample 0.1 OPTIONS -- python3 request_log.py ARGS…`.

@@ -1,6 +1,7 @@
 //! Each process's CPU time (all its threads, user and system) at each sample, as the owner reads
 //! it from /proc: what a rate measured over one stretch and applied over another is also counted
-//! in, where the clock would mislead. A machine that takes the CPU from the program for a while
+//! in, where the clock would mislead; and its user time alone, the pace of its own work, which
+//! tells how much slower a layer's probes made it run. A machine that takes the CPU from the program for a while
 //! (a build beside it, a slow disk under its imports) slows what it does per second, and a rate
 //! measured then, applied once it runs at full speed again, reads its memory as growing faster
 //! than it did. Per second of its own CPU time, it does not. The clock still counts too: the
@@ -8,11 +9,12 @@
 //! its data, a GPU, a timer) spends much more CPU a step while traced, at the same pace.
 
 use super::Analysis;
+use crate::model::CpuTimes;
 
 /// A process's CPU seconds at samples (on the series' axis), in order.
 #[derive(Debug, Default)]
 pub(super) struct CpuClock {
-    points: Vec<(f64, f64)>,
+    points: Vec<(f64, CpuTimes)>,
 }
 
 /// The samples a [`CpuClock`] keeps at most: past it, every other one of its older half goes (a
@@ -20,7 +22,7 @@ pub(super) struct CpuClock {
 const MAX_POINTS: usize = 2048;
 
 impl CpuClock {
-    fn push(&mut self, x: f64, cpu_s: f64) {
+    fn push(&mut self, x: f64, cpu: CpuTimes) {
         if self.points.last().is_some_and(|&(last, _)| x <= last) {
             return;
         }
@@ -32,32 +34,88 @@ impl CpuClock {
                 i > half || i % 2 == 1
             });
         }
-        self.points.push((x, cpu_s));
+        self.points.push((x, cpu));
     }
 
     /// CPU seconds at `x`, interpolated between the samples around it; None outside them.
-    fn at(&self, x: f64) -> Option<f64> {
+    fn at(&self, x: f64) -> Option<CpuTimes> {
         let i = self.points.partition_point(|&(p, _)| p < x);
-        let &(bx, bc) = self.points.get(i)?;
+        let &(bx, b) = self.points.get(i)?;
         if bx == x {
-            return Some(bc);
+            return Some(b);
         }
-        let &(ax, ac) = self.points.get(i.checked_sub(1)?)?;
-        Some(ac + (bc - ac) * (x - ax) / (bx - ax))
+        let &(ax, a) = self.points.get(i.checked_sub(1)?)?;
+        let f = (x - ax) / (bx - ax);
+        Some(CpuTimes {
+            total: a.total + (b.total - a.total) * f,
+            user: a.user + (b.user - a.user) * f,
+        })
+    }
+
+    /// The user CPU seconds between `x0` and `x1`, both cut to the samples and to `end`, with
+    /// the span they were had over; none where nothing of it is within.
+    fn user_within(&self, x0: f64, x1: f64, end: f64) -> (f64, f64) {
+        let (Some(&(first, _)), Some(&(last, _))) = (self.points.first(), self.points.last())
+        else {
+            return (0.0, 0.0);
+        };
+        let (x0, x1) = (x0.max(first), x1.min(last).min(end));
+        match (self.at(x0), self.at(x1)) {
+            (Some(a), Some(b)) if x1 > x0 => ((b.user - a.user).max(0.0), x1 - x0),
+            _ => (0.0, 0.0),
+        }
     }
 }
 
+/// How far on either side of a span its program's pace is taken from ([`Analysis::slowdown`]).
+const PACE_AROUND_S: f64 = 10.0;
+/// The user CPU seconds a span would have had at its program's pace around it, at least, for its
+/// slowdown to be told: ten of the kernel's ticks, in which user time is counted.
+const PACE_MIN_USER_S: f64 = 0.1;
+/// A slowdown this small or less is none: the pace of a program's own work wanders this much.
+const PACE_NOISE: f64 = 1.05;
+
 impl Analysis {
-    /// `pid` had had `cpu_s` seconds of CPU time at the sample at `x`.
-    pub fn sample_cpu(&mut self, x: f64, pid: u32, cpu_s: f64) {
-        self.cpu.entry(pid).or_default().push(x, cpu_s);
+    /// `pid` had had `cpu` seconds of CPU time at the sample at `x`.
+    pub fn sample_cpu(&mut self, x: f64, pid: u32, cpu: CpuTimes) {
+        self.cpu.entry(pid).or_default().push(x, cpu);
     }
 
     /// The CPU seconds `pid` had between `x0` and `x1` (on the series' axis), where both are
     /// within its samples.
     pub(super) fn cpu_between(&self, pid: u32, x0: f64, x1: f64) -> Option<f64> {
         let clock = self.cpu.get(&pid)?;
-        Some((clock.at(x1)? - clock.at(x0)?).max(0.0))
+        Some((clock.at(x1)?.total - clock.at(x0)?.total).max(0.0))
+    }
+
+    /// How much slower `pid`'s own code ran over `x0..x1` (on the series' axis; to its last
+    /// sample where `x1` is past it) than in the [`PACE_AROUND_S`] on either side, before its
+    /// interpreter's exit: its user CPU time per unit of the axis around the span over that
+    /// within it. A layer's probes slow a program by their traps, which the kernel counts as its
+    /// system time; its user time goes on at the pace of its own work. None where it was not
+    /// slower, or the span is too short at that pace to tell ([`PACE_MIN_USER_S`]).
+    ///
+    /// The threads of a program that spin while they wait (an OpenMP pool between two parallel
+    /// regions) count user time without work: their program's slowdown reads less than it was.
+    pub(super) fn slowdown(&self, pid: u32, x0: f64, x1: f64) -> Option<f64> {
+        let clock = self.cpu.get(&pid)?;
+        let end = self.procs.get(&pid).and_then(|p| p.exit_x);
+        let end = end.filter(|x| x.is_finite()).unwrap_or(f64::INFINITY);
+        let (inside, inside_x) = clock.user_within(x0, x1, end);
+        let (before, before_x) = clock.user_within(x0 - PACE_AROUND_S, x0, end);
+        let (after, after_x) = clock.user_within(x1, x1 + PACE_AROUND_S, end);
+        let around_x = before_x + after_x;
+        if inside_x <= 0.0 || around_x <= 0.0 {
+            return None;
+        }
+        let pace = (before + after) / around_x;
+        if pace * inside_x < PACE_MIN_USER_S {
+            return None;
+        }
+        // One tick at least within: a program stalled still did that much.
+        let tick = PACE_MIN_USER_S / 10.0;
+        let slowdown = pace / (inside.max(tick) / inside_x);
+        (slowdown > PACE_NOISE).then_some(slowdown)
     }
 
     /// The CPU seconds `pid` had a second, on average, over `pieces` (spans on the series'
@@ -82,7 +140,7 @@ mod tests {
     use crate::{
         analysis::{Analysis, TakenOut, Verdict},
         ledger::Ledger,
-        model::{GroupKey, Kind},
+        model::{CpuTimes, GroupKey, Kind},
     };
 
     const M: u64 = 1 << 20;
@@ -115,7 +173,8 @@ mod tests {
             ];
             a.sample(t, &ledger, &groups);
             if let Some((before, since)) = cpu {
-                a.sample_cpu(t, 1, t.min(8.0) * before + after * since);
+                let total = t.min(8.0) * before + after * since;
+                a.sample_cpu(t, 1, CpuTimes { total, user: total });
             }
         }
         let verdict = |k: &GroupKey| a.judge(k, 0.0).unwrap().verdict;
@@ -140,25 +199,29 @@ mod tests {
 
     #[test]
     fn cpu_time_is_interpolated_between_samples_and_unknown_outside_them() {
+        let cpu = |total: f64| CpuTimes {
+            total,
+            user: total / 2.0,
+        };
         let mut c = CpuClock::default();
-        for (x, cpu) in [(1.0, 0.5), (2.0, 1.5), (4.0, 2.0)] {
-            c.push(x, cpu);
+        for (x, total) in [(1.0, 0.5), (2.0, 1.5), (4.0, 2.0)] {
+            c.push(x, cpu(total));
         }
-        c.push(3.0, 9.0); // out of order: ignored
-        assert_eq!(c.at(1.0), Some(0.5));
-        assert_eq!(c.at(1.5), Some(1.0));
-        assert_eq!(c.at(3.0), Some(1.75));
-        assert_eq!(c.at(4.0), Some(2.0));
+        c.push(3.0, cpu(9.0)); // out of order: ignored
+        assert_eq!(c.at(1.0), Some(cpu(0.5)));
+        assert_eq!(c.at(1.5), Some(cpu(1.0)));
+        assert_eq!(c.at(3.0), Some(cpu(1.75)));
+        assert_eq!(c.at(4.0), Some(cpu(2.0)));
         assert_eq!(c.at(0.5), None);
         assert_eq!(c.at(4.5), None);
         // A long run's clock stays bounded, its first and latest samples kept.
         let mut c = CpuClock::default();
         for i in 0..10_000 {
-            c.push(f64::from(i), f64::from(i) / 2.0);
+            c.push(f64::from(i), cpu(f64::from(i) / 2.0));
         }
         assert!(c.points.len() <= super::MAX_POINTS, "{}", c.points.len());
-        assert_eq!(c.at(0.0), Some(0.0));
-        assert_eq!(c.at(9999.0), Some(4999.5));
-        assert_eq!(c.at(5000.5), Some(2500.25));
+        assert_eq!(c.at(0.0), Some(cpu(0.0)));
+        assert_eq!(c.at(9999.0), Some(cpu(4999.5)));
+        assert_eq!(c.at(5000.5), Some(cpu(2500.25)));
     }
 }

@@ -394,7 +394,7 @@ impl Analysis {
         match self.judged_from(key, warmup_s) {
             Judged::From(from) => {
                 let series = self.as_judged(key, &self.groups.get(key)?.series);
-                Some((from, how(&series, from)?))
+                Some((from, self.at_untraced_pace(key, how(&series, from)?)))
             }
             Judged::Chain(series, from, chain) => {
                 Some((warmup_s, chain.on_series_axis(how(series?, from)?)))

@@ -24,6 +24,15 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// A process's CPU time so far, all its threads, in seconds: `total`, user and system; `user`,
+/// its own code's alone. The kernel's time in its probes' handlers is system time: `user` goes
+/// on at the pace of the program's own work, however slowly its probes make it run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTimes {
+    pub total: f64,
+    pub user: f64,
+}
+
 /// Wall time, nanoseconds since the Unix epoch.
 pub fn now_unix_ns() -> i64 {
     SystemTime::now()

@@ -7,7 +7,7 @@ mod heap;
 mod kind;
 mod stack;
 
-pub use clock::{monotonic_ns, now_unix, now_unix_ns, thread_cpu_ns};
+pub use clock::{CpuTimes, monotonic_ns, now_unix, now_unix_ns, thread_cpu_ns};
 pub use heap::{HeapAfter, HeapAsked, HeapMode, HeapTracing, HeapUnwind, TensorsMode};
 pub use kind::{GroupKey, Kind};
 pub use stack::{Frame, StackId};

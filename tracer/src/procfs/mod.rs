@@ -91,15 +91,19 @@ pub fn flags(pid: i32) -> Option<u64> {
     Some(fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0))
 }
 
-/// The CPU time a process has had so far, all its threads, user and system (stat fields 14 and
-/// 15), in seconds; `None` when it is gone. The kernel's time in its probes' handlers is in it.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// The CPU time a process has had so far, all its threads (stat fields 14 and 15, user and
+/// system); `None` when it is gone.
+pub fn cpu_times(pid: u32) -> Option<crate::model::CpuTimes> {
     let fields = stat_fields(pid.into())?;
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
     // SAFETY: sysconf reads a constant of the system and has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = if hz > 0 { hz as f64 } else { 100.0 };
-    Some((ticks(11)? + ticks(12)?) as f64 / hz)
+    let (user, system) = (ticks(11)?, ticks(12)?);
+    Some(crate::model::CpuTimes {
+        total: (user + system) as f64 / hz,
+        user: user as f64 / hz,
+    })
 }
 
 /// Whether `pid` is a kernel thread (PF_KTHREAD in its flags).

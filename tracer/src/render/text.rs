@@ -274,12 +274,21 @@ pub fn layer_notes(r: &Report) -> Vec<String> {
         } else {
             "its leak was confirmed and its malloc family taken out"
         };
-        p.heap_as_of_s.map(|at| format!(
-            "heap of pid {}: as of {at:.1} s, when {why}{}{} (--heap full traces it to the end)",
-            p.pid,
-            traced_again(p),
-            pages_after(p)
-        ))
+        match (p.heap_as_of_s, p.heap_slowdown) {
+            (Some(at), _) => Some(format!(
+                "heap of pid {}: as of {at:.1} s, when {why}{}{}{} (--heap full traces it to the end)",
+                p.pid,
+                traced_again(p),
+                pages_after(p),
+                slowed(p)
+            )),
+            (None, Some(_)) => Some(format!(
+                "heap of pid {}: traced from when its pages grew{}",
+                p.pid,
+                slowed(p)
+            )),
+            (None, None) => None,
+        }
     };
     let tensors = r.processes.iter().filter_map(|p| tensor_note(r, p));
     tensors.chain(r.processes.iter().filter_map(heap)).collect()
@@ -293,6 +302,16 @@ fn traced_again(p: &crate::report::ProcReport) -> String {
         1 => " (traced again once since its first window, judged on the last)".into(),
         n => format!(" (traced again {n} times since its first window, judged on the last)"),
     }
+}
+
+/// How much slower the program ran while its malloc family was traced, where it was: "; it ran
+/// 2.6× slower while traced, and its heap's rates are as it runs untraced".
+fn slowed(p: &crate::report::ProcReport) -> String {
+    p.heap_slowdown.map_or_else(String::new, |s| {
+        format!(
+            "; it ran {s:.1}× slower while traced, and its heap's rates are as it runs untraced"
+        )
+    })
 }
 
 /// How far a confirmed heap leak went on after its malloc family was taken out, by its pages:
@@ -575,6 +594,32 @@ mod tests {
         );
         ledger.forget_tensors(1);
         assert!(notes(&ledger, 9.0).is_empty());
+    }
+
+    /// `--heap auto`: a process whose malloc family slowed it while traced says by how much, as
+    /// of its take-out or while it is traced still.
+    #[test]
+    fn heap_notes_say_how_much_slower_the_program_ran_while_traced() {
+        use crate::report::synthetic::{ledger_with, report_of};
+        let (ledger, analysis) = ledger_with(1, 5);
+        let notes = |as_of: Option<f64>, slowdown: Option<f64>| {
+            let mut r = report_of(&ledger, &analysis, 1);
+            (r.processes[0].heap_as_of_s, r.processes[0].heap_slowdown) = (as_of, slowdown);
+            super::layer_notes(&r)
+        };
+        assert_eq!(
+            notes(Some(24.2), Some(2.06)),
+            [
+                "heap of pid 1: as of 24.2 s, when its leak was confirmed and its malloc family taken out; it ran 2.1× slower while traced, and its heap's rates are as it runs untraced (--heap full traces it to the end)"
+            ]
+        );
+        assert_eq!(
+            notes(None, Some(3.0)),
+            [
+                "heap of pid 1: traced from when its pages grew; it ran 3.0× slower while traced, and its heap's rates are as it runs untraced"
+            ]
+        );
+        assert!(notes(None, None).is_empty());
     }
 
     /// A leak of brk pages in a process whose malloc family was not traced is said to be named

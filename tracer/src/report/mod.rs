@@ -129,6 +129,11 @@ pub struct ProcReport {
     /// family was taken out, where it was: how far a confirmed heap leak went on untraced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pages_after_heap_bytes: Option<u64>,
+    /// How much slower its own code ran while its malloc family was traced as a layer, in the
+    /// window its heap stacks are judged on, than around it (its user CPU time a second): their
+    /// rates are multiplied by it, to be the program's untraced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_slowdown: Option<f64>,
     /// Its Python objects' window (`--heap auto`, its arenas grew): the sites sampled, those
     /// that keep first, then the most made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -364,6 +369,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         .map(|p| ProcReport {
             retention: cx.analysis.retention(p.pid, cx.warmup_s),
             objects: object_lines(ledger, sym, cx, p.pid),
+            heap_slowdown: cx.analysis.heap_slowdown(p.pid),
             ..proc_report(p)
         })
         .collect();
@@ -559,6 +565,7 @@ fn proc_report(p: &Process) -> ProcReport {
         pages_after_heap_bytes: p
             .heap_as_of_s
             .map(|_| p.pages_most_after_heap - p.pages_at_heap_out),
+        heap_slowdown: None,
         tensors_since_s: p.tensors_since_s,
         objects: None,
     }

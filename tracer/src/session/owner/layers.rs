@@ -310,15 +310,16 @@ impl Owner {
     }
 
     /// Under layers, each live process's CPU time at the sample at `x`: what the rate of a leak
-    /// of tensors kept as they were is counted in (analysis/cpu.rs).
+    /// of tensors kept as they were is counted in, and what tells how much slower a layer made
+    /// the program run (analysis/cpu.rs).
     pub(super) fn sample_cpu(&mut self, x: f64) {
         if self.layers.is_none() {
             return;
         }
         let live = self.ledger.procs.values().filter(|p| p.exited_ns.is_none());
         for p in live {
-            if let Some(cpu_s) = crate::procfs::cpu_seconds(p.pid) {
-                self.analysis.sample_cpu(x, p.pid, cpu_s);
+            if let Some(cpu) = crate::procfs::cpu_times(p.pid) {
+                self.analysis.sample_cpu(x, p.pid, cpu);
             }
         }
     }
@@ -669,6 +670,7 @@ impl Owner {
         } else {
             tracing::info!(tgid, at_s, ?why, "malloc family asked for");
             self.ledger.heap_asked(tgid, why);
+            self.analysis.heap_asked(tgid, x);
         }
         let ask = ProbeRequest::EngageHeap {
             tgid,
