@@ -114,10 +114,13 @@ pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, GateError> {
 
 /// A site's stacks of one kind with a leak verdict in the kinds checked, and whether they are
 /// over budget together: the native stacks under one Python line (a step's autograd nodes are
-/// made by a dozen of them), a line's Python objects of several types. The first stands for all
-/// of them, with their slopes, growth, bytes and blocks summed.
+/// made by a dozen of them), a line's Python objects of several types, a line's stacks whose
+/// blocks the program's teardown freed and those it did not. The first outstanding one stands
+/// for all of them, with their slopes, growth, bytes and blocks summed.
 pub struct Finding<'a> {
     pub stack: &'a StackReport,
+    /// How many of its stacks were released at the end.
+    pub released: usize,
     pub slope: f64,
     pub over: bool,
     /// What the site's stacks grew by, hold and their blocks (sampled objects, for objects).
@@ -153,6 +156,7 @@ pub fn findings<'a>(
         let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
         Some(Finding {
             stack: s,
+            released: usize::from(s.released),
             slope: v.slope_bytes_per_s,
             over: false,
             growth: v.growth_bytes,
@@ -169,19 +173,25 @@ pub fn findings<'a>(
     out
 }
 
-/// `leaks` with each process's site as one finding per kind (released at the end or not): the
-/// stacks a line's objects are sampled at (a dict, its strings, a list's array) share its arenas'
-/// leak between them, the native stacks under a Python line share its heap's, and each alone may
-/// be under the budget the line is over.
+/// `leaks` with each process's site as one finding per kind: the stacks a line's objects are
+/// sampled at (a dict, its strings, a list's array) share its arenas' leak between them, the
+/// native stacks under a Python line share its heap's, and each alone may be under the budget the
+/// line is over. A line's stacks released at the end are of its leak too (a training job's line
+/// that keeps a tensor a step has two stacks of it, one of which its teardown may free): one
+/// line, not a second that says less.
 fn by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
     let mut out: Vec<Finding<'a>> = Vec::new();
-    let mut sites: Vec<((u32, Kind, bool, String), usize)> = Vec::new();
+    let mut sites: Vec<((u32, Kind, String), usize)> = Vec::new();
     for f in leaks {
         let s = f.stack;
-        let key = (s.pid, s.kind, s.released, s.site());
+        let key = (s.pid, s.kind, s.site());
         match sites.iter().find(|(k, _)| *k == key) {
             Some(&(_, at)) => {
                 let site = &mut out[at];
+                if site.stack.released && !s.released {
+                    site.stack = s;
+                }
+                site.released += f.released;
                 site.slope += f.slope;
                 site.growth += f.growth;
                 site.bytes += f.bytes;
@@ -256,7 +266,14 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
 /// the stacks that keep), and how many of its site's sampled objects are held.
 fn held(f: &Finding<'_>) -> String {
     match f.stack.kind {
-        _ if f.stack.released => "released at the end".to_string(),
+        _ if f.released == f.stacks => "released at the end".to_string(),
+        _ if f.released > 0 => format!(
+            "{} outstanding in {} blocks of {} stacks ({} released at the end)",
+            human(f.bytes),
+            f.blocks,
+            f.stacks,
+            f.released
+        ),
         Kind::Object => format!(
             "~{} of arenas, {} sampled objects held",
             human(f.growth.max(0) as u64),
@@ -453,12 +470,21 @@ mod tests {
 
     #[test]
     fn a_sites_stacks_of_a_kind_are_one_finding_over_the_budget_each_is_under() {
+        // Released at the end: its blocks freed by the program's teardown.
+        let released = |line: u32, slope: f64| StackReport {
+            released: true,
+            bytes: 0,
+            blocks: 0,
+            ..leaking(Kind::Tensor, line, "alloc_cpu", slope)
+        };
         let stacks = [
             leaking(Kind::Object, 21, "dict_new", 10_000.0),
             leaking(Kind::Object, 21, "unicode_new", 9_000.0),
             leaking(Kind::Object, 17, "long_new", 5_000.0),
+            released(21, 1_000.0),
             leaking(Kind::Tensor, 21, "alloc_cpu", 8_000.0),
             leaking(Kind::Tensor, 21, "alloc_cpu", 7_000.0),
+            released(30, 2_000.0),
         ];
         let budget = Budget {
             bytes_per_s: 17_000.0,
@@ -466,6 +492,7 @@ mod tests {
         };
         let leaks = stacks.iter().map(|s| Finding {
             stack: s,
+            released: usize::from(s.released),
             slope: s.verdict.as_ref().unwrap().slope_bytes_per_s,
             over: false,
             growth: s.verdict.as_ref().unwrap().growth_bytes,
@@ -474,23 +501,25 @@ mod tests {
             stacks: 1,
         });
         let found = by_site(leaks);
-        let got: Vec<(Kind, f64, i64, u64)> = found
+        let got: Vec<(Kind, f64, i64, u64, bool)> = found
             .iter()
-            .map(|f| (f.stack.kind, f.slope, f.growth, f.blocks))
+            .map(|f| (f.stack.kind, f.slope, f.growth, f.blocks, f.stack.released))
             .collect();
         assert_eq!(
             got,
             vec![
-                (Kind::Object, 19_000.0, 190_000, 8),
-                (Kind::Object, 5_000.0, 50_000, 4),
-                (Kind::Tensor, 15_000.0, 150_000, 8),
+                (Kind::Object, 19_000.0, 190_000, 8, false),
+                (Kind::Object, 5_000.0, 50_000, 4, false),
+                (Kind::Tensor, 16_000.0, 160_000, 8, false),
+                (Kind::Tensor, 2_000.0, 20_000, 0, true),
             ],
-            "by site and kind"
+            "by site and kind, what the teardown freed with what it did not"
         );
         let text = summary(&found, budget, 0);
         assert!(
             text.contains("~185.5 KiB of arenas, 8 sampled objects held")
-                && text.contains("8.0 KiB outstanding in 8 blocks of 2 stacks"),
+                && text.contains("8.0 KiB outstanding in 8 blocks of 3 stacks (1 released at the end), pid 1: step (train.py:21)")
+                && text.contains("2.0 KiB/s, released at the end, pid 1: step (train.py:30)"),
             "{text}"
         );
     }
