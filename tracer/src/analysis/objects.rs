@@ -583,16 +583,15 @@ mod tests {
         assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::UnderObjects);
     }
 
-    /// A short PyTorch job: its import maps 105 MiB of arenas in four seconds, which then hold
-    /// (sampled every quarter of a second); its window opens two seconds into the loop and lasts
-    /// until it ends. A line found keeping objects in the window (a few KiB its step holds, that
-    /// grew with the window) is no leak: the arenas grew with the import, not since.
-    #[test]
-    fn arenas_an_import_filled_before_a_short_job_are_no_objects_leak() {
+    /// A short PyTorch job sampled every quarter of a second for `samples`: its import maps
+    /// 105 MiB of arenas in four seconds, which then hold; its window spans `span`, in which a
+    /// line is found keeping objects (a few KiB its step holds, that grew with the window). The
+    /// verdict of that line.
+    fn import_then_window(samples: u64, span: (f64, f64)) -> Verdict {
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         let mut a = Analysis::default();
-        for i in 0..48u64 {
+        for i in 0..samples {
             let mib = 3 + 105 * i.min(17) / 17;
             let t = i as f64 / 4.0;
             a.sample(t, &ledger, &[(key(3, Kind::Mmap), mib << 20)]);
@@ -602,9 +601,15 @@ mod tests {
             grows: true,
             ..line(1, 24 * KEPT_MIN, KEPT_MIN + 1)
         };
-        a.objects_sampled(1, (6.25, 12.0), vec![key(3, Kind::Mmap)], vec![(keeps, 1)]);
-        let v = a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
-        assert_eq!(v, Verdict::Steady);
+        a.objects_sampled(1, span, vec![key(3, Kind::Mmap)], vec![(keeps, 1)]);
+        a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict
+    }
+
+    /// Its window opens two seconds into the loop and lasts until it ends: the line is no leak,
+    /// the arenas grew with the import, not since.
+    #[test]
+    fn arenas_an_import_filled_before_a_short_job_are_no_objects_leak() {
+        assert_eq!(import_then_window(48, (6.25, 12.0)), Verdict::Steady);
     }
 
     /// The same job on a loaded machine, shorter still: its window opens as the import ends
@@ -613,22 +618,7 @@ mod tests {
     /// held while the window looked and after.
     #[test]
     fn arenas_an_import_filled_up_to_a_short_jobs_window_are_no_objects_leak() {
-        let mut ledger = Ledger::default();
-        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-        let mut a = Analysis::default();
-        for i in 0..27u64 {
-            let mib = 3 + 105 * i.min(17) / 17;
-            let t = i as f64 / 4.0;
-            a.sample(t, &ledger, &[(key(3, Kind::Mmap), mib << 20)]);
-            a.sample_arenas(t, &[(1, mib << 20)].into_iter().collect(), []);
-        }
-        let keeps = KeptLine {
-            grows: true,
-            ..line(1, 24 * KEPT_MIN, KEPT_MIN + 1)
-        };
-        a.objects_sampled(1, (4.25, 5.75), vec![key(3, Kind::Mmap)], vec![(keeps, 1)]);
-        let v = a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict;
-        assert_eq!(v, Verdict::Steady);
+        assert_eq!(import_then_window(27, (4.25, 5.75)), Verdict::Steady);
     }
 
     /// An interpreter that imported torch (100 MiB of arenas in 4 s), then leaks objects slowly:
