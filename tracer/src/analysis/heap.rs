@@ -202,7 +202,7 @@ impl Analysis {
     /// frees was held.
     pub(super) fn before_exit<'s>(&self, pid: u32, series: &'s Series) -> Cow<'s, Series> {
         match self.procs.get(&pid).and_then(|p| p.exit_x) {
-            Some(x) if x.is_finite() => Cow::Owned(series.before(x)),
+            Some(x) if x.is_finite() => Cow::Owned(series.ending_before(x)),
             _ => Cow::Borrowed(series),
         }
     }

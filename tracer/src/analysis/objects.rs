@@ -583,17 +583,18 @@ mod tests {
         assert_eq!(a.judge(&arena, 0.0).unwrap().verdict, Verdict::UnderObjects);
     }
 
-    /// A short PyTorch job sampled every quarter of a second for `samples`: its import maps
-    /// 105 MiB of arenas in four seconds, which then hold; its window spans `span`, in which a
-    /// line is found keeping objects (a few KiB its step holds, that grew with the window). The
-    /// verdict of that line.
-    fn import_then_window(samples: u64, span: (f64, f64)) -> Verdict {
+    /// A short PyTorch job sampled every quarter of a second until `end_s`: its import maps
+    /// 105 MiB of arenas evenly over `import` (from, to), which then hold; its window spans
+    /// `span`, in which a line is found keeping objects (a few KiB its step holds, that grew
+    /// with the window). The verdict of that line.
+    fn import_then_window(import: (f64, f64), end_s: f64, span: (f64, f64)) -> Verdict {
         let mut ledger = Ledger::default();
         ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         let mut a = Analysis::default();
-        for i in 0..samples {
-            let mib = 3 + 105 * i.min(17) / 17;
+        for i in 0..(end_s * 4.0) as u64 {
             let t = i as f64 / 4.0;
+            let done = ((t - import.0) / (import.1 - import.0)).clamp(0.0, 1.0);
+            let mib = 3 + (105.0 * done) as u64;
             a.sample(t, &ledger, &[(key(3, Kind::Mmap), mib << 20)]);
             a.sample_arenas(t, &[(1, mib << 20)].into_iter().collect(), []);
         }
@@ -609,7 +610,10 @@ mod tests {
     /// the arenas grew with the import, not since.
     #[test]
     fn arenas_an_import_filled_before_a_short_job_are_no_objects_leak() {
-        assert_eq!(import_then_window(48, (6.25, 12.0)), Verdict::Steady);
+        assert_eq!(
+            import_then_window((0.0, 4.25), 12.0, (6.25, 12.0)),
+            Verdict::Steady
+        );
     }
 
     /// The same job on a loaded machine, shorter still: its window opens as the import ends
@@ -618,7 +622,24 @@ mod tests {
     /// held while the window looked and after.
     #[test]
     fn arenas_an_import_filled_up_to_a_short_jobs_window_are_no_objects_leak() {
-        assert_eq!(import_then_window(27, (4.25, 5.75)), Verdict::Steady);
+        assert_eq!(
+            import_then_window((0.0, 4.25), 6.75, (4.25, 5.75)),
+            Verdict::Steady
+        );
+    }
+
+    /// The same job as the whole suite's check of it saw it on two busy cores: its import,
+    /// slowed by the tracer, maps arenas from 2.25 to 13.75 s, its window opens in the middle
+    /// of it (4.2 to 5.7 s, called for by that growth), and its loop runs the last 3.75 s with
+    /// the arenas held. Held for a quarter of the import's length, not growth: no leak of
+    /// objects (a series' teardown fall used to begin where it reached its top, which made the
+    /// whole run the import's rise).
+    #[test]
+    fn arenas_an_import_filled_until_a_short_loop_held_them_are_no_objects_leak() {
+        assert_eq!(
+            import_then_window((2.25, 13.75), 17.5, (4.2, 5.7)),
+            Verdict::Steady
+        );
     }
 
     /// An interpreter that imported torch (100 MiB of arenas in 4 s), then leaks objects slowly:
@@ -664,6 +685,10 @@ mod tests {
         a.objects_sampled(1, NO_SPAN, vec![key(3, Kind::Mmap)], keeps);
         let stalled = a.judge(&key(1, Kind::Object), 0.0).unwrap();
         let rate = stalled.slope_bytes_per_s / (1 << 20) as f64;
-        assert!(rate < 0.28, "the window's stall in it: {rate}");
+        let cut = leak.slope_bytes_per_s / (1 << 20) as f64;
+        assert!(
+            rate < 0.9 * cut,
+            "the window's stall in it: {rate}, not {cut}"
+        );
     }
 }

@@ -85,11 +85,17 @@ impl Series {
 
     /// The series up to where its final fall began: the last points go while each one's floor
     /// is at most the floor before it (memory released at the end, at once or over a few
-    /// samples). What a stack held before the program's teardown freed it.
+    /// samples), but not those that held the top the fall began from. What a stack held before
+    /// the program's teardown freed it, and for how long: a series that ends holding what it
+    /// grew to (an interpreter's arenas after its import) held it, which is not growth.
     pub fn before_fall(&self) -> Series {
-        let mut end = self.points.len();
-        while end > 1 && self.points[end - 1].min <= self.points[end - 2].min {
+        let p = &self.points;
+        let mut end = p.len();
+        while end > 1 && p[end - 1].min <= p[end - 2].min {
             end -= 1;
+        }
+        while end > 0 && end < p.len() && p[end].min == p[end - 1].min {
+            end += 1;
         }
         Series {
             points: self.points[..end].to_vec(),
@@ -98,9 +104,9 @@ impl Series {
         }
     }
 
-    /// The series up to its points that begin before `t_s`.
-    pub fn before(&self, t_s: f64) -> Series {
-        let end = self.points.partition_point(|p| p.t0 < t_s);
+    /// The series up to its points whose samples all came before `t_s`.
+    pub fn ending_before(&self, t_s: f64) -> Series {
+        let end = self.points.partition_point(|p| p.t1 < t_s);
         Series {
             points: self.points[..end].to_vec(),
             stride: self.stride,
@@ -275,6 +281,38 @@ mod tests {
         late.points[0].t0 = 4.0;
         let p = late.without(3.0, 6.0).points()[0];
         assert_eq!((p.t0, p.t1), (3.0, 5.0));
+    }
+
+    #[test]
+    fn a_final_fall_begins_after_the_top_was_held_and_an_exit_cuts_whole_points() {
+        let mut s = Series::default();
+        // Grown to 5, held for four samples, then freed over two.
+        for b in [1, 3, 5, 5, 5, 5, 2, 0] {
+            s.push(s.points().len() as f64, b);
+        }
+        let held: Vec<u64> = s.before_fall().points().iter().map(|p| p.min).collect();
+        assert_eq!(held, vec![1, 3, 5, 5, 5, 5]);
+        // Freed at once, then nothing held for a while: the fall is from the top.
+        let mut freed = Series::default();
+        for (t, b) in [1, 3, 5, 0, 0, 0].into_iter().enumerate() {
+            freed.push(t as f64, b);
+        }
+        assert_eq!(freed.before_fall().points().len(), 3);
+        // Two samples a point: the one from 4 to 5 s holds the sample at the exit (4.5 s on).
+        let mut merged = Series {
+            stride: 2,
+            ..Series::default()
+        };
+        for t in 0..6 {
+            merged.push(t as f64, t);
+        }
+        let ends: Vec<f64> = merged
+            .ending_before(4.5)
+            .points()
+            .iter()
+            .map(|p| p.t1)
+            .collect();
+        assert_eq!(ends, vec![1.0, 3.0]);
     }
 
     #[test]
