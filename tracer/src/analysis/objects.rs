@@ -124,11 +124,15 @@ fn recent_half(arenas: &super::series::Series, warmup_s: f64) -> f64 {
 /// (its peak above its floor and above every earlier window's: a full cache mapping and unmapping
 /// one arena does not) leak, where the series alone would read a bounded cache.
 ///
+/// Judged up to their last step where they held since no longer than between two steps before
+/// (`Series::to_last_step`): a series that holds the top it reached is judged with that hold
+/// (`Series::before_fall`), which for a staircase is the wait for its next arena.
+///
 /// Not over a whole run: there, the import's arenas are most of the growth, and what rises after
 /// them need not be at the rate of the whole. Its rate is the samples' least-squares slope.
 fn classify_arenas(arenas: &Series, from_s: f64) -> Option<Evidence> {
     const TWO_ARENAS: i64 = 2 << 20;
-    let added = arenas.added_since(from_s);
+    let added = arenas.to_last_step(from_s).added_since(from_s);
     let mut e = judge_released(&added, from_s)?;
     let never_fell = e.windows.windows(2).all(|w| w[1].floor >= w[0].floor);
     let rising = e.windows.split_last().is_some_and(|(last, earlier)| {

@@ -104,6 +104,32 @@ impl Series {
         }
     }
 
+    /// The series up to its last rise, where what it held since is no longer than it held
+    /// between two rises from `from_s` on (a staircase between two steps: a slow leak's arenas,
+    /// mapped whole a few seconds apart); the whole series where it held longer than that (it
+    /// stopped rising: an import's arenas, mapped every sample, then held).
+    pub fn to_last_step(&self, from_s: f64) -> Series {
+        let p = &self.points;
+        let rises: Vec<usize> = (1..p.len())
+            .filter(|&i| p[i].t0 >= from_s && p[i].min > p[i - 1].min)
+            .collect();
+        let (Some(&last), Some(end)) = (rises.last(), p.last()) else {
+            return self.clone();
+        };
+        let longest = rises
+            .windows(2)
+            .map(|w| p[w[1]].t0 - p[w[0]].t0)
+            .fold(0.0, f64::max);
+        if end.t1 - p[last].t0 > longest {
+            return self.clone();
+        }
+        Series {
+            points: p[..=last].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
     /// The series up to its points whose samples all came before `t_s`.
     pub fn ending_before(&self, t_s: f64) -> Series {
         let end = self.points.partition_point(|p| p.t1 < t_s);
@@ -313,6 +339,25 @@ mod tests {
             .map(|p| p.t1)
             .collect();
         assert_eq!(ends, vec![1.0, 3.0]);
+    }
+
+    #[test]
+    fn a_staircase_between_two_steps_ends_at_its_last_step_and_one_that_stopped_does_not() {
+        let steps = |end: u64| {
+            let mut s = Series::default();
+            for t in 0..=end {
+                // A step every 3 s from 2 s on, the last at 11 s.
+                s.push(t as f64, (t.min(11) + 1) / 3);
+            }
+            s
+        };
+        let ends = |s: Series| s.points().last().map(|p| p.t1);
+        assert_eq!(ends(steps(13).to_last_step(0.0)), Some(11.0));
+        assert_eq!(ends(steps(14).to_last_step(0.0)), Some(11.0));
+        // Held 4 s: longer than between two steps.
+        assert_eq!(ends(steps(15).to_last_step(0.0)), Some(15.0));
+        // From 9 s on there is one step: nothing to say it goes on.
+        assert_eq!(ends(steps(13).to_last_step(9.0)), Some(13.0));
     }
 
     #[test]
