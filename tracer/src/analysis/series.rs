@@ -5,6 +5,8 @@
 //! made the oldest points ever wider until one spanned more than a verdict window, and a long
 //! run's verdicts vanished.)
 
+use std::borrow::Cow;
+
 /// Points kept per series at most (a point is 32 bytes).
 pub const CAP: usize = 64;
 
@@ -79,6 +81,15 @@ impl Series {
         self.filled = 1;
     }
 
+    /// Its points in `range`, whole.
+    fn slice(&self, range: impl std::slice::SliceIndex<[Point], Output = [Point]>) -> Series {
+        Series {
+            points: self.points[range].to_vec(),
+            stride: self.stride,
+            filled: self.stride,
+        }
+    }
+
     pub fn points(&self) -> &[Point] {
         &self.points
     }
@@ -97,67 +108,44 @@ impl Series {
         while end > 0 && end < p.len() && p[end].min == p[end - 1].min {
             end += 1;
         }
-        Series {
-            points: self.points[..end].to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-        }
+        self.slice(..end)
     }
 
     /// The series up to its last rise, where what it held since is no longer than it held
     /// between two rises from `from_s` on (a staircase between two steps: a slow leak's arenas,
     /// mapped whole a few seconds apart); the whole series where it held longer than that (it
     /// stopped rising: an import's arenas, mapped every sample, then held).
-    pub fn to_last_step(&self, from_s: f64) -> Series {
+    pub fn to_last_step(&self, from_s: f64) -> Cow<'_, Series> {
         let p = &self.points;
         let rises: Vec<usize> = (1..p.len())
             .filter(|&i| p[i].t0 >= from_s && p[i].min > p[i - 1].min)
             .collect();
         let (Some(&last), Some(end)) = (rises.last(), p.last()) else {
-            return self.clone();
+            return Cow::Borrowed(self);
         };
         let longest = rises
             .windows(2)
             .map(|w| p[w[1]].t0 - p[w[0]].t0)
             .fold(0.0, f64::max);
         if end.t1 - p[last].t0 > longest {
-            return self.clone();
+            return Cow::Borrowed(self);
         }
-        Series {
-            points: p[..=last].to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-        }
+        Cow::Owned(self.slice(..=last))
     }
 
     /// The series up to its points whose samples all came before `t_s`.
     pub fn ending_before(&self, t_s: f64) -> Series {
-        let end = self.points.partition_point(|p| p.t1 < t_s);
-        Series {
-            points: self.points[..end].to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-        }
+        self.slice(..self.points.partition_point(|p| p.t1 < t_s))
     }
 
     /// The series up to its points that begin at `t_s` or before.
     pub fn until(&self, t_s: f64) -> Series {
-        let end = self.points.partition_point(|p| p.t0 <= t_s);
-        Series {
-            points: self.points[..end].to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-        }
+        self.slice(..self.points.partition_point(|p| p.t0 <= t_s))
     }
 
     /// The series from its points that begin at `t_s` or after.
     pub fn since(&self, t_s: f64) -> Series {
-        let from = self.points.partition_point(|p| p.t0 < t_s);
-        Series {
-            points: self.points[from..].to_vec(),
-            stride: self.stride,
-            filled: self.stride,
-        }
+        self.slice(self.points.partition_point(|p| p.t0 < t_s)..)
     }
 
     /// The series from `t_s` on, less the least it held there: what it added to what it held
@@ -351,7 +339,7 @@ mod tests {
             }
             s
         };
-        let ends = |s: Series| s.points().last().map(|p| p.t1);
+        let ends = |s: Cow<'_, Series>| s.points().last().map(|p| p.t1);
         assert_eq!(ends(steps(13).to_last_step(0.0)), Some(11.0));
         assert_eq!(ends(steps(14).to_last_step(0.0)), Some(11.0));
         // Held 4 s: longer than between two steps.
