@@ -17,6 +17,10 @@
 # while the process was held, the layers that went in, what the probes cost in the kernel.
 #   LT=path/to/leaktracer PY=path/to/python3 [ONLY="leak fixed"] bash scripts/gpu-check.sh [STEPS]
 # DEVICE=cpu runs the same cases on the CPU (no oracle, no blocks): a dry run of the script.
+# STANDIN=DIR runs them on a machine without a GPU, on the stand-in CUDA libraries the tests build
+# (DIR=target/debug/fixtures/fakecuda once `cargo test -p tests --test it torch_cuda` ran): the
+# wheel's real caching allocator and PyTorch's own history, kernels that compute nothing, so
+# that the bytes and lines are checked and the times are not a GPU's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LT=${LT:-target/release/leaktracer}
@@ -25,9 +29,15 @@ STEPS=${1:-200}
 DEVICE=${DEVICE:-cuda}
 DIR=${DIR:-$(mktemp -d)}
 mkdir -p "$DIR"
+# The script's environment: the stand-in runtime and cuBLAS in place of the wheel's.
+PYENV=()
+if [ -n "${STANDIN:-}" ]; then
+  PYENV=("LD_PRELOAD=$STANDIN/libcudart.so.13 $STANDIN/libcublas.so.13 $STANDIN/libcublasLt.so.13"
+         "LD_LIBRARY_PATH=$STANDIN")
+fi
 [ -x "$LT" ] || { echo "gpu-check: no leaktracer at $LT" >&2; exit 2; }
 if [ "$DEVICE" = cuda ]; then
-  "$PY" -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, torch.cuda.get_device_name(0))' \
+  env "${PYENV[@]}" "$PY" -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, torch.cuda.get_device_name(0))' \
     || { echo "gpu-check: $PY has no CUDA torch" >&2; exit 2; }
 fi
 SCRIPT=tests/fixtures/python/train_loop.py
@@ -56,7 +66,7 @@ since() { awk -v a="$1" -v b="$(stamp)" 'BEGIN { printf "%.2f\n", b - a }'; }
 for case in "${CASES[@]}"; do
   name=$(field "$case" 1)
   # shellcheck disable=SC2046
-  env DEVICE="$DEVICE" ORACLE=1 $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
+  env "${PYENV[@]}" DEVICE="$DEVICE" ORACLE=1 $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
     > "$DIR/$name.oracle" 2>&1 &
 done
 wait
@@ -65,13 +75,13 @@ for case in "${CASES[@]}"; do
   echo "$(field "$case" 2)" > "$DIR/$name.expected"
   start=$(stamp)
   # shellcheck disable=SC2046
-  env DEVICE="$DEVICE" $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
+  env "${PYENV[@]}" DEVICE="$DEVICE" $(field "$case" 3) timeout 300 "$PY" "$SCRIPT" $(field "$case" 4) \
     > "$DIR/$name.untraced" 2>&1
   since "$start" > "$DIR/$name.untraced-s"
   start=$(stamp)
   # shellcheck disable=SC2046
   timeout 300 "$LT" check --no-store --json -o "$DIR/$name.json" -- \
-    /usr/bin/env DEVICE="$DEVICE" $(field "$case" 3) "$PY" "$SCRIPT" $(field "$case" 4) \
+    /usr/bin/env "${PYENV[@]}" DEVICE="$DEVICE" $(field "$case" 3) "$PY" "$SCRIPT" $(field "$case" 4) \
     > "$DIR/$name.out" 2> "$DIR/$name.err"
   echo $? > "$DIR/$name.rc"
   since "$start" > "$DIR/$name.traced-s"
@@ -84,12 +94,12 @@ FIRST="import time, torch; t = time.monotonic(); torch.zeros(1, device='$DEVICE'
 : > "$DIR/startup.untraced-s"
 for _ in 1 2; do
   start=$(stamp)
-  timeout 120 "$PY" -c "$FIRST" > "$DIR/startup.untraced.out" 2>&1
+  timeout 120 env "${PYENV[@]}" "$PY" -c "$FIRST" > "$DIR/startup.untraced.out" 2>&1
   since "$start" >> "$DIR/startup.untraced-s"
 done
 start=$(stamp)
 RUST_LOG=info,tracer::probes::prober=debug,tracer::probes::objects=debug,tracer::session::owner=debug \
-  timeout 120 "$LT" run --no-store --probe-cost --json -o "$DIR/startup.json" -- "$PY" -c "$FIRST" \
+  timeout 120 "$LT" run --no-store --probe-cost --json -o "$DIR/startup.json" -- /usr/bin/env "${PYENV[@]}" "$PY" -c "$FIRST" \
   > "$DIR/startup.out" 2> "$DIR/startup.err"
 since "$start" > "$DIR/startup.traced-s"
 "$PY" scripts/gpu_check_startup.py "$DIR"

@@ -20,6 +20,7 @@ mod run;
 mod scenarios;
 mod serve;
 mod torch;
+mod torch_cuda;
 mod tree;
 mod unwind;
 mod verdicts;

@@ -305,7 +305,7 @@ fn every_cpython_from_3_10_to_3_13_on_the_machine_is_attributed() {
 
 #[test]
 fn a_list_of_numpy_arrays_leaks_at_its_python_line() {
-    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
+    let pydeps = fixture::pydeps();
     assert!(
         pydeps.join("numpy").is_dir(),
         "numpy in {} (scripts/setup.sh installs it)",

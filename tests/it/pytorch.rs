@@ -51,14 +51,14 @@ fn check_torch_env(
 }
 
 /// As [`check_torch_env`], of the script at `path`.
-fn check_torch_at(
+pub(crate) fn check_torch_at(
     name: &str,
     path: &std::path::Path,
     vars: &[&str],
     options: &[&str],
     args: &[&str],
 ) -> (std::process::Output, Report) {
-    let pydeps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.pydeps");
+    let pydeps = fixture::pydeps();
     assert!(
         pydeps.join("torch").is_dir(),
         "torch in {} (scripts/setup.sh installs it)",
@@ -77,7 +77,7 @@ fn check_torch_at(
 }
 
 /// The innermost line of the script in a stack's frames.
-fn own_line(stack: &Value) -> Option<u64> {
+pub(crate) fn own_line(stack: &Value) -> Option<u64> {
     let file = script("train_loop").display().to_string();
     stack["frames"]
         .as_array()?
@@ -96,7 +96,7 @@ fn tensors_at(r: &Report, lines: &[u64]) -> (u64, u64) {
 /// the hundreds of Python object stacks a long objects' window listed on a busy machine).
 const ALL: &[&str] = &["--tensors", "all", "--top", "100000"];
 
-fn site(marker: &str) -> String {
+pub(crate) fn site(marker: &str) -> String {
     format!("<module> (train_loop.py:{})", line("train_loop", marker))
 }
 

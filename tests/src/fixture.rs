@@ -101,31 +101,132 @@ pub fn build_as_user(name: &str, file: &str, flags: &[&str]) -> PathBuf {
 
 /// The stand-in CUDA driver and runtime (libcuda.so.1, libcudart.so.13, tests/fixtures/fakecuda),
 /// built once; returns their directory. The runtime finds the driver beside it, as a real install
-/// finds it on the loader's path.
+/// finds it on the loader's path. Its symbols carry the real library's version, and it is built
+/// against the CUDA headers of the wheel set ([`cuda_headers`]), as PyTorch's CUDA build expects
+/// of the runtime it loads.
 pub fn fake_cuda() -> PathBuf {
     let dir = target_dir().join("fixtures").join("fakecuda");
     let src = fixtures_src().join("fakecuda");
-    for (soname, source, libs) in [
-        ("libcuda.so.1", "cuda.c", ""),
-        ("libcudart.so.13", "cudart.c", "-ldl"),
-    ] {
-        let out = dir.join(soname);
-        let mut args: Vec<String> = CFLAGS.iter().map(|s| s.to_string()).collect();
-        args.extend(
-            ["-fPIC", "-shared", "-Wl,-rpath,$ORIGIN"]
-                .iter()
-                .map(|s| s.to_string()),
-        );
-        args.extend([
-            format!("-Wl,-soname,{soname}"),
-            "-o".into(),
-            path_str(&out),
-            path_str(&src.join(source)),
-        ]);
-        args.extend(libs.split_whitespace().map(String::from));
-        compile_once(&out, &args);
+    let include = format!("-I{}", path_str(&cuda_headers()));
+    let cudart = version_script(&dir, "libcudart.so.13", "cuda*; __cuda*;");
+    let libs: [(&str, &[&str], Vec<String>); 2] = [
+        ("libcuda.so.1", &["cuda.c"], vec![]),
+        (
+            "libcudart.so.13",
+            &["cudart.c", "runtime.c"],
+            vec![include, cudart, "-ldl".into()],
+        ),
+    ];
+    for (soname, sources, extra) in libs {
+        let sources: Vec<PathBuf> = sources.iter().map(|s| src.join(s)).collect();
+        shared_library(&dir.join(soname), &sources, &extra);
     }
     dir
+}
+
+/// The stand-in CUDA libraries a training script on PyTorch's CUDA wheel runs on (its real
+/// caching allocator, on this machine): the driver and runtime of [`fake_cuda`], and cuBLAS and
+/// cuBLASLt stand-ins whose routines are every one the wheel's libraries import (weak stubs
+/// reporting success, computing nothing; tests/fixtures/fakecuda/cublas*.c define those that
+/// hand something back), and NVML's few calls (nvml.c). The environment to run the script in:
+/// the runtime and cuBLAS preloaded in place of the wheel's, the driver and NVML on the loader's
+/// path.
+pub fn torch_cuda() -> Vec<String> {
+    let dir = fake_cuda();
+    let src = fixtures_src().join("fakecuda");
+    shared_library(&dir.join("libnvidia-ml.so.1"), &[src.join("nvml.c")], &[]);
+    let mut preload = vec![path_str(&dir.join("libcudart.so.13"))];
+    for (soname, source, prefix) in [
+        ("libcublas.so.13", "cublas.c", "cublas"),
+        ("libcublasLt.so.13", "cublaslt.c", "cublasLt"),
+    ] {
+        let out = dir.join(soname);
+        let stubs = dir.join(format!("{prefix}_imported.c"));
+        let names = imported_by_torch(soname);
+        let body: String = names
+            .iter()
+            .map(|n| format!("__attribute__((weak)) int {n}(void) {{ return 0; }}\n"))
+            .collect();
+        std::fs::create_dir_all(&dir).expect("fixtures dir");
+        std::fs::write(&stubs, body).expect("stubs");
+        let map = version_script(&dir, soname, &format!("{prefix}*;"));
+        shared_library(&out, &[src.join(source), stubs], &[map]);
+        preload.push(path_str(&out));
+    }
+    vec![
+        format!("LD_PRELOAD={}", preload.join(" ")),
+        format!("LD_LIBRARY_PATH={}", path_str(&dir)),
+    ]
+}
+
+/// The wheel set scripts/setup.sh installs for the machine's python3 (torch, its CUDA libraries).
+pub fn pydeps() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.pydeps")
+}
+
+/// The CUDA headers that come with the wheel set (triton's copy, complete with `crt/`).
+fn cuda_headers() -> PathBuf {
+    let dir = pydeps().join("triton/backends/nvidia/include");
+    assert!(
+        dir.join("cuda_runtime_api.h").is_file() && dir.join("crt/host_defines.h").is_file(),
+        "no CUDA headers at {} (scripts/setup.sh installs the torch wheel set)",
+        dir.display()
+    );
+    dir
+}
+
+/// The functions of `soname` that the torch wheel's libraries import, by their version.
+fn imported_by_torch(soname: &str) -> Vec<String> {
+    let lib = pydeps().join("torch/lib");
+    let libs = std::fs::read_dir(&lib).expect("torch/lib");
+    let sos: Vec<PathBuf> = libs
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "so"))
+        .collect();
+    let out = Command::new("objdump")
+        .arg("-T")
+        .args(&sos)
+        .output()
+        .expect("objdump");
+    let tag = format!("({soname})");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut names: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("*UND*") && l.contains(&tag))
+        .filter_map(|l| l.split_whitespace().last().map(String::from))
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(
+        !names.is_empty(),
+        "no import of {soname} in {}",
+        lib.display()
+    );
+    names
+}
+
+/// Writes a version script giving `globals` the version named `soname` (the real libraries'
+/// scheme), everything else local; returns the linker flag that applies it.
+fn version_script(dir: &Path, soname: &str, globals: &str) -> String {
+    let map = dir.join(format!("{soname}.map"));
+    std::fs::create_dir_all(dir).expect("fixtures dir");
+    std::fs::write(
+        &map,
+        format!("{soname} {{ global: {globals} local: *; }};\n"),
+    )
+    .expect("version script");
+    format!("-Wl,--version-script={}", path_str(&map))
+}
+
+/// Builds the shared library `out` (its file name its soname) from `sources`, once.
+fn shared_library(out: &Path, sources: &[PathBuf], extra: &[String]) {
+    let soname = out.file_name().and_then(|n| n.to_str()).expect("soname");
+    let mut args: Vec<String> = CFLAGS.iter().map(|s| s.to_string()).collect();
+    args.extend(["-fPIC", "-shared", "-Wl,-rpath,$ORIGIN"].map(String::from));
+    args.extend([format!("-Wl,-soname,{soname}"), "-o".into(), path_str(out)]);
+    args.extend(sources.iter().map(|s| path_str(s)));
+    args.extend(extra.iter().cloned());
+    compile_once(out, &args);
 }
 
 fn fixtures_src() -> PathBuf {
