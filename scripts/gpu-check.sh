@@ -17,10 +17,10 @@
 # while the process was held, the layers that went in, what the probes cost in the kernel.
 #   LT=path/to/leaktracer PY=path/to/python3 [ONLY="leak fixed"] bash scripts/gpu-check.sh [STEPS]
 # DEVICE=cpu runs the same cases on the CPU (no oracle, no blocks): a dry run of the script.
-# STANDIN=DIR runs them on a machine without a GPU, on the stand-in CUDA libraries the tests build
-# (DIR=target/debug/fixtures/fakecuda once `cargo test -p tests --test it torch_cuda` ran): the
-# wheel's real caching allocator and PyTorch's own history, kernels that compute nothing, so
-# that the bytes and lines are checked and the times are not a GPU's.
+# STANDIN=DIR runs them on a machine without a GPU, on the stand-in CUDA libraries the tests
+# build (target/debug/test-scratch/fixtures/fakecuda, once `cargo test -p tests --test it
+# torch_cuda` ran): the wheel's real caching allocator and PyTorch's own history, kernels that
+# compute nothing, so that the bytes and lines are checked and the times are not a GPU's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LT=${LT:-target/release/leaktracer}
