@@ -73,7 +73,8 @@ fi
 
 # 4b. For the Python tests, for the machine's python3, into .pydeps (the tests put it on
 #     PYTHONPATH): numpy (a leak through a list of arrays) and PyTorch as users install it, the torch
-#     wheel with its dependencies (the CUDA libraries `import torch` loads even on a CPU; ~4.5 GB).
+#     wheel with its dependencies (the CUDA libraries `import torch` loads even on a CPU; ~4.5 GB;
+#     triton's package holds the CUDA headers the tests build their stand-in CUDA runtime against).
 #     Pinned: the newest numpy for CPython 3.11, and the PyTorch release the tch harness uses.
 if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
   log "installing numpy 2.4.6 and torch 2.13.0 (with its dependencies) into .pydeps"
