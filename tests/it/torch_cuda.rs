@@ -29,7 +29,7 @@ fn check_on_device(name: &str, vars: &[&str], args: &[&str]) -> (String, i32, Re
     let (o, r) = check_torch_at(name, &script("train_loop"), &all, &options, args);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     all.push("ORACLE=1");
-    let pythonpath = format!("PYTHONPATH={}", path(&fixture::pydeps()));
+    let pythonpath = format!("PYTHONPATH={}", fixture::pydeps().display());
     let oracle = Command::new("/usr/bin/env")
         .arg(pythonpath)
         .args(&all)
@@ -44,10 +44,6 @@ fn check_on_device(name: &str, vars: &[&str], args: &[&str]) -> (String, i32, Re
         .find_map(|l| serde_json::from_str::<Value>(l).ok())
         .unwrap_or_else(|| panic!("PyTorch's figures: {text}"));
     (out, o.status.code().unwrap_or(-1), r, figures)
-}
-
-fn path(p: &std::path::Path) -> String {
-    p.to_str().expect("utf-8 path").to_string()
 }
 
 /// (bytes, blocks) of the caching allocator's blocks whose innermost line of the script is `at`
@@ -98,13 +94,7 @@ fn the_validation_leak_is_found_with_pytorchs_bytes(name: &str, vars: &[&str]) {
         (200 * 64 * (256 + 512) * 4, 400),
         "{figures}"
     );
-    for at in [input, kept] {
-        assert_eq!(
-            blocks_at(&r, at),
-            oracle_at(&figures, at),
-            "line {at}: {out}"
-        );
-    }
+    every_line_as_the_oracle(&r, &figures, &out);
 }
 
 #[test]

@@ -132,6 +132,11 @@ pub fn fake_cuda() -> PathBuf {
 /// the runtime and cuBLAS preloaded in place of the wheel's, the driver and NVML on the loader's
 /// path.
 pub fn torch_cuda() -> Vec<String> {
+    static ENV: OnceLock<Vec<String>> = OnceLock::new();
+    ENV.get_or_init(build_torch_cuda).clone()
+}
+
+fn build_torch_cuda() -> Vec<String> {
     let dir = fake_cuda();
     let src = fixtures_src().join("fakecuda");
     shared_library(&dir.join("libnvidia-ml.so.1"), &[src.join("nvml.c")], &[]);
@@ -142,14 +147,12 @@ pub fn torch_cuda() -> Vec<String> {
     ] {
         let out = dir.join(soname);
         let stubs = dir.join(format!("{prefix}_imported.c"));
-        let names = imported_by_torch(soname);
-        let body: String = names
+        let body: String = imported_by_torch(soname)
             .iter()
             .map(|n| format!("__attribute__((weak)) int {n}(void) {{ return 0; }}\n"))
             .collect();
-        std::fs::create_dir_all(&dir).expect("fixtures dir");
-        std::fs::write(&stubs, body).expect("stubs");
         let map = version_script(&dir, soname, &format!("{prefix}*;"));
+        std::fs::write(&stubs, body).expect("stubs");
         shared_library(&out, &[src.join(source), stubs], &[map]);
         preload.push(path_str(&out));
     }
