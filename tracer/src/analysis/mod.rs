@@ -90,6 +90,9 @@ struct ProcSeries {
     /// a leak of objects makes arenas at whichever line needs one, so no one arena stack
     /// shows it whole.
     arenas: Series,
+    /// The arenas mapped outside libraries' imports (their stacks not `Analysis::imported`):
+    /// where the program's own lines needed room. What a window's keepers are judged on.
+    program_arenas: Series,
     /// The first sample taken once its interpreter began its exit (the ledger's
     /// `finalized_ns`): its series are judged on the samples before, what its program held,
     /// not what the teardown made and freed.

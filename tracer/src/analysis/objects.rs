@@ -101,6 +101,14 @@ fn keepers_kept(sites: &FxHashMap<u32, SiteSums>) -> u64 {
         .sum()
 }
 
+/// Whether `arenas` rose by an arena at least from `from_s` on, above what they held then.
+fn rose(arenas: &Series, from_s: f64) -> bool {
+    let since = arenas.since(from_s);
+    let first = since.points().first().map(|p| p.min);
+    let most = since.points().iter().map(|p| p.max).max();
+    matches!((first, most), (Some(a), Some(b)) if b >= a + ONE_ARENA)
+}
+
 /// Where a process's arenas are judged from: the later half of what was sampled (from
 /// `warmup_s` at least). An interpreter's start-up maps most of its arenas at once (importing
 /// torch: about 100 MiB in two seconds); a leak of objects then adds them a few at a time, which
@@ -279,24 +287,35 @@ impl Analysis {
         })
     }
 
-    /// One sample of each process's arena bytes (`arenas`: per process, the bytes of its arena
-    /// stacks; the others hold none), taken with [`Analysis::sample`] at the same `t_s`.
-    pub fn sample_arenas(
-        &mut self,
-        t_s: f64,
-        arenas: &FxHashMap<u32, u64>,
-        stacks: impl IntoIterator<Item = GroupKey>,
-    ) {
-        for (pid, s) in self.procs.iter_mut() {
-            s.arenas.push(t_s, arenas.get(pid).copied().unwrap_or(0));
+    /// One sample of each process's arenas (`arenas`: its arena stacks with their bytes; the
+    /// others hold none), taken with [`Analysis::sample`] at the same `t_s`: all of them, and
+    /// those mapped outside libraries' imports.
+    pub fn sample_arenas(&mut self, t_s: f64, arenas: &[(GroupKey, u64)]) {
+        let mut sums: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        for (key, bytes) in arenas {
+            let sum = sums.entry(key.pid).or_default();
+            sum.0 += bytes;
+            if !key.stack.is_some_and(|s| self.imported.contains(&s)) {
+                sum.1 += bytes;
+            }
         }
-        self.arena_stacks.extend(stacks);
+        for (pid, s) in self.procs.iter_mut() {
+            let (all, program) = sums.get(pid).copied().unwrap_or_default();
+            s.arenas.push(t_s, all);
+            s.program_arenas.push(t_s, program);
+        }
+        self.arena_stacks.extend(arenas.iter().map(|(k, _)| *k));
     }
 
     /// Processes whose arenas, all together, leak from `start(pid)` on (the warm-up, or when
     /// its tensors began to be traced) over `span_s` seconds at least and grew by `min_bytes` at
     /// least, and not under their tensors (the Python objects of a tensor leak fill arenas too):
-    /// where Python objects are to be sampled.
+    /// where Python objects are to be sampled. And the arenas mapped outside libraries' imports
+    /// rose by an arena meanwhile: an import's own arenas (torch's, 100 MiB in four seconds)
+    /// are its module's state, and the window they called for in a job that keeps nothing
+    /// slowed its loop's first seconds; imports that leave the arenas full make the program's
+    /// own lines map new ones (a loop whose steps import modules), which a window tells apart
+    /// from a leak.
     pub fn growing_arenas(
         &self,
         start: impl Fn(u32) -> f64,
@@ -312,6 +331,9 @@ impl Analysis {
                     e.verdict == Verdict::Leak
                         && e.growth_bytes >= min_bytes
                         && span(&e) >= span_s
+                        && e.windows
+                            .first()
+                            .is_some_and(|w| rose(&s.program_arenas, w.t0_s))
                         && !self.under_tensors(**pid, &e, from)
                 })
             })
@@ -324,61 +346,57 @@ impl Analysis {
     /// The process's arenas' leak, all together ([`Analysis::arenas_leak`]), or where they do
     /// not read as one, the leak of the window's arena stack that grew most, on its own series
     /// without the window's span: an interpreter that gives back the empty arenas of its
-    /// start-up (a PyTorch job's) while a leak's arenas grow holds about as much in all.
+    /// start-up (a PyTorch job's) while a leak's arenas grow holds about as much in all. The
+    /// arenas mapped outside libraries' imports, both ways: an import maps arenas at its own
+    /// lines (torch's, 100 MiB in four seconds), and a short job's loop that held them read as
+    /// a leak of the import's 20 MiB/s at the line of its first `loss.backward()`, whose first
+    /// call's caches its window, opened as the import ended, found kept.
     fn window_arenas_leak(&self, pid: u32, w: &ObjectWindow, warmup_s: f64) -> Option<Evidence> {
         if !self.went_on_past(pid, w) {
             return None;
         }
         self.arenas_leak(pid, warmup_s).or_else(|| {
-            let own = w
-                .arenas
-                .iter()
-                .filter_map(|k| self.groups.get(k))
-                .filter_map(|t| {
-                    let series = self.before_exit(pid, &t.series);
-                    arenas_grow(&series.without(w.span.0, w.span.1), warmup_s)
-                });
+            let own = self.program_stacks(w).filter_map(|s| {
+                let series = self.before_exit(pid, s);
+                arenas_grow(&series.without(w.span.0, w.span.1), warmup_s)
+            });
             own.max_by_key(|e| e.growth_bytes)
         })
+    }
+
+    /// The series of the window's arena stacks mapped outside libraries' imports.
+    fn program_stacks<'a>(&'a self, w: &'a ObjectWindow) -> impl Iterator<Item = &'a Series> {
+        let program = |k: &&GroupKey| !k.stack.is_some_and(|s| self.imported.contains(&s));
+        let stacks = w.arenas.iter().filter(program);
+        stacks.filter_map(|k| self.groups.get(k)).map(|t| &t.series)
     }
 
     /// Whether what called for `pid`'s window went on past its opening: arenas judged without
     /// its span are, where fewer than [`AFTER_MIN_S`] of samples came after it closed, what
     /// they did before it alone, which is what called for it; a leak goes on while the window
-    /// looks, slowed, and grows the arenas (the process's, or a stack's) by an arena at least.
-    /// A short job's window that opened as its imports ended saw them hold (a PyTorch job of
-    /// a few seconds under load: its import's 80 MiB of arenas, judged alone, read as a leak
-    /// of 20 MiB/s at the line of its first `loss.backward()`, whose first call's caches its
-    /// window found kept).
+    /// looks, slowed, and grows the program's arenas (the process's, or a stack's) by an arena
+    /// at least.
     fn went_on_past(&self, pid: u32, w: &ObjectWindow) -> bool {
         let Some(p) = self.procs.get(&pid) else {
             return false;
         };
-        let arenas = self.before_exit(pid, &p.arenas);
+        let arenas = self.before_exit(pid, &p.program_arenas);
         let last = arenas.points().last().map_or(w.span.1, |p| p.t1);
         if last - w.span.1 >= AFTER_MIN_S {
             return true;
         }
-        let own = w.arenas.iter().filter_map(|k| self.groups.get(k));
-        let grew = |s: &Series| {
-            let since = s.since(w.span.0);
-            let first = since.points().first().map(|p| p.min);
-            let most = since.points().iter().map(|p| p.max).max();
-            matches!((first, most), (Some(a), Some(b)) if b >= a + ONE_ARENA)
-        };
-        grew(&arenas)
-            || own
-                .map(|t| self.before_exit(pid, &t.series))
-                .any(|s| grew(&s))
+        rose(&arenas, w.span.0)
+            || self
+                .program_stacks(w)
+                .any(|s| rose(&self.before_exit(pid, s), w.span.0))
     }
 
-    /// The process's arenas, all together, when they leak (judged on what they held before the
+    /// The program's arenas, all together, when they leak (judged on what they held before the
     /// interpreter's exit gave them back), without the window's span: while the program runs
     /// slowly, its arenas hardly grow, and a window of seconds in the later half of a short run
     /// would read as the leak ending, or halve its rate.
-    ///
     fn arenas_leak(&self, pid: u32, warmup_s: f64) -> Option<Evidence> {
-        let arenas = self.before_exit(pid, &self.procs.get(&pid)?.arenas);
+        let arenas = self.before_exit(pid, &self.procs.get(&pid)?.program_arenas);
         let arenas = match self.objects.get(&pid) {
             Some(w) => &arenas.without(w.span.0, w.span.1),
             None => &*arenas,
@@ -421,8 +439,7 @@ mod tests {
             let (x, y) = if grow { (i + 1, 3 * (i + 1)) } else { (4, 4) };
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
-            let all = [(1, (x + y) << 20)].into_iter().collect();
-            a.sample_arenas(i as f64, &all, []);
+            a.sample_arenas(i as f64, &groups);
         }
         a
     }
@@ -575,7 +592,7 @@ mod tests {
             let (x, y) = (i + 1, 40 - i);
             let groups = [(key(3, Kind::Mmap), x << 20), (key(4, Kind::Mmap), y << 20)];
             a.sample(i as f64, &ledger, &groups);
-            a.sample_arenas(i as f64, &[(1, (x + y) << 20)].into_iter().collect(), []);
+            a.sample_arenas(i as f64, &groups);
         }
         let arena = key(3, Kind::Mmap);
         let keeps = vec![(line(1, 2 * KEPT_MIN, KEPT_MIN), 1)];
@@ -599,8 +616,9 @@ mod tests {
             let t = i as f64 / 4.0;
             let done = ((t - import.0) / (import.1 - import.0)).clamp(0.0, 1.0);
             let mib = 3 + (105.0 * done) as u64;
-            a.sample(t, &ledger, &[(key(3, Kind::Mmap), mib << 20)]);
-            a.sample_arenas(t, &[(1, mib << 20)].into_iter().collect(), []);
+            let groups = [(key(3, Kind::Mmap), mib << 20)];
+            a.sample(t, &ledger, &groups);
+            a.sample_arenas(t, &groups);
         }
         let keeps = KeptLine {
             grows: true,
@@ -646,6 +664,62 @@ mod tests {
         );
     }
 
+    /// A 25-epoch PyTorch job as it was seen to fail the check on two idle cores, sampled
+    /// every tenth of a second until `end_s`: its import maps 95 MiB of arenas from 1.1 to
+    /// 5.25 s at its own lines (stack 2, `imported` where `tell` is), over the 1 MiB of the
+    /// interpreter's start (stack 3), and they hold; its exit, at 9.7 s, maps an arena of each.
+    fn torch_import(tell: bool, end_s: f64) -> Analysis {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 torch_train.py 25 fixed".into(), Vec::new(), 0);
+        let mut a = Analysis::default();
+        if tell {
+            a.imported(StackId::new(2));
+        }
+        for i in 0..(end_s * 10.0) as u64 {
+            let t = i as f64 / 10.0;
+            let exit = u64::from(t >= 9.7);
+            let import = 6 + (95.0 * ((t - 1.1) / 4.15).clamp(0.0, 1.0)) as u64 + exit;
+            let groups = [
+                (key(2, Kind::Mmap), import << 20),
+                (key(3, Kind::Mmap), (1 + exit) << 20),
+            ];
+            a.sample(t, &ledger, &groups);
+            a.sample_arenas(t, &groups);
+        }
+        a
+    }
+
+    /// That job to its end at 10.4 s, its window open as the import ended (5.25 to 7.87 s),
+    /// finding the loop's first `loss.backward()` keeping a few KiB, that grew with the window.
+    /// The verdict of that line.
+    fn import_then_loop(tell: bool) -> Verdict {
+        let mut a = torch_import(tell, 10.4);
+        let keeps = KeptLine {
+            grows: true,
+            ..line(1, 64 * KEPT_MIN, KEPT_MIN + 1)
+        };
+        let arenas = vec![key(2, Kind::Mmap), key(3, Kind::Mmap)];
+        a.objects_sampled(1, (5.25, 7.87), arenas, vec![(keeps, 1)]);
+        a.judge(&key(1, Kind::Object), 0.0).unwrap().verdict
+    }
+
+    /// Judged with the import's arenas, the whole run reads as a leak of 20 MiB/s at that line;
+    /// judged on the program's, it held.
+    #[test]
+    fn arenas_an_import_mapped_are_not_a_short_loops_objects_leak() {
+        assert_eq!(import_then_loop(false), Verdict::Leak);
+        assert_eq!(import_then_loop(true), Verdict::Steady);
+    }
+
+    /// The arenas of that import, at its end, call for the window where the program's lines
+    /// mapped them, and not where the import's did.
+    #[test]
+    fn an_imports_own_arenas_call_for_no_window() {
+        let grown = |tell| torch_import(tell, 5.3).growing_arenas(|_| 0.0, 2.0, 2 << 20);
+        assert_eq!(grown(false), vec![1]);
+        assert!(grown(true).is_empty());
+    }
+
     /// An interpreter that imported torch (100 MiB of arenas in 4 s), then leaks objects slowly:
     /// one 1 MiB arena every 3 s, a second a sample; its window, from 24 to 30 s, stalls it.
     fn slow_leak(a: &mut Analysis, ledger: &Ledger, seconds: std::ops::Range<u64>) {
@@ -662,7 +736,7 @@ mod tests {
             };
             let groups = [(key(3, Kind::Mmap), mib << 20)];
             a.sample(t as f64, ledger, &groups);
-            a.sample_arenas(t as f64, &[(1, mib << 20)].into_iter().collect(), []);
+            a.sample_arenas(t as f64, &groups);
         }
     }
 

@@ -190,8 +190,7 @@ impl Owner {
     /// arenas are sampled, all its arena stacks together.
     pub(super) fn sample_pages(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
         let layered = self.layers.is_some();
-        let mut sums: rustc_hash::FxHashMap<u32, u64> = Default::default();
-        let mut keys = Vec::new();
+        let mut arenas = Vec::new();
         for (key, bytes) in groups {
             let Some(id) = key
                 .stack
@@ -203,12 +202,11 @@ impl Owner {
                 self.analysis.imported(id);
             }
             if layered && self.is_arena(key) {
-                *sums.entry(key.pid).or_default() += bytes;
-                keys.push(*key);
+                arenas.push((*key, *bytes));
             }
         }
         if layered {
-            self.analysis.sample_arenas(x, &sums, keys);
+            self.analysis.sample_arenas(x, &arenas);
         }
     }
 
