@@ -90,7 +90,7 @@ struct ProcSeries {
     /// a leak of objects makes arenas at whichever line needs one, so no one arena stack
     /// shows it whole.
     arenas: Series,
-    /// The arenas mapped outside libraries' imports (their stacks not `Analysis::imported`):
+    /// The arenas mapped outside libraries' imports (`Analysis::imported_stack` false):
     /// where the program's own lines needed room. What a window's keepers are judged on.
     program_arenas: Series,
     /// The first sample taken once its interpreter began its exit (the ledger's
@@ -603,12 +603,16 @@ impl Analysis {
         self.imported.insert(stack);
     }
 
+    /// Whether `key`'s stack was made while a library's module was imported.
+    fn imported_stack(&self, key: &GroupKey) -> bool {
+        key.stack.is_some_and(|s| self.imported.contains(&s))
+    }
+
     /// Whether `key` is a page-level stack made by a library's import, or arenas that grew
     /// with the objects of imports alone.
     fn made_by_import(&self, key: &GroupKey) -> bool {
         matches!(key.kind, Kind::Brk | Kind::Mmap)
-            && (key.stack.is_some_and(|s| self.imported.contains(&s))
-                || self.arenas_of_imports(key))
+            && (self.imported_stack(key) || self.arenas_of_imports(key))
     }
 
     /// Allocator retention of a process, from `warmup_s` on, or from when its malloc family was

@@ -295,7 +295,7 @@ impl Analysis {
         for (key, bytes) in arenas {
             let sum = sums.entry(key.pid).or_default();
             sum.0 += bytes;
-            if !key.stack.is_some_and(|s| self.imported.contains(&s)) {
+            if !self.imported_stack(key) {
                 sum.1 += bytes;
             }
         }
@@ -366,8 +366,7 @@ impl Analysis {
 
     /// The series of the window's arena stacks mapped outside libraries' imports.
     fn program_stacks<'a>(&'a self, w: &'a ObjectWindow) -> impl Iterator<Item = &'a Series> {
-        let program = |k: &&GroupKey| !k.stack.is_some_and(|s| self.imported.contains(&s));
-        let stacks = w.arenas.iter().filter(program);
+        let stacks = w.arenas.iter().filter(|k| !self.imported_stack(k));
         stacks.filter_map(|k| self.groups.get(k)).map(|t| &t.series)
     }
 
