@@ -286,20 +286,12 @@ impl Analysis {
         key: &GroupKey,
         warmup_s: f64,
     ) -> Option<Option<Evidence>> {
-        if !matches!(key.kind, Kind::Mmap | Kind::Brk) || self.arena_stacks.contains(key) {
-            return None;
-        }
-        let went_in = self.tensors_first(key.pid)?;
+        let (went_in, went_on) = self.late_tensors(key, warmup_s)?;
         let series = self.as_judged(key, &self.groups.get(key)?.series);
-        let end = series.points().last()?.t1;
-        if went_in <= warmup_s || end - went_in >= super::CUT_SPAN_S {
-            return None;
-        }
-        if self.went_on(key.pid, went_in) == Some(false) {
+        if went_on == Some(false) {
             tracing::debug!(
                 ?key,
                 went_in,
-                end,
                 "pages not judged before late tensors: none grew after"
             );
             return Some(None);
@@ -310,6 +302,33 @@ impl Analysis {
             tracing::debug!(?key, ?before, "pages judged before late tensors");
         }
         Some(before)
+    }
+
+    /// Where a page-level stack is judged on its samples before its process's tensors went in,
+    /// as they went in too late ([`Analysis::before_late_tensors`]): when they went in, and
+    /// whether the process's memory went on growing after, as a leak grows (None: too few
+    /// samples after to tell).
+    fn late_tensors(&self, key: &GroupKey, warmup_s: f64) -> Option<(f64, Option<bool>)> {
+        if !matches!(key.kind, Kind::Mmap | Kind::Brk) || self.arena_stacks.contains(key) {
+            return None;
+        }
+        let went_in = self.tensors_first(key.pid)?;
+        let series = self.as_judged(key, &self.groups.get(key)?.series);
+        let end = series.points().last()?.t1;
+        if went_in <= warmup_s || end - went_in >= super::CUT_SPAN_S {
+            return None;
+        }
+        Some((went_in, self.went_on(key.pid, went_in)))
+    }
+
+    /// Whether a page-level stack judged at the end on what it did before its process's late
+    /// tensors went in saw that memory go on growing after them, as a leak grows: what its
+    /// verdict read was the start of that growth, not a warm-up's moves of the heap's top that
+    /// stop (see [`super::a_large_heaps_small_rise`]). A short training job's heap of 170 MiB,
+    /// torch's, rose 14 MiB in the loop's first second at the line whose tensors it kept, and
+    /// went on.
+    pub fn grew_on_after_late_tensors(&self, key: &GroupKey, warmup_s: f64) -> bool {
+        matches!(self.late_tensors(key, warmup_s), Some((_, Some(true))))
     }
 
     /// Whether `pid`'s tensors, or the pages of its heap (brk), grew from `x` on (before its

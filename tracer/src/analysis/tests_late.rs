@@ -72,9 +72,14 @@ fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since()
     assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
     assert!(e.windows.last().unwrap().t1_s <= 10.0, "{e:?}");
     assert_eq!(e.growth_bytes, 120 * K as i64, "{e:?}");
+    assert!(
+        a.grew_on_after_late_tensors(&pages, 0.0),
+        "a rise small beside a large heap's is still the leak's start"
+    );
     // Grown by one tensor once, then flat: no leak went on.
     let (a, pages, tensors) = late_tensors(0);
     assert!(a.judge_final(&pages, 0.0).is_none());
+    assert!(!a.grew_on_after_late_tensors(&pages, 0.0));
     assert!(
         a.judge_final(&tensors, 0.0)
             .is_none_or(|t| t.verdict != Verdict::Leak)
@@ -89,4 +94,5 @@ fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since()
     let e = a.judge_final(&pages, 0.0).unwrap();
     assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
     assert!(e.windows.last().unwrap().t1_s <= 12.0, "{e:?}");
+    assert!(!a.grew_on_after_late_tensors(&pages, 0.0));
 }

@@ -456,7 +456,12 @@ fn outstanding_stacks(
         let age = cx.now_ns.saturating_sub(g.oldest_ns) as f64 / 1e9;
         let timed = !cx.per_step && g.kind != Kind::Object;
         let heap = heaps.get(&g.pid).copied().unwrap_or(0);
-        let small = g.kind == Kind::Brk && crate::analysis::a_large_heaps_small_rise(&e, heap);
+        let small = g.kind == Kind::Brk
+            && crate::analysis::a_large_heaps_small_rise(&e, heap)
+            && !(cx.final_report
+                && cx
+                    .analysis
+                    .grew_on_after_late_tensors(&g.key(), cx.warmup_s));
         let stepped = crate::analysis::working_set(&e, age, cx.elapsed_s)
             || crate::analysis::rose_once_within_swing(&e, age, cx.elapsed_s);
         Some(match (stepped && timed) || small {
