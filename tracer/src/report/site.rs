@@ -95,23 +95,29 @@ fn third_party_file(file: &str, python: bool) -> bool {
 }
 
 /// Whether a stack's Python frames, `(file, function)` innermost first, were made while a
-/// library's module was imported: inside the import system's `_find_and_load`, the module run
-/// is not the user's (its outermost frame above the import system is a library's or the
-/// standard library's), or no module runs yet (the import system's own objects: a module's
-/// compiled code, its spec). What an import makes is the module's state, made once and held as
-/// long as the module is loaded, however many imports a training loop's first steps make. A
-/// user's module that runs its work when imported is still judged; a frame whose code is not
-/// known (`?`: a module's body, freed once run) tells nothing.
+/// library's module was imported: inside the import system's `_find_and_load`, the frame the
+/// import system runs is not a user's module body (a library's or the standard library's, or
+/// not a module body at all), or no module runs yet (the import system's own objects: a
+/// module's compiled code, its spec). What an import makes is the module's state, made once and
+/// held as long as the module is loaded, however many imports a training loop's first steps
+/// make. A user's module that runs its work when imported is still judged.
+///
+/// The frame the import system runs tells, not the innermost outside it: a module's body is
+/// freed once run, and another code object made at its address before its stack was read (a
+/// module's code just loaded from its compiled file, which names the directory it was
+/// compiled in: pip's temporary one for a package installed with `--target`) reads as a
+/// function of a file no one installed, the user's by its path. A frame whose code is not known
+/// (`?`) tells nothing.
 pub fn made_by_import<'f>(python: impl IntoIterator<Item = (&'f str, &'f str)>) -> bool {
     const IMPORT_SYSTEM: &str = "<frozen importlib._bootstrap";
-    let mut module = None;
+    let mut run = None;
     for (file, function) in python {
         if file.starts_with(IMPORT_SYSTEM) {
             if function == "_find_and_load" {
-                return module.is_none_or(|m| third_party_file(m, true));
+                return run.is_none_or(|(m, f)| f != "<module>" || third_party_file(m, true));
             }
-        } else if file != "?" {
-            module = Some(file);
+        } else {
+            run = Some((file, function));
         }
     }
     false
@@ -193,6 +199,14 @@ mod tests {
             Some("/home/u/experiment.py"),
             user
         )));
+        // A module's body read after it was freed, as a function of a module loaded since,
+        // its code not yet given its file's path (the directory pip compiled it in); or as a
+        // frame not known, with such a function inside it.
+        let pip = "/tmp/pip-target-k8sto6u7/lib/python/sympy/integrals/meijerint.py";
+        let reused = [(pip, "_create_lookup_table.<locals>.A1")];
+        assert!(made_by_import(import(&reused, None, user)));
+        let nested = [(pip, "_node_get"), ("?", "<code 0x2>")];
+        assert!(made_by_import(import(&nested, None, user)));
         // No import at all, and the user's loop around a library's call.
         assert!(!made_by_import([(torch, "Library.define"), (user, "step")]));
         assert!(!made_by_import([]));

@@ -155,7 +155,10 @@ impl Owner {
 
     /// Opens a window for each process whose arenas leak (judged so, not explained by its
     /// tensors), and finds the arena stacks made since in those judged. Looked at with the
-    /// malloc family's engagement.
+    /// malloc family's engagement. Not once the process's interpreter began its exit, or it
+    /// exited: the window would see only the teardown's objects (which maps an arena of its
+    /// own, without a Python frame, in a CPU training job's last tenth of a second, which called
+    /// for a window in half its runs).
     pub(super) fn object_windows(&mut self, at_s: f64, x: f64) {
         let now = monotonic_ns();
         for pid in self.objects.judged.clone() {
@@ -165,9 +168,15 @@ impl Owner {
         let start = |pid: u32| self.judged_from(pid, at_s);
         let grown = self.analysis.growing_arenas(start, SPAN_S, MIN_BYTES);
         for pid in grown {
-            if !self.objects.asked.insert(pid) {
+            let ending = self
+                .ledger
+                .procs
+                .get(&pid)
+                .is_none_or(|p| p.finalized_ns.is_some() || p.exited_ns.is_some());
+            if ending || !self.objects.asked.insert(pid) {
                 continue;
             }
+            tracing::debug!(pid, x, "Python objects' window asked for");
             // Opened in the ledger first: the first samples may come before the probes answer.
             self.ledger.open_objects(pid);
             self.objects.open.push(OpenWindow {
