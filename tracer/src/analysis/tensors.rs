@@ -286,8 +286,7 @@ impl Analysis {
         key: &GroupKey,
         warmup_s: f64,
     ) -> Option<Option<Evidence>> {
-        let (went_in, went_on) = self.late_tensors(key, warmup_s)?;
-        let series = self.as_judged(key, &self.groups.get(key)?.series);
+        let (went_in, went_on, series) = self.late_tensors(key, warmup_s)?;
         if went_on == Some(false) {
             tracing::debug!(
                 ?key,
@@ -305,10 +304,14 @@ impl Analysis {
     }
 
     /// Where a page-level stack is judged on its samples before its process's tensors went in,
-    /// as they went in too late ([`Analysis::before_late_tensors`]): when they went in, and
-    /// whether the process's memory went on growing after, as a leak grows (None: too few
-    /// samples after to tell).
-    fn late_tensors(&self, key: &GroupKey, warmup_s: f64) -> Option<(f64, Option<bool>)> {
+    /// as they went in too late ([`Analysis::before_late_tensors`]): when they went in, whether
+    /// the process's memory went on growing after, as a leak grows (None: too few samples after
+    /// to tell), and the stack's series as judged.
+    fn late_tensors(
+        &self,
+        key: &GroupKey,
+        warmup_s: f64,
+    ) -> Option<(f64, Option<bool>, std::borrow::Cow<'_, Series>)> {
         if !matches!(key.kind, Kind::Mmap | Kind::Brk) || self.arena_stacks.contains(key) {
             return None;
         }
@@ -318,17 +321,17 @@ impl Analysis {
         if went_in <= warmup_s || end - went_in >= super::CUT_SPAN_S {
             return None;
         }
-        Some((went_in, self.went_on(key.pid, went_in)))
+        Some((went_in, self.went_on(key.pid, went_in), series))
     }
 
     /// Whether a page-level stack judged at the end on what it did before its process's late
     /// tensors went in saw that memory go on growing after them, as a leak grows: what its
     /// verdict read was the start of that growth, not a warm-up's moves of the heap's top that
-    /// stop (see [`super::a_large_heaps_small_rise`]). A short training job's heap of 170 MiB,
+    /// stop (see [`super::a_large_heaps_small_rise`]). A short training job's heap of 187 MiB,
     /// torch's, rose 14 MiB in the loop's first second at the line whose tensors it kept, and
     /// went on.
     pub fn grew_on_after_late_tensors(&self, key: &GroupKey, warmup_s: f64) -> bool {
-        matches!(self.late_tensors(key, warmup_s), Some((_, Some(true))))
+        matches!(self.late_tensors(key, warmup_s), Some((_, Some(true), _)))
     }
 
     /// Whether `pid`'s tensors, or the pages of its heap (brk), grew from `x` on (before its
