@@ -7,6 +7,24 @@ cd "$(dirname "$0")/.."
 TC=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# pip_into DIR PACKAGE...: wheels only, into DIR afresh. A wheel cut short or corrupted on the way
+# (pip then names a hash that does not match the index's) is downloaded again, up to three tries,
+# without pip's cache the second time.
+pip_into() {
+  local dir=$1 try
+  shift
+  for try in 1 2 3; do
+    rm -rf "$dir"
+    if python3 -m pip install --quiet --no-input --root-user-action=ignore --only-binary=:all: \
+         $([ "$try" = 1 ] || echo --no-cache-dir) --target "$dir" "$@"; then
+      return 0
+    fi
+    log "pip could not install into $dir (try $try of 3)"
+  done
+  echo "setup: pip could not install $* into $dir" >&2
+  exit 1
+}
+
 if [ "$(id -u)" != 0 ]; then
   echo "setup: must run as root (eBPF probes need CAP_BPF/CAP_PERFMON and tracefs)" >&2
   exit 77
@@ -65,10 +83,7 @@ if ! [ -f .libtorch/torch/lib/libtorch_cpu.so ] || ! [ -f .libtorch/torch/lib/li
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
   fi
   log "installing libtorch 2.13.0 into .libtorch"
-  python3 -m pip install --quiet --no-input --no-deps --only-binary=:all: --target .libtorch \
-    --break-system-packages 'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85' 2>/dev/null \
-  || python3 -m pip install --quiet --no-input --no-deps --only-binary=:all: --target .libtorch \
-    'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85'
+  pip_into .libtorch --no-deps 'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85'
 fi
 
 # 4b. For the Python tests, for the machine's python3, into .pydeps (the tests put it on
@@ -78,9 +93,7 @@ fi
 #     Pinned: the newest numpy for CPython 3.11, and the PyTorch release the tch harness uses.
 if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
   log "installing numpy 2.4.6 and torch 2.13.0 (with its dependencies) into .pydeps"
-  rm -rf .pydeps
-  python3 -m pip install --quiet --no-input --only-binary=:all: --target .pydeps \
-    'numpy==2.4.6' 'torch==2.13.0' 2>&1 | grep -v "as the 'root' user" || true
+  pip_into .pydeps 'numpy==2.4.6' 'torch==2.13.0'
   for d in numpy-2.4.6 torch-2.13.0; do
     [ -f ".pydeps/$d.dist-info/METADATA" ] || { echo "setup: $d did not install into .pydeps" >&2; exit 1; }
   done
