@@ -1,6 +1,8 @@
 //! `run`: the command's exit status comes back, periodic reports come before the final one, and
 //! `free` is probed past its single-stepped first instruction.
 
+use std::time::{Duration, Instant};
+
 use tests::fixture;
 
 #[test]
@@ -85,4 +87,103 @@ fn probe_cost_counts_each_programs_runs() {
         ns.windows(2).all(|w| w[0] >= w[1]),
         "costliest first: {ns:?}"
     );
+}
+
+/// Killed while it holds a thread of the job (stopped by the kernel side for code the thread just
+/// mapped, waiting to be resumed), leaktracer used to leave that thread to take its SIGSTOP once
+/// detached: the job stopped for good. Its guard continues what is left stopped, and the job
+/// finishes on its own.
+#[test]
+fn a_job_held_when_leaktracer_is_killed_goes_on() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let dir = std::env::temp_dir().join(format!("lt-held-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (started, done) = (dir.join("started"), dir.join("done"));
+    // Each /bin/true maps new code: a hold each time.
+    let script = format!(
+        "echo $$ > {s}; for i in $(seq 150); do /bin/true; sleep 0.02; done; echo > {d}",
+        s = started.display(),
+        d = done.display()
+    );
+    let mut tracer = fixture::leaktracer_cmd()
+        .args(["run", "-o", "/dev/null", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("leaktracer run");
+    let job: u32 = wait_for(30.0, || {
+        std::fs::read_to_string(&started).ok()?.trim().parse().ok()
+    })
+    .expect("the job never started");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(tracer.id(), libc::SIGSTOP);
+    let held = wait_for(10.0, || {
+        tree(job).into_iter().find(|&p| state(p) == Some('t'))
+    });
+    let states: Vec<(u32, Option<char>)> = tree(job).into_iter().map(|p| (p, state(p))).collect();
+    signal(tracer.id(), libc::SIGKILL);
+    let _ = tracer.wait();
+    assert!(held.is_some(), "no thread of the job was held: {states:?}");
+    let finished = wait_for(30.0, || done.exists().then_some(())).is_some();
+    let left: Vec<(u32, Option<char>)> = tree(job).into_iter().map(|p| (p, state(p))).collect();
+    if !finished {
+        tree(job).into_iter().for_each(|p| signal(p, libc::SIGKILL));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(finished, "the job did not go on: {left:?}");
+}
+
+/// `f`'s first value within `seconds`, asked every 20 ms.
+fn wait_for<T>(seconds: f64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: sends a signal.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// A process's state letter, from /proc/PID/stat.
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// `root` and its descendants.
+fn tree(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while let Some(&p) = found.get(i) {
+        found.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found
 }

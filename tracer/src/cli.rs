@@ -203,6 +203,10 @@ pub enum Command {
     /// stacks, their number written to FILE.
     #[command(hide = true)]
     BenchHold { blocks: u64, file: PathBuf },
+    /// The guard of a held job (internal): continues ROOT's stopped processes if TRACER, its
+    /// parent, ends without writing to its standard input.
+    #[command(hide = true)]
+    HoldGuard { root: u32, tracer: u32 },
 }
 
 /// Report options shared by `run` and `attach`.

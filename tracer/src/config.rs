@@ -42,6 +42,8 @@ pub enum Job {
     },
     /// `bench` and its internal workloads.
     Bench(Bench),
+    /// The guard of a held job (see [`crate::hold::guard`]).
+    HoldGuard { root: u32, tracer: u32 },
 }
 
 /// What `report` shows of the history.
@@ -411,6 +413,7 @@ impl Job {
                 json,
                 exports: exports.into(),
             },
+            Command::HoldGuard { root, tracer } => Job::HoldGuard { root, tracer },
             other => Job::Bench(bench(other)?),
         })
     }

@@ -13,7 +13,9 @@
 //! The root is seized (PTRACE_SEIZE), its threads and children followed through clone, fork and
 //! vfork. Nothing else is intercepted: other signals are passed through, group stops are left
 //! alone (PTRACE_LISTEN), the real parent sees nothing. When the tracer ends, the kernel detaches
-//! every tracee.
+//! every tracee; should it end while holding one, [`guard`] lets the job go on.
+
+pub mod guard;
 
 use std::{sync::mpsc as std_mpsc, thread, time::Duration};
 
@@ -62,9 +64,13 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
         .name("exit-hold".into())
         .spawn(move || {
             let ok = seize(root);
+            let guard = ok.then(|| guard::Guard::start(root)).flatten();
             let _ = seized_tx.send(ok);
             if ok {
                 serve(root, &requests, exit_tx, &stop_rx);
+            }
+            if let Some(g) = guard {
+                g.release();
             }
         })
         .ok()?;

@@ -43,6 +43,11 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let job = Job::new(cli.command).unwrap_or_else(|e| finish(Err(e)));
+    exit_on_panic(if matches!(job, Job::Check { .. }) {
+        tracer::check::exit::TOOL
+    } else {
+        exit::FAILURE
+    });
     match job {
         Job::Session { target, config } => {
             finish(session::run(target, config).map(|o| o.exit_code))
@@ -67,6 +72,9 @@ fn main() {
             exports,
         } => stored(&store, show, top, json, &exports),
         Job::Bench(bench) => finish(tracer::bench::run(bench)),
+        Job::HoldGuard { root, tracer } => {
+            std::process::exit(tracer::hold::guard::watch(root, tracer))
+        }
     }
 }
 
@@ -187,6 +195,19 @@ fn finish(result: Result<i32, Error>) -> ! {
             std::process::exit(e.exit_code());
         }
     }
+}
+
+/// A panic anywhere, in any thread, ends leaktracer with `code` after its message: a session
+/// whose ingest, owner or hold thread died would otherwise go on half alive, its report wrong or
+/// its job held. The kernel then detaches the job, and the guard (`hold::guard`) continues what
+/// was held.
+fn exit_on_panic(code: i32) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("leaktracer: internal error (above); the traced job goes on untraced");
+        std::process::exit(code);
+    }));
 }
 
 fn usage(msg: &str) -> ! {

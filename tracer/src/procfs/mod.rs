@@ -118,6 +118,30 @@ pub fn has_exited(pid: u32) -> bool {
     matches!(state.as_deref(), None | Some("Z") | Some("X"))
 }
 
+/// A process's state letter (stat field 3: `R`, `S`, `T` stopped, `t` in a ptrace stop, `Z`…);
+/// `None` when it is gone.
+pub fn state(pid: u32) -> Option<char> {
+    stat_fields(pid.into())?.first()?.chars().next()
+}
+
+/// `root` and every process below it, from each process's parent (stat field 4).
+pub fn tree(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = pids()
+        .into_iter()
+        .filter_map(|p| {
+            let ppid = stat_fields(p.into())?.get(1)?.parse().ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while let Some(&p) = found.get(i) {
+        found.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found
+}
+
 /// The threads of a process (at least the process itself), sorted.
 pub fn threads(pid: u32) -> Vec<u32> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
