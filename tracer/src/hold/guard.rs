@@ -102,14 +102,11 @@ pub fn watch(root: u32, tracer: u32) -> i32 {
     continued.sort_unstable();
     continued.dedup();
     if let Some(first) = continued.first() {
+        let (n, others) = (continued.len(), continued.len() > 1);
         eprintln!(
-            "leaktracer: ended while holding the traced job; {} of its processes were left stopped and are continued (pid {first}{})",
-            continued.len(),
-            if continued.len() > 1 {
-                " and others"
-            } else {
-                ""
-            }
+            "leaktracer: ended while holding the traced job; continued what it left stopped: {n} process{} (pid {first}{})",
+            if others { "es" } else { "" },
+            if others { " and others" } else { "" }
         );
     }
     0
