@@ -50,8 +50,28 @@ const MAX_HOLD: Duration = Duration::from_secs(30);
 pub struct Hold {
     /// The root's exit status, when the root is our child (`run`).
     pub root_exit: oneshot::Receiver<i32>,
-    /// Send to end the thread; the kernel then detaches the tracees still alive.
-    pub stop: std_mpsc::Sender<()>,
+    /// Ends the thread; the kernel then detaches the tracees still alive.
+    pub stop: Stopper,
+}
+
+/// The hold thread's end.
+pub struct Stopper {
+    tx: std_mpsc::Sender<()>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Stopper {
+    /// Tells the thread to end: the session has turned the kernel side's stops off (it serves a
+    /// moment longer, for a stop sent just before).
+    pub fn stop(&self) {
+        let _ = self.tx.send(());
+    }
+
+    /// Waits for the thread's end, its guard released: leaktracer does not exit before, or the
+    /// guard would take it for a death while holding.
+    pub fn join(self) {
+        let _ = self.thread.join();
+    }
 }
 
 /// Seizes `root` and starts the hold thread. `None` when ptrace is not possible (already traced,
@@ -60,7 +80,7 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
     let (seized_tx, seized_rx) = std_mpsc::channel();
     let (exit_tx, exit_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = std_mpsc::channel();
-    thread::Builder::new()
+    let thread = thread::Builder::new()
         .name("exit-hold".into())
         .spawn(move || {
             let ok = seize(root);
@@ -77,7 +97,10 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
     match seized_rx.recv() {
         Ok(true) => Some(Hold {
             root_exit: exit_rx,
-            stop: stop_tx,
+            stop: Stopper {
+                tx: stop_tx,
+                thread,
+            },
         }),
         _ => None,
     }

@@ -151,9 +151,9 @@ pub(super) async fn trace(
     let exit_code = owner.dispatch(&mut inbox, end).await?;
     tracing::debug!("the command has exited");
     // The run is over: the holds end, ingest drains what is left, then the final report.
-    if let Some(h) = hold_stop {
+    if let Some(h) = &hold_stop {
         owner.prober.end_holds();
-        let _ = h.send(());
+        h.stop();
     }
     tracing::debug!("holds ended");
     let _ = stop_tx.send(true);
@@ -165,6 +165,9 @@ pub(super) async fn trace(
     ingest
         .await
         .map_err(|e| anyhow::anyhow!("ingest task: {e}"))??;
+    if let Some(h) = hold_stop {
+        let _ = tokio::task::spawn_blocking(move || h.join()).await;
+    }
     owner.end(exit_code).await
 }
 
