@@ -89,6 +89,55 @@ fn probe_cost_counts_each_programs_runs() {
     );
 }
 
+/// A SIGTERM sent to leaktracer alone (a supervisor's, a CI timeout's) used to end it at once,
+/// without its report, the command left running untraced. It is passed on to the command, whose
+/// exit ends the session: the final report comes, with the command's own exit status.
+#[test]
+fn sigterm_reaches_the_command_and_the_final_report_still_comes() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let dir = std::env::temp_dir().join(format!("lt-sigterm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (started, got, report) = (dir.join("started"), dir.join("got"), dir.join("report"));
+    let script = format!(
+        "trap 'echo TERM > {g}; exit 7' TERM; echo $$ > {s}; while :; do sleep 0.05; done",
+        g = got.display(),
+        s = started.display()
+    );
+    let mut tracer = fixture::leaktracer_cmd()
+        .args(["run", "--json", "-o"])
+        .arg(&report)
+        .args(["--", "sh", "-c", &script])
+        .spawn()
+        .expect("leaktracer run");
+    let command: u32 = wait_for(30.0, || {
+        std::fs::read_to_string(&started).ok()?.trim().parse().ok()
+    })
+    .expect("the command never started");
+    signal(tracer.id(), libc::SIGTERM);
+    let status = wait_for(30.0, || tracer.try_wait().ok().flatten());
+    if status.is_none() {
+        signal(tracer.id(), libc::SIGKILL);
+    }
+    let got = std::fs::read_to_string(&got).unwrap_or_default();
+    if got.is_empty() {
+        signal(command, libc::SIGKILL);
+    }
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(7),
+        "leaktracer's status"
+    );
+    assert_eq!(got.trim(), "TERM", "the command's SIGTERM");
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(last["final"], true, "{text}");
+}
+
 /// Killed while it holds a thread of the job (stopped by the kernel side for code the thread just
 /// mapped, waiting to be resumed), leaktracer used to leave that thread to take its SIGSTOP once
 /// detached: the job stopped for good. Its guard continues what is left stopped, and the job

@@ -1,5 +1,5 @@
-//! What ends a session, and the clocks it keeps: the launched command's exit, the attached
-//! process's exit or the duration, Ctrl-C or SIGTERM for `serve`; the owner's tickers.
+//! What ends a session, and the clocks it keeps: the launched command's exit (a SIGTERM passed on
+//! to it), the attached process's exit, the duration, Ctrl-C or SIGTERM; the owner's tickers.
 
 use std::time::Duration;
 
@@ -42,18 +42,25 @@ pub(super) fn ticker(interval: f64) -> Ticker {
 
 /// Resolves at Ctrl-C or SIGTERM.
 pub(super) async fn interrupted() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    };
+    let mut term = terminate();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+        _ = terminated(&mut term) => {}
+    }
+}
+
+/// SIGTERM, taken from its default action (which would end leaktracer without its report).
+fn terminate() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()
+}
+
+/// Resolves at the next SIGTERM; never where it could not be taken.
+async fn terminated(term: &mut Option<tokio::signal::unix::Signal>) {
+    match term.as_mut() {
+        Some(t) => {
+            t.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -70,7 +77,7 @@ pub(super) async fn end_of(root: Root, pid: u32, held_exit: Option<oneshot::Rece
             let limit = duration.map_or(Duration::MAX, Duration::from_secs_f64);
             tokio::select! {
                 _ = tokio::time::sleep(limit) => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = interrupted() => {}
                 _ = exited(pid) => {}
             }
             0
@@ -90,11 +97,19 @@ async fn launched_exit(pid: u32, held_exit: Option<oneshot::Receiver<i32>>) -> i
         }
     };
     tokio::pin!(waiter);
+    let mut term = terminate();
     loop {
         tokio::select! {
             code = &mut waiter => break code,
             // The command got the same SIGINT from the terminal; its exit ends the session.
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: waiting for the command to exit"),
+            // A SIGTERM is leaktracer's alone (a supervisor's, a CI timeout's): passed on to the
+            // command, whose exit ends the session with its final report, as for Ctrl-C.
+            _ = terminated(&mut term) => {
+                // SAFETY: kill with a plain signal number.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                tracing::info!("SIGTERM: passed to the command; waiting for it to exit");
+            }
         }
     }
 }
