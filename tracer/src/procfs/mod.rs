@@ -114,8 +114,7 @@ pub fn is_kernel_thread_flag(flags: u64) -> bool {
 
 /// Whether the process is gone or dead (zombie, exiting).
 pub fn has_exited(pid: u32) -> bool {
-    let state = stat_fields(pid.into()).and_then(|f| f.into_iter().next());
-    matches!(state.as_deref(), None | Some("Z") | Some("X"))
+    matches!(state(pid), None | Some('Z') | Some('X'))
 }
 
 /// A process's state letter (stat field 3: `R`, `S`, `T` stopped, `t` in a ptrace stop, `Z`…);
