@@ -347,6 +347,33 @@ fn a_list_of_numpy_arrays_leaks_at_its_python_line() {
 }
 
 #[test]
+fn modules_made_from_one_template_are_each_attributed_to_their_own_file() {
+    let py = python();
+    let dir = fixture::target_dir().join(format!("shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = script("shard_modules");
+    let Some(r) = run(&[&py, path.to_str().unwrap(), dir.to_str().unwrap(), "5"]) else {
+        return;
+    };
+    // What makes it a trap: the five bodies' code objects were made at one address in turn, and
+    // each ran its allocation at the same instruction of it.
+    let codes = std::fs::read_to_string(dir.join("codes")).unwrap();
+    let codes: Vec<&str> = codes.lines().collect();
+    assert_eq!(codes.len(), 5);
+    assert!(codes.iter().all(|c| *c == codes[0]), "{codes:?}");
+    // Each module's buffer at its own file's line 2 (the build before gave all five to the first).
+    for k in 0..5 {
+        let file = dir.join(format!("shard_{k}.py")).display().to_string();
+        let kept = r.sum(|s| {
+            s["kind"] == "heap"
+                && python_top(s).is_some_and(|(f, p, l)| f == "<module>" && p == file && l == 2)
+        });
+        assert_eq!(kept, ((1 << 20) + 1, 1), "shard_{k}.py");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn pymalloc_arena_growth_is_attributed_to_the_line_that_made_it() {
     let py = python();
     let path = script("arena_growth");

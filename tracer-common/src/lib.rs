@@ -669,20 +669,35 @@ pub struct PyConfig {
     pub frame_code: u64,
     pub frame_previous: u64,
     pub frame_instr: u64,
-    /// The byte sent as a frame's flags: `is_entry` (3.11), `owner` (3.12+).
+    /// The byte sent as a frame's flags: `is_entry` (3.11), `owner` (3.12+); [`PY_NONE`]: none.
     pub frame_entry: u64,
+    /// The frame's globals (its module's dict), sent above the flags byte ([`py_flags`]).
+    pub frame_globals: u64,
     /// Where `fsbase` is in the kernel's `task_struct` (from its BTF), when threads are matched
     /// by `pthread_t` (glibc's thread pointer is the thread's fs base); 0 to match native ids.
     pub task_fsbase: u64,
 }
-const _: () = assert!(size_of::<PyConfig>() == 13 * 8);
+const _: () = assert!(size_of::<PyConfig>() == 14 * 8);
 
 /// A [`PyConfig`] offset for a step the version does not have.
 pub const PY_NONE: u64 = u64::MAX;
 
+/// A frame's flags word: the byte at its entry field, and above it its globals pointer. A code
+/// object freed and another made at its address (the bodies of two modules imported in turn) runs
+/// with another module's globals, so its frames give another stack, resolved anew; the globals
+/// cost no read (they are in the frame's bytes already read).
+pub const fn py_flags(entry: u8, globals: u64) -> u64 {
+    (globals << 8) | entry as u64
+}
+
+/// The entry byte of a [`py_flags`] word.
+pub const fn py_entry(flags: u64) -> u8 {
+    flags as u8
+}
+
 /// One Python frame, as read: its code object, the word at the frame's instruction field (an
-/// address in the bytecode, or 3.10's instruction index) and the byte at its entry field (user
-/// space reads both per version).
+/// address in the bytecode, or 3.10's instruction index) and its [`py_flags`] (user space reads
+/// them per version).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PyFrame {

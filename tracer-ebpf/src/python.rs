@@ -1,7 +1,8 @@
 //! A thread's CPython frames at an event with a stack: found from its thread state (the GIL
 //! holder's when it is this thread, else the main interpreter's thread list, matched by native
-//! thread id or by pthread_t), then the interpreter frames, innermost first. Code objects and instruction
-//! addresses go to user space, which reads the code objects while the process lives.
+//! thread id or by pthread_t), then the interpreter frames, innermost first. Code objects,
+//! instruction addresses and globals go to user space, which reads the code objects while the
+//! process lives.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
@@ -10,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_NONE, PyConfig, PyFrame,
-    PyStackEvent,
+    PyStackEvent, py_flags,
 };
 
 use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -166,6 +167,8 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
         (cfg.frame_entry / 8) as usize & 15,
         (cfg.frame_entry % 8) * 8,
     );
+    let globals_w = (cfg.frame_globals / 8) as usize & 15;
+    let (has_entry, has_globals) = (cfg.frame_entry != PY_NONE, cfg.frame_globals != PY_NONE);
     read_window(w, frame);
     set(&mut w.frame, frame);
     set(&mut w.n, 0);
@@ -184,10 +187,16 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
             break;
         };
         let word_at = |k: usize| words.get(at + k).copied().unwrap_or(0);
+        let entry = if has_entry {
+            (word_at(entry_w) >> entry_shift) as u8
+        } else {
+            0
+        };
+        let globals = if has_globals { word_at(globals_w) } else { 0 };
         let f = PyFrame {
             code: word_at(code_w),
             instr: word_at(instr_w),
-            flags: (word_at(entry_w) >> entry_shift) & 0xff,
+            flags: py_flags(entry, globals),
         };
         // SAFETY: `rec` is this CPU's record; the index is masked below MAX_PY_FRAMES.
         unsafe { (*rec).frames[(i as usize) & (MAX_PY_FRAMES - 1)] = f };

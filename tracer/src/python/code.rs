@@ -23,6 +23,9 @@ pub struct Layout {
     /// The qualified name (3.11+), or the plain name (3.10 has no other).
     pub co_qualname: usize,
     pub co_linetable: usize,
+    /// Its bytecode's length in code units (`ob_size`, 3.11+); None where the bytecode is an
+    /// object of its own (3.10).
+    pub co_units: Option<usize>,
     pub line_format: linetable::Format,
     /// The header of a compact ASCII string, before its characters.
     pub ascii_header: usize,
@@ -45,6 +48,7 @@ impl Layout {
         co_filename: 0,
         co_qualname: 0,
         co_linetable: 0,
+        co_units: Some(16),
         line_format: linetable::Format::Locations,
         ascii_header: 0,
         compact_header: 0,
@@ -65,6 +69,8 @@ pub struct CodeInfo {
     pub first_line: u32,
     linetable: Vec<u8>,
     format: linetable::Format,
+    /// Its bytecode's length in code units, where the head tells it.
+    units: Option<u32>,
     /// The object's type, file, name and line-table pointers: a code object freed and another
     /// made at the same address differs in them (checked before a cached copy is used).
     pub fingerprint: [u64; 4],
@@ -74,6 +80,12 @@ impl CodeInfo {
     /// The source line of the instruction `offset` code units into the bytecode.
     pub fn line(&self, offset: u32) -> Option<u32> {
         linetable::line_at(self.format, &self.linetable, self.first_line, offset)
+    }
+
+    /// Whether a frame at instruction `offset` can be running this code: an offset past its
+    /// bytecode was made by another code object, since freed, at the same address.
+    pub fn holds(&self, offset: u32) -> bool {
+        self.units.is_none_or(|n| offset < n)
     }
 }
 
@@ -143,6 +155,10 @@ pub fn from_head(
         first_line: u32::try_from(first_line).unwrap_or(0),
         linetable,
         format: layout.line_format,
+        units: layout
+            .co_units
+            .and_then(|o| u64_at(head, o))
+            .and_then(|n| u32::try_from(n).ok()),
         fingerprint: fingerprint(layout, head),
     })
 }

@@ -67,6 +67,8 @@ impl Resolver {
                 self.codes.insert((tgid, code), fresh);
             }
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
+            // An instruction past the code's bytecode: the object read is not the one that ran.
+            let info = info.filter(|i| step.offset.is_none_or(|o| i.holds(o)));
             let frame = match info {
                 Some(info) => {
                     let line = step.offset.and_then(|o| {

@@ -36,7 +36,8 @@ for f in (Outer.inner, naïve, 数据):
     lines = [[o // 2, l] for s, e, l in co.co_lines() for o in range(s, e, 2)]
     out.append({"id": id(co), "file": co.co_filename,
                 "qualname": getattr(co, "co_qualname", co.co_name),
-                "first": co.co_firstlineno, "lines": lines})
+                "first": co.co_firstlineno, "lines": lines,
+                "units": len(co.co_code) // 2})
 print(json.dumps(out), flush=True)
 sys.stdin.read()
 "#;
@@ -86,6 +87,10 @@ fn code_objects_resolve(python: &str) {
         assert_eq!(info.file, w["file"].as_str().unwrap(), "{python}");
         assert_eq!(info.function, w["qualname"].as_str().unwrap());
         assert_eq!(u64::from(info.first_line), w["first"].as_u64().unwrap());
+        // Its bytecode's length, where the head tells it (3.11+): an offset past it is another's.
+        let units = w["units"].as_u64().unwrap() as u32;
+        assert!(info.holds(units - 1), "{python}");
+        assert_eq!(info.holds(units), layout.co_units.is_none(), "{python}");
         for pair in w["lines"].as_array().unwrap() {
             let offset = pair[0].as_u64().unwrap() as u32;
             let line = pair[1].as_u64().map(|l| l as u32);
@@ -109,7 +114,7 @@ fn code_objects_resolve(python: &str) {
 
 const NESTED: &str = r#"import sys, threading
 def h():
-    print("ready", threading.get_ident(), flush=True)
+    print("ready", threading.get_ident(), id(globals()), flush=True)
     sys.stdin.read()
 def g():
     h()
@@ -127,10 +132,17 @@ fn a_threads_python_frames_are_walked_from_its_thread_state() {
 
 fn frames_are_walked(python: &str) {
     let (mut py, dir, line) = start(python, "nested.py", NESTED);
-    let ident: u64 = line
+    let words: Vec<u64> = line
         .strip_prefix("ready ")
-        .and_then(|l| l.trim().parse().ok())
-        .expect(&line);
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let [ident, globals] = words[..] else {
+        panic!("{line}")
+    };
     let pid = py.id();
     // Until it is blocked in sys.stdin.read() (line 4): in the read system call (number 0).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -188,6 +200,16 @@ fn frames_are_walked(python: &str) {
         ],
         "{python}"
     );
+    // Each frame's flags carry its globals: the module's dict, for all four.
+    let shim = |flags: u64| {
+        matches!(version.frames, Frames::Shim { .. }) && tracer_common::py_entry(flags) == 3
+    };
+    let sent: Vec<u64> = raw
+        .chunks(3)
+        .filter(|t| !shim(t[2]))
+        .map(|t| t[2] >> 8)
+        .collect();
+    assert_eq!(sent, [globals; 4], "{python}");
     drop(py.stdin.take());
     py.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use tracer_common::{PY_NONE, PyConfig};
+use tracer_common::{PY_NONE, PyConfig, py_entry};
 
 use super::{
     PythonError,
@@ -34,7 +34,7 @@ pub enum Frames {
 }
 
 /// Owner of a shim frame in 3.12+ (`FRAME_OWNED_BY_CSTACK`).
-const OWNED_BY_CSTACK: u64 = 3;
+const OWNED_BY_CSTACK: u8 = 3;
 
 /// A frame as [`Frames`] reads it: its code object, the instruction (code units into the
 /// bytecode, None before the first) and whether it began an evaluation.
@@ -79,7 +79,7 @@ impl Version {
         Ok(v)
     }
 
-    /// The frames of `raw` (triples of code object, instruction word and flags byte, innermost
+    /// The frames of `raw` (triples of code object, instruction word and flags word, innermost
     /// first), shims left out.
     pub fn steps(&self, raw: &[u64]) -> Vec<Step> {
         let mut out: Vec<Step> = Vec::with_capacity(raw.len() / 3);
@@ -97,10 +97,10 @@ impl Version {
                 Frames::Entry { bytecode } => Step {
                     code,
                     offset: from(bytecode),
-                    entry: flags == 1,
+                    entry: py_entry(flags) == 1,
                 },
                 Frames::Shim { bytecode } => {
-                    if flags == OWNED_BY_CSTACK {
+                    if py_entry(flags) == OWNED_BY_CSTACK {
                         if let Some(last) = out.last_mut() {
                             last.entry = true;
                         }
@@ -132,7 +132,9 @@ impl Version {
             frame_code: 32,
             frame_previous: 24,
             frame_instr: 96,
-            frame_entry: 0,
+            // Every frame is an entry (`Frames::Legacy`).
+            frame_entry: PY_NONE,
+            frame_globals: 48,
             task_fsbase: 1,
         },
         layout: Layout {
@@ -141,6 +143,7 @@ impl Version {
             co_filename: 104,
             co_qualname: 112,
             co_linetable: 120,
+            co_units: None,
             line_format: Format::Pairs,
             ascii_header: 48,
             compact_header: 72,
@@ -163,6 +166,7 @@ impl Version {
             frame_previous: 48,
             frame_instr: 56,
             frame_entry: 68,
+            frame_globals: 8,
             task_fsbase: 0,
         },
         layout: Layout {
@@ -193,6 +197,7 @@ impl Version {
             frame_previous: 8,
             frame_instr: 56,
             frame_entry: 70,
+            frame_globals: 24,
             task_fsbase: 0,
         },
         layout: Layout {
@@ -277,6 +282,14 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, PythonError> {
             "_Py_DebugOffsets: a frame field past 120 bytes".into(),
         ));
     }
+    // `f_globals` is not among the offsets: where the frame is laid out as 3.12's (so far every
+    // 3.13), it is 3.12's.
+    let as_3_12 = (
+        w(word::FRAME_EXECUTABLE),
+        w(word::FRAME_PREVIOUS),
+        w(word::FRAME_INSTR_PTR),
+    ) == (0, 8, 56);
+    let frame_globals = if as_3_12 { 24 } else { PY_NONE };
     let code = w(word::CODE_ADAPTIVE);
     let ascii = w(word::UNICODE_ASCII_SIZE) as usize;
     Ok(Version {
@@ -293,6 +306,7 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, PythonError> {
             frame_previous: w(word::FRAME_PREVIOUS),
             frame_instr: w(word::FRAME_INSTR_PTR),
             frame_entry: w(word::FRAME_OWNER),
+            frame_globals,
             task_fsbase: 0,
         },
         layout: Layout {
@@ -412,7 +426,16 @@ mod tests {
 
     #[test]
     fn entry_frames_carry_their_flag() {
-        let raw = [0x1000, 0x1000 + 184 + 2, 1, 0x2000, 0x10, 0];
+        // Their flags words carry their globals above the flag byte.
+        let globals = 0x7f12_3456_7890;
+        let raw = [
+            0x1000,
+            0x1000 + 184 + 2,
+            tracer_common::py_flags(1, globals),
+            0x2000,
+            0x10,
+            tracer_common::py_flags(0, globals),
+        ];
         assert_eq!(
             v(Frames::Entry { bytecode: 184 }).steps(&raw),
             [

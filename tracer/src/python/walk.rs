@@ -6,11 +6,11 @@
 //! (`_PyRuntime.gilstate.tstate_current`, up to 3.11) first, else the main interpreter's list
 //! of thread states. So a thread that allocates with the GIL released still gets its own frames.
 
-use tracer_common::{MAX_PY_FRAMES, MAX_PY_THREADS, PY_NONE, PyConfig};
+use tracer_common::{MAX_PY_FRAMES, MAX_PY_THREADS, PY_NONE, PyConfig, py_flags};
 
 use super::mem;
 
-/// The raw frames (code object, instruction word, flags byte; innermost first) of the thread of
+/// The raw frames (code object, instruction word, flags word; innermost first) of the thread of
 /// `pid` whose state records `me` as its owner (its native id, or its pthread_t when
 /// `cfg.task_fsbase` is set); empty when there is none. `cfg.runtime` is the process's.
 pub fn walk(pid: u32, cfg: &PyConfig, me: u64) -> Vec<u64> {
@@ -45,8 +45,17 @@ pub fn walk(pid: u32, cfg: &PyConfig, me: u64) -> Vec<u64> {
             break;
         };
         let at = |o: u64| mem::u64_at(&f, o as usize).unwrap_or(0);
-        let flags = f.get(cfg.frame_entry as usize).copied().unwrap_or(0);
-        out.extend([at(cfg.frame_code), at(cfg.frame_instr), u64::from(flags)]);
+        let entry = f.get(cfg.frame_entry as usize).copied().unwrap_or(0);
+        let globals = if cfg.frame_globals == PY_NONE {
+            0
+        } else {
+            at(cfg.frame_globals)
+        };
+        out.extend([
+            at(cfg.frame_code),
+            at(cfg.frame_instr),
+            py_flags(entry, globals),
+        ]);
         frame = at(cfg.frame_previous);
     }
     out
