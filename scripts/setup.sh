@@ -73,25 +73,19 @@ if [ ${#need[@]} -gt 0 ]; then
   [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
 fi
 
-# 4. libtorch for the tch harness: the torch wheel's libraries (CPU-usable, no GPU needed) and the
-#    two CUDA runtime wheels libtorch_cpu.so links against, into .libtorch (LIBTORCH in
-#    .cargo/config.toml points there). Pinned to the PyTorch release tch 0.26 is built for.
-if ! [ -f .libtorch/torch/lib/libtorch_cpu.so ] || ! [ -f .libtorch/torch/lib/libc10.so ]; then
+# 4. For the Python tests, for the machine's python3, into .pydeps (the tests put it on
+#    PYTHONPATH): numpy (a leak through a list of arrays) and PyTorch as users install it, the torch
+#    wheel with its dependencies (the CUDA libraries `import torch` loads even on a CPU; ~4.5 GB;
+#    triton's package holds the CUDA headers the tests build their stand-in CUDA runtime against).
+#    Its torch/ is also the tch harness's libtorch (LIBTORCH in .cargo/config.toml): a CPU-usable
+#    libtorch whose libraries find the CUDA runtime they link against beside them.
+#    Pinned: the newest numpy for CPython 3.11, and the PyTorch release tch 0.26 is built for.
+if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
     log "apt-get install python3-pip"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
   fi
-  log "installing libtorch 2.13.0 into .libtorch"
-  pip_into .libtorch --no-deps 'torch==2.13.0' 'nvidia-cuda-runtime==13.0.96' 'nvidia-cuda-cupti==13.0.85'
-fi
-
-# 4b. For the Python tests, for the machine's python3, into .pydeps (the tests put it on
-#     PYTHONPATH): numpy (a leak through a list of arrays) and PyTorch as users install it, the torch
-#     wheel with its dependencies (the CUDA libraries `import torch` loads even on a CPU; ~4.5 GB;
-#     triton's package holds the CUDA headers the tests build their stand-in CUDA runtime against).
-#     Pinned: the newest numpy for CPython 3.11, and the PyTorch release the tch harness uses.
-if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
   log "installing numpy 2.4.6 and torch 2.13.0 (with its dependencies) into .pydeps"
   pip_into .pydeps 'numpy==2.4.6' 'torch==2.13.0'
   for d in numpy-2.4.6 torch-2.13.0; do

@@ -282,9 +282,10 @@ pub fn harness() -> Option<PathBuf> {
     None
 }
 
-/// The libtorch scripts/setup.sh installs (LIBTORCH): `.libtorch/torch` in the workspace.
+/// The libtorch scripts/setup.sh installs (LIBTORCH): the torch wheel's, `.pydeps/torch` in the
+/// workspace.
 pub fn libtorch() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.libtorch/torch")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.pydeps/torch")
 }
 
 /// Whether BPF tests can run here; under CI they must (a test that cannot run fails).
