@@ -195,6 +195,66 @@ fn a_job_held_when_leaktracer_is_killed_goes_on() {
     assert!(told.is_some(), "{text}");
 }
 
+/// A panic while leaktracer holds the job for new code (one on purpose here: a debug build
+/// panics where `LEAKTRACER_FAULT` says): its hook says so and ends leaktracer with status 1 at
+/// once, the kernel detaches the job with the stop still pending, and the guard lets it go on.
+#[test]
+fn a_job_held_when_leaktracer_panics_goes_on() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let bin = fixture::build_with("reload", &["-ldl"]);
+    let lib = fixture::build_variant(
+        "reload-lib.so",
+        "reload",
+        &["-shared", "-fPIC", "-DLIBRARY"],
+    );
+    let dir = std::env::temp_dir().join(format!("lt-held-panic-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (started, done) = (dir.join("started"), dir.join("done"));
+    let log = dir.join("stderr");
+    let mut tracer = fixture::leaktracer_cmd()
+        .env("LEAKTRACER_FAULT", "hold")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .args(["run", "-o", "/dev/null", "--"])
+        .args([&bin, &lib, &dir])
+        .arg("150")
+        .spawn()
+        .expect("leaktracer run");
+    let status = wait_for(30.0, || tracer.try_wait().ok().flatten());
+    if status.is_none() {
+        let _ = tracer.kill();
+    }
+    let job: Option<u32> = wait_for(30.0, || {
+        std::fs::read_to_string(&started).ok()?.trim().parse().ok()
+    });
+    let finished = wait_for(30.0, || done.exists().then_some(())).is_some();
+    if let (Some(job), false) = (job, finished) {
+        signal(job, libc::SIGKILL);
+    }
+    let said = format!(
+        "continued what it left stopped: 1 process (pid {})",
+        job.unwrap_or_default()
+    );
+    let told = wait_for(10.0, || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains(&said).then_some(())
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{text}");
+    assert!(text.contains("a failure on purpose at hold"), "{text}");
+    assert!(
+        text.contains("leaktracer: internal error (above); the traced job goes on untraced"),
+        "{text}"
+    );
+    assert!(job.is_some() && finished, "the job did not go on\n{text}");
+    assert!(told.is_some(), "{text}");
+}
+
 /// `f`'s first value within `seconds`, asked every 20 ms.
 fn wait_for<T>(seconds: f64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);

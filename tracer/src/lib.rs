@@ -5,7 +5,7 @@
 //! main → config (flags → Config) → session (the owner) → bench (behind its subcommand)
 //!          probes → ingest → ledger → analysis → report → render · store · api · check
 //!          python · hold · launch · serve · symbolize · gpu
-//!          model (shared vocabulary) · procfs (every /proc read) · error
+//!          model (shared vocabulary) · procfs (every /proc read) · error · fault
 //! ```
 
 pub mod analysis;
@@ -15,6 +15,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod gpu;
 pub mod hold;
 pub mod ingest;

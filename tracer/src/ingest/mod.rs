@@ -82,6 +82,7 @@ pub async fn run(
                 guard.clear_ready();
             }
             Some(req) = holds.recv() => {
+                crate::fault::at("hold");
                 if req.reason == HoldReason::Exit {
                     // Stopped at exit with its memory intact: capture, then drain.
                     decoder.maps.refresh(req.tgid);
