@@ -149,50 +149,18 @@ fn a_job_held_when_leaktracer_is_killed_goes_on() {
         return;
     }
     let _x = fixture::exclusive();
-    let bin = fixture::build_with("reload", &["-ldl"]);
-    let lib = fixture::build_variant(
-        "reload-lib.so",
-        "reload",
-        &["-shared", "-fPIC", "-DLIBRARY"],
-    );
-    let dir = std::env::temp_dir().join(format!("lt-held-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (started, done) = (dir.join("started"), dir.join("done"));
-    let log = dir.join("stderr");
-    let mut tracer = fixture::leaktracer_cmd()
-        .stderr(std::fs::File::create(&log).unwrap())
-        .args(["run", "-o", "/dev/null", "--"])
-        .args([&bin, &lib, &dir])
-        .arg("150")
-        .spawn()
-        .expect("leaktracer run");
-    let job: u32 = wait_for(30.0, || {
-        std::fs::read_to_string(&started).ok()?.trim().parse().ok()
-    })
-    .expect("the job never started");
+    let (mut tracer, held) = HeldJob::start("kill", &[]);
+    let job = held.job();
     std::thread::sleep(Duration::from_millis(300));
     signal(tracer.id(), libc::SIGSTOP);
-    let held = wait_for(10.0, || (state(job) == Some('t')).then_some(()));
-    let before = state(job);
+    let stopped = job.and_then(|job| wait_for(10.0, || (state(job) == Some('t')).then_some(())));
+    let before = job.and_then(state);
     signal(tracer.id(), libc::SIGKILL);
     let _ = tracer.wait();
-    assert!(held.is_some(), "the job was not held: {before:?}");
-    let finished = wait_for(30.0, || done.exists().then_some(())).is_some();
-    let after = state(job);
-    if !finished {
-        signal(job, libc::SIGKILL);
-    }
-    // The guard says what it did, once leaktracer has gone a second without more to continue.
-    let said = format!("continued what it left stopped: 1 process (pid {job})");
-    let told = wait_for(10.0, || {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains(&said).then_some(text)
-    });
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(finished, "the job did not go on: {after:?}\n{text}");
-    assert!(told.is_some(), "{text}");
+    let (finished, told, text) = held.end(job);
+    assert!(stopped.is_some(), "the job was not held: {before:?}");
+    assert!(finished, "the job did not go on\n{text}");
+    assert!(told, "{text}");
 }
 
 /// A panic while leaktracer holds the job for new code (one on purpose here: a debug build
@@ -204,55 +172,81 @@ fn a_job_held_when_leaktracer_panics_goes_on() {
         return;
     }
     let _x = fixture::exclusive();
-    let bin = fixture::build_with("reload", &["-ldl"]);
-    let lib = fixture::build_variant(
-        "reload-lib.so",
-        "reload",
-        &["-shared", "-fPIC", "-DLIBRARY"],
-    );
-    let dir = std::env::temp_dir().join(format!("lt-held-panic-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (started, done) = (dir.join("started"), dir.join("done"));
-    let log = dir.join("stderr");
-    let mut tracer = fixture::leaktracer_cmd()
-        .env("LEAKTRACER_FAULT", "hold")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .args(["run", "-o", "/dev/null", "--"])
-        .args([&bin, &lib, &dir])
-        .arg("150")
-        .spawn()
-        .expect("leaktracer run");
+    let (mut tracer, held) = HeldJob::start("panic", &[("LEAKTRACER_FAULT", "hold")]);
     let status = wait_for(30.0, || tracer.try_wait().ok().flatten());
     if status.is_none() {
         let _ = tracer.kill();
     }
-    let job: Option<u32> = wait_for(30.0, || {
-        std::fs::read_to_string(&started).ok()?.trim().parse().ok()
-    });
-    let finished = wait_for(30.0, || done.exists().then_some(())).is_some();
-    if let (Some(job), false) = (job, finished) {
-        signal(job, libc::SIGKILL);
-    }
-    let said = format!(
-        "continued what it left stopped: 1 process (pid {})",
-        job.unwrap_or_default()
-    );
-    let told = wait_for(10.0, || {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains(&said).then_some(())
-    });
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
+    let job = held.job();
+    let (finished, told, text) = held.end(job);
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{text}");
     assert!(text.contains("a failure on purpose at hold"), "{text}");
     assert!(
         text.contains("leaktracer: internal error (above); the traced job goes on untraced"),
         "{text}"
     );
-    assert!(job.is_some() && finished, "the job did not go on\n{text}");
-    assert!(told.is_some(), "{text}");
+    assert!(finished, "the job did not go on\n{text}");
+    assert!(told, "{text}");
+}
+
+/// The job of the held-job tests (`reload.c`: new code mapped every 20 ms for 3 s, in one
+/// process) under `leaktracer run`, and the files it and leaktracer write.
+struct HeldJob {
+    dir: std::path::PathBuf,
+}
+
+impl HeldJob {
+    /// Starts the job under leaktracer (with `env` added), leaktracer's stderr to a file.
+    fn start(tag: &str, env: &[(&str, &str)]) -> (std::process::Child, Self) {
+        let bin = fixture::build_with("reload", &["-ldl"]);
+        let lib = fixture::build_variant(
+            "reload-lib.so",
+            "reload",
+            &["-shared", "-fPIC", "-DLIBRARY"],
+        );
+        let dir = std::env::temp_dir().join(format!("lt-held-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tracer = fixture::leaktracer_cmd()
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+            .args(["run", "-o", "/dev/null", "--"])
+            .args([&bin, &lib, &dir])
+            .arg("150")
+            .spawn()
+            .expect("leaktracer run");
+        (tracer, Self { dir })
+    }
+
+    /// The job's pid, once it has started (within 30 s).
+    fn job(&self) -> Option<u32> {
+        let started = self.dir.join("started");
+        wait_for(30.0, || {
+            std::fs::read_to_string(&started).ok()?.trim().parse().ok()
+        })
+    }
+
+    /// Whether the job finished (within 30 s; killed if not), whether the guard said it continued
+    /// that one process, and leaktracer's stderr. Removes the files.
+    fn end(self, job: Option<u32>) -> (bool, bool, String) {
+        let done = self.dir.join("done");
+        let finished = job.is_some() && wait_for(30.0, || done.exists().then_some(())).is_some();
+        if let (Some(job), false) = (job, finished) {
+            signal(job, libc::SIGKILL);
+        }
+        // The guard says what it did, once leaktracer has gone a second without more to continue.
+        let said = format!(
+            "continued what it left stopped: 1 process (pid {})",
+            job.unwrap_or_default()
+        );
+        let log = self.dir.join("stderr");
+        let read = || std::fs::read_to_string(&log).unwrap_or_default();
+        let told = wait_for(10.0, || read().contains(&said).then_some(())).is_some();
+        let text = read();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        (finished, told, text)
+    }
 }
 
 /// `f`'s first value within `seconds`, asked every 20 ms.
