@@ -98,7 +98,7 @@ pub fn cuda_enter(ctx: ProbeContext) -> u32 {
 #[uretprobe(multi)]
 pub fn cuda_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some((p, id)) = outermost_return(GPU_PENDING.current().map(|p| (p, id))) else {
+    let Some((p, id)) = outermost_return(GPU_PENDING.current().map(|p| (p, id)), 0) else {
         return 0;
     };
     // cudaError_t and CUresult are 32-bit enums; 0 is success.
@@ -127,7 +127,7 @@ pub fn torch_cuda_malloc_enter(ctx: ProbeContext) -> u32 {
 #[uretprobe(multi)]
 pub fn torch_cuda_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    if let Some((p, id)) = outermost_return(TORCH_PENDING.current().map(|p| (p, id))) {
+    if let Some((p, id)) = outermost_return(TORCH_PENDING.current().map(|p| (p, id)), 0) {
         allocated(&ctx, p, id, 0);
     }
     0

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocFn, CallSite, Counter, Event, EventKind, FREES_PER_RECORD, FreesEvent, MAX_DEFERRED,
-    Pending,
+    Pending, TRACED_NO_HEAP, TRACED_NO_TENSORS,
 };
 
 use crate::{
@@ -207,7 +207,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
             return 0;
         }
     }
-    let Some((p, id)) = outermost_return(entry) else {
+    let Some((p, id)) = outermost_return(entry, TRACED_NO_HEAP) else {
         return 0;
     };
     let rv: u64 = ctx.ret();
@@ -369,7 +369,7 @@ pub fn c10_alloc_return(ctx: RetProbeContext) -> u32 {
     {
         return 0;
     }
-    let Some((p, id)) = outermost_return(entry) else {
+    let Some((p, id)) = outermost_return(entry, TRACED_NO_TENSORS) else {
         return 0;
     };
     let rv: u64 = ctx.ret();

@@ -407,10 +407,19 @@ fn send_walked(regs: &UserRegs, ev: &Event) {
 
 /// The thread's entry and id (`entry`) when this return ends its outermost call (the entry is
 /// then idle); None for a nested call's return or a return without an entry (counted).
+///
+/// `off`: the [`TRACED`] flag that takes the probes' layer out of a process (0: always on). A
+/// thread with no entry at all returning while its process has it is no loss: its call's entry
+/// probe was detached first (a layer's links go out each on a thread of its own, once its flag
+/// is set; entry and return programs in either order), and its entry program records nothing
+/// for such a process anyway.
 #[inline(always)]
-pub fn outermost_return(entry: Option<(&mut Pending, u64)>) -> Option<(&mut Pending, u64)> {
+pub fn outermost_return(
+    entry: Option<(&mut Pending, u64)>,
+    off: u32,
+) -> Option<(&mut Pending, u64)> {
     let Some((p, id)) = entry else {
-        if traced_current().is_some() {
+        if traced_flags().is_some_and(|(_, _, flags)| off == 0 || flags & off == 0) {
             count(Counter::ReturnWithoutEntry);
         }
         return None;
