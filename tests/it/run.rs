@@ -149,7 +149,7 @@ fn a_job_held_when_leaktracer_is_killed_goes_on() {
         return;
     }
     let _x = fixture::exclusive();
-    let (mut tracer, held) = HeldJob::start("kill", &[]);
+    let (mut tracer, held) = HeldJob::start(&["run", "-o", "/dev/null"], &[]);
     let job = held.job();
     std::thread::sleep(Duration::from_millis(300));
     signal(tracer.id(), libc::SIGSTOP);
@@ -164,54 +164,64 @@ fn a_job_held_when_leaktracer_is_killed_goes_on() {
 }
 
 /// A panic while leaktracer holds the job for new code (one on purpose here: a debug build
-/// panics where `LEAKTRACER_FAULT` says): its hook says so and ends leaktracer with status 1 at
-/// once, the kernel detaches the job with the stop still pending, and the guard lets it go on.
+/// panics where `LEAKTRACER_FAULT` says): its hook says so and ends leaktracer at once, with
+/// status 1 (`check`: 2, its own failure, not a leak's), the kernel detaches the job with the stop
+/// still pending, and the guard lets it go on.
 #[test]
 fn a_job_held_when_leaktracer_panics_goes_on() {
     if !fixture::bpf_available() {
         return;
     }
     let _x = fixture::exclusive();
-    let (mut tracer, held) = HeldJob::start("panic", &[("LEAKTRACER_FAULT", "hold")]);
-    let status = wait_for(30.0, || tracer.try_wait().ok().flatten());
-    if status.is_none() {
-        let _ = tracer.kill();
+    for (command, code) in [(&["run", "-o", "/dev/null"][..], 1), (&["check"][..], 2)] {
+        let fault = [("LEAKTRACER_FAULT", "hold")];
+        let (mut tracer, held) = HeldJob::start(command, &fault);
+        let status = wait_for(30.0, || tracer.try_wait().ok().flatten());
+        if status.is_none() {
+            let _ = tracer.kill();
+        }
+        let job = held.job();
+        let (finished, told, text) = held.end(job);
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(code),
+            "{command:?}: {text}"
+        );
+        assert!(text.contains("a failure on purpose at hold"), "{text}");
+        assert!(
+            text.contains("leaktracer: internal error (above); the traced job goes on untraced"),
+            "{text}"
+        );
+        assert!(finished, "{command:?}: the job did not go on\n{text}");
+        assert!(told, "{command:?}: {text}");
     }
-    let job = held.job();
-    let (finished, told, text) = held.end(job);
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "{text}");
-    assert!(text.contains("a failure on purpose at hold"), "{text}");
-    assert!(
-        text.contains("leaktracer: internal error (above); the traced job goes on untraced"),
-        "{text}"
-    );
-    assert!(finished, "the job did not go on\n{text}");
-    assert!(told, "{text}");
 }
 
 /// The job of the held-job tests (`reload.c`: new code mapped every 20 ms for 3 s, in one
-/// process) under `leaktracer run`, and the files it and leaktracer write.
+/// process) under a leaktracer command, and the files it and leaktracer write.
 struct HeldJob {
     dir: std::path::PathBuf,
 }
 
 impl HeldJob {
-    /// Starts the job under leaktracer (with `env` added), leaktracer's stderr to a file.
-    fn start(tag: &str, env: &[(&str, &str)]) -> (std::process::Child, Self) {
+    /// Starts the job under leaktracer's `command` (with `env` added), leaktracer's stderr to a
+    /// file.
+    fn start(command: &[&str], env: &[(&str, &str)]) -> (std::process::Child, Self) {
         let bin = fixture::build_with("reload", &["-ldl"]);
         let lib = fixture::build_variant(
             "reload-lib.so",
             "reload",
             &["-shared", "-fPIC", "-DLIBRARY"],
         );
-        let dir = std::env::temp_dir().join(format!("lt-held-{tag}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("lt-held-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let tracer = fixture::leaktracer_cmd()
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-            .args(["run", "-o", "/dev/null", "--"])
+            .args(command)
+            .arg("--")
             .args([&bin, &lib, &dir])
             .arg("150")
             .spawn()
