@@ -673,26 +673,46 @@ pub struct PyConfig {
     pub frame_entry: u64,
     /// The frame's globals (its module's dict), sent above the flags byte ([`py_flags`]).
     pub frame_globals: u64,
+    /// The frame's locals: a module's body runs with its globals as its locals.
+    pub frame_locals: u64,
+    /// A code object's file name (a `str`), read for a module body's frames ([`PY_MODULE`]).
+    pub code_filename: u64,
     /// Where `fsbase` is in the kernel's `task_struct` (from its BTF), when threads are matched
     /// by `pthread_t` (glibc's thread pointer is the thread's fs base); 0 to match native ids.
     pub task_fsbase: u64,
 }
-const _: () = assert!(size_of::<PyConfig>() == 14 * 8);
+const _: () = assert!(size_of::<PyConfig>() == 16 * 8);
 
 /// A [`PyConfig`] offset for a step the version does not have.
 pub const PY_NONE: u64 = u64::MAX;
 
-/// A frame's flags word: the byte at its entry field, and above it its globals pointer. A code
-/// object freed and another made at its address (the bodies of two modules imported in turn) runs
-/// with another module's globals, so its frames give another stack, resolved anew; the globals
-/// cost no read (they are in the frame's bytes already read).
-pub const fn py_flags(entry: u8, globals: u64) -> u64 {
-    (globals << 8) | entry as u64
+/// A frame's flags word: the byte at its entry field, and above it its globals pointer, or for a
+/// module's body ([`PY_MODULE`] set in the byte) its code object's file name. A code object freed
+/// and another made at its address (the bodies of two modules imported in turn) runs with another
+/// module's globals, so its frames give another stack, resolved anew; the globals cost no read
+/// (they are in the frame's bytes already read). A module's body is freed once run, often before
+/// its stack is read: its file name, which the module's `__file__` keeps, still names it.
+pub const fn py_flags(entry: u8, word: u64) -> u64 {
+    (word << 8) | entry as u64
 }
 
-/// The entry byte of a [`py_flags`] word.
+/// Set in a [`py_flags`] byte: the frame is a module's body (its locals are its globals), and the
+/// word above is its code object's file name.
+pub const PY_MODULE: u8 = 0x80;
+
+/// The entry byte of a [`py_flags`] word, as the frame's entry field holds it.
 pub const fn py_entry(flags: u64) -> u8 {
-    flags as u8
+    flags as u8 & !PY_MODULE
+}
+
+/// The file name (a `str` object's address) a module body's [`py_flags`] word carries; None where
+/// it could not be read.
+pub const fn py_module_file(flags: u64) -> Option<u64> {
+    if flags as u8 & PY_MODULE != 0 && flags >> 8 != 0 {
+        Some(flags >> 8)
+    } else {
+        None
+    }
 }
 
 /// One Python frame, as read: its code object, the word at the frame's instruction field (an

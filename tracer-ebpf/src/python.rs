@@ -10,8 +10,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use tracer_common::{
-    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_NONE, PyConfig, PyFrame,
-    PyStackEvent, py_flags,
+    EventKind, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_MODULE, PY_NONE, PyConfig,
+    PyFrame, PyStackEvent, py_flags,
 };
 
 use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -45,6 +45,10 @@ struct PyWalk {
     /// call's frame right above its caller's, so most of a thread's chain is in it, and one
     /// read of it costs about what two reads of single frames do.
     window: [u64; WINDOW_WORDS + 16],
+    /// The module body last found on this CPU: (process, code object, globals) and its file
+    /// name. The main script's body is under every stack of its process: read once, not at each
+    /// event. Another body made at the same code address runs with another module's globals.
+    module: [u64; 4],
 }
 
 /// The thread state's words read at once at most; a power of two.
@@ -168,7 +172,9 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
         (cfg.frame_entry % 8) * 8,
     );
     let globals_w = (cfg.frame_globals / 8) as usize & 15;
+    let locals_w = (cfg.frame_locals / 8) as usize & 15;
     let (has_entry, has_globals) = (cfg.frame_entry != PY_NONE, cfg.frame_globals != PY_NONE);
+    let has_modules = has_globals && cfg.frame_locals != PY_NONE && cfg.code_filename != PY_NONE;
     read_window(w, frame);
     set(&mut w.frame, frame);
     set(&mut w.n, 0);
@@ -193,15 +199,19 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
             0
         };
         let globals = if has_globals { word_at(globals_w) } else { 0 };
-        let f = PyFrame {
-            code: word_at(code_w),
-            instr: word_at(instr_w),
-            flags: py_flags(entry, globals),
+        let (code, instr, previous) = (word_at(code_w), word_at(instr_w), word_at(prev_w));
+        let module = has_modules && globals != 0 && word_at(locals_w) == globals;
+        let flags = if module {
+            let file = module_file(w, u64::from(tgid), code, globals, cfg.code_filename);
+            py_flags(entry | PY_MODULE, file)
+        } else {
+            py_flags(entry, globals)
         };
+        let f = PyFrame { code, instr, flags };
         // SAFETY: `rec` is this CPU's record; the index is masked below MAX_PY_FRAMES.
         unsafe { (*rec).frames[(i as usize) & (MAX_PY_FRAMES - 1)] = f };
         set(&mut w.n, i + 1);
-        set(&mut w.frame, word_at(prev_w));
+        set(&mut w.frame, previous);
     }
     let (frame, n) = (get(&w.frame), get(&w.n) as usize);
     let mut ev = untimed_event(EventKind::PyFrames, 0, id);
@@ -219,6 +229,18 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
         count(tracer_common::Counter::RingbufFull);
     }
     tstate
+}
+
+/// The file name of the module body running `code` with `globals` in process `tgid`: the last
+/// one found on this CPU, or read from the code object (at `filename` in it).
+#[inline(always)]
+fn module_file(w: &mut PyWalk, tgid: u64, code: u64, globals: u64, filename: u64) -> u64 {
+    if w.module[..3] == [tgid, code, globals] {
+        return w.module[3];
+    }
+    let file = word(code + filename);
+    w.module = [tgid, code, globals, file];
+    file
 }
 
 /// The thread state `t`'s owner (native id or pthread_t) and frame field (its cframe, or 3.13's

@@ -164,7 +164,7 @@ pub fn from_head(
 }
 
 /// A `str` object's text: compact ASCII, or compact Latin-1, UCS-2 or UCS-4.
-fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, PythonError> {
+pub fn string(pid: u32, layout: &Layout, addr: u64) -> Result<String, PythonError> {
     let head = mem::read(pid, addr, layout.compact_header)
         .ok_or(PythonError::Unreadable("string unreadable".into()))?;
     let len =

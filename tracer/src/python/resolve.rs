@@ -2,7 +2,7 @@
 //! once per process (file, function, line table), and the frames spliced into the native stack
 //! where the evaluator ran them.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use rustc_hash::FxHashMap;
 
@@ -21,6 +21,8 @@ pub struct Resolver {
     /// Lines found, per (process, code object, its fingerprint, instruction offset): the same
     /// caller frames come back in stack after stack, and a line is found by walking the table.
     lines: FxHashMap<LineKey, Option<u32>>,
+    /// Module bodies' file names read, per (process, `str` object), as frames' module strings.
+    files: HashMap<(u32, u64), Option<Arc<str>>>,
 }
 
 type LineKey = (u32, u64, [u64; 4], u32);
@@ -67,8 +69,12 @@ impl Resolver {
                 self.codes.insert((tgid, code), fresh);
             }
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
-            // An instruction past the code's bytecode: the object read is not the one that ran.
-            let info = info.filter(|i| step.offset.is_none_or(|o| i.holds(o)));
+            // An instruction past the code's bytecode, or a module body's file not the object's:
+            // the object read is not the one that ran.
+            let info = info.filter(|i| {
+                step.offset.is_none_or(|o| i.holds(o))
+                    && step.file.is_none_or(|f| i.fingerprint[1] == f)
+            });
             let frame = match info {
                 Some(info) => {
                     let line = step.offset.and_then(|o| {
@@ -82,7 +88,11 @@ impl Resolver {
                     });
                     Frame::python_in(info.module.clone(), line, code)
                 }
-                None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
+                // A module's body freed before its stack was read: its file still names it.
+                None => match step.file.and_then(|f| self.file(tgid, &layout, f)) {
+                    Some(module) => Frame::python_in(module, None, code),
+                    None => Frame::python("?", &format!("<code {code:#x}>"), None, code),
+                },
             };
             groups.last_mut().expect("one group").push(frame);
             if step.entry {
@@ -108,10 +118,22 @@ impl Resolver {
         out
     }
 
+    /// The module string of a body whose file name is the `str` at `addr` in `tgid`.
+    fn file(&mut self, tgid: u32, layout: &code::Layout, addr: u64) -> Option<Arc<str>> {
+        self.files
+            .entry((tgid, addr))
+            .or_insert_with(|| {
+                let name = code::string(tgid, layout, addr).ok()?;
+                Some(Frame::python_module(&name, "<module>"))
+            })
+            .clone()
+    }
+
     /// A process exited or replaced its image: its interpreter and code objects are gone.
     pub fn forget(&mut self, tgid: u32) {
         self.interps.remove(&tgid);
         self.codes.retain(|(pid, _), _| *pid != tgid);
+        self.files.retain(|(pid, _), _| *pid != tgid);
         self.lines.retain(|(pid, ..), _| *pid != tgid);
     }
 }

@@ -200,16 +200,29 @@ fn frames_are_walked(python: &str) {
         ],
         "{python}"
     );
-    // Each frame's flags carry its globals: the module's dict, for all four.
+    // Each function's frame carries its globals (the module's dict), the module's body its code
+    // object's file name.
     let shim = |flags: u64| {
         matches!(version.frames, Frames::Shim { .. }) && tracer_common::py_entry(flags) == 3
     };
-    let sent: Vec<u64> = raw
+    let sent: Vec<(u64, Option<u64>)> = raw
         .chunks(3)
         .filter(|t| !shim(t[2]))
-        .map(|t| t[2] >> 8)
+        .map(|t| (t[2] >> 8, tracer_common::py_module_file(t[2])))
         .collect();
-    assert_eq!(sent, [globals; 4], "{python}");
+    let body = version.steps(&raw).last().unwrap().code;
+    let head = code::head(pid, &version.layout, body).unwrap();
+    let file = code::fingerprint(&version.layout, &head)[1];
+    assert_eq!(
+        sent,
+        [
+            (globals, None),
+            (globals, None),
+            (globals, None),
+            (file, Some(file))
+        ],
+        "{python}"
+    );
     drop(py.stdin.take());
     py.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use tracer_common::{PY_NONE, PyConfig, py_entry};
+use tracer_common::{PY_NONE, PyConfig, py_entry, py_module_file};
 
 use super::{
     PythonError,
@@ -43,6 +43,8 @@ pub struct Step {
     pub code: u64,
     pub offset: Option<u32>,
     pub entry: bool,
+    /// A module body's file name (a `str` object's address), as the kernel side read it.
+    pub file: Option<u64>,
 }
 
 /// Everything leaktracer knows of one CPython version (x86_64).
@@ -88,16 +90,19 @@ impl Version {
                 let start = code + bytecode;
                 (instr >= start).then(|| ((instr - start) / 2) as u32)
             };
+            let file = py_module_file(flags);
             let step = match self.frames {
                 Frames::Legacy => Step {
                     code,
                     offset: u32::try_from(instr as u32 as i32).ok(),
                     entry: true,
+                    file,
                 },
                 Frames::Entry { bytecode } => Step {
                     code,
                     offset: from(bytecode),
                     entry: py_entry(flags) == 1,
+                    file,
                 },
                 Frames::Shim { bytecode } => {
                     if py_entry(flags) == OWNED_BY_CSTACK {
@@ -110,6 +115,7 @@ impl Version {
                         code,
                         offset: from(bytecode),
                         entry: false,
+                        file,
                     }
                 }
             };
@@ -135,6 +141,8 @@ impl Version {
             // Every frame is an entry (`Frames::Legacy`).
             frame_entry: PY_NONE,
             frame_globals: 48,
+            frame_locals: 56,
+            code_filename: 104,
             task_fsbase: 1,
         },
         layout: Layout {
@@ -167,6 +175,8 @@ impl Version {
             frame_instr: 56,
             frame_entry: 68,
             frame_globals: 8,
+            frame_locals: 24,
+            code_filename: 112,
             task_fsbase: 0,
         },
         layout: Layout {
@@ -198,6 +208,8 @@ impl Version {
             frame_instr: 56,
             frame_entry: 70,
             frame_globals: 24,
+            frame_locals: 40,
+            code_filename: 112,
             task_fsbase: 0,
         },
         layout: Layout {
@@ -282,14 +294,18 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, PythonError> {
             "_Py_DebugOffsets: a frame field past 120 bytes".into(),
         ));
     }
-    // `f_globals` is not among the offsets: where the frame is laid out as 3.12's (so far every
-    // 3.13), it is 3.12's.
+    // `f_globals` and `f_locals` are not among the offsets: where the frame is laid out as 3.12's
+    // (so far every 3.13), they are 3.12's.
     let as_3_12 = (
         w(word::FRAME_EXECUTABLE),
         w(word::FRAME_PREVIOUS),
         w(word::FRAME_INSTR_PTR),
     ) == (0, 8, 56);
-    let frame_globals = if as_3_12 { 24 } else { PY_NONE };
+    let (frame_globals, frame_locals) = if as_3_12 {
+        (24, 40)
+    } else {
+        (PY_NONE, PY_NONE)
+    };
     let code = w(word::CODE_ADAPTIVE);
     let ascii = w(word::UNICODE_ASCII_SIZE) as usize;
     Ok(Version {
@@ -307,6 +323,8 @@ fn debug_offsets(raw: &[u8]) -> Result<Version, PythonError> {
             frame_instr: w(word::FRAME_INSTR_PTR),
             frame_entry: w(word::FRAME_OWNER),
             frame_globals,
+            frame_locals,
+            code_filename: w(word::CODE_FILENAME),
             task_fsbase: 0,
         },
         layout: Layout {
@@ -392,12 +410,14 @@ mod tests {
                 Step {
                     code: 0x1000,
                     offset: Some(4),
-                    entry: false
+                    entry: false,
+                    file: None
                 },
                 Step {
                     code: 0x2000,
                     offset: Some(0),
-                    entry: true
+                    entry: true,
+                    file: None
                 },
             ]
         );
@@ -413,12 +433,14 @@ mod tests {
                 Step {
                     code: 0x1000,
                     offset: Some(7),
-                    entry: true
+                    entry: true,
+                    file: None
                 },
                 Step {
                     code: 0x2000,
                     offset: None,
-                    entry: true
+                    entry: true,
+                    file: None
                 },
             ]
         );
@@ -426,15 +448,15 @@ mod tests {
 
     #[test]
     fn entry_frames_carry_their_flag() {
-        // Their flags words carry their globals above the flag byte.
-        let globals = 0x7f12_3456_7890;
+        // Their flags words carry their globals above the flag byte, or a module body's file.
+        let (globals, file) = (0x7f12_3456_7890, 0x7f00_5555_0040);
         let raw = [
             0x1000,
             0x1000 + 184 + 2,
             tracer_common::py_flags(1, globals),
             0x2000,
             0x10,
-            tracer_common::py_flags(0, globals),
+            tracer_common::py_flags(tracer_common::PY_MODULE, file),
         ];
         assert_eq!(
             v(Frames::Entry { bytecode: 184 }).steps(&raw),
@@ -442,12 +464,14 @@ mod tests {
                 Step {
                     code: 0x1000,
                     offset: Some(1),
-                    entry: true
+                    entry: true,
+                    file: None
                 },
                 Step {
                     code: 0x2000,
                     offset: None,
-                    entry: false
+                    entry: false,
+                    file: Some(file)
                 },
             ]
         );

@@ -6,7 +6,7 @@
 //! (`_PyRuntime.gilstate.tstate_current`, up to 3.11) first, else the main interpreter's list
 //! of thread states. So a thread that allocates with the GIL released still gets its own frames.
 
-use tracer_common::{MAX_PY_FRAMES, MAX_PY_THREADS, PY_NONE, PyConfig, py_flags};
+use tracer_common::{MAX_PY_FRAMES, MAX_PY_THREADS, PY_MODULE, PY_NONE, PyConfig, py_flags};
 
 use super::mem;
 
@@ -51,11 +51,18 @@ pub fn walk(pid: u32, cfg: &PyConfig, me: u64) -> Vec<u64> {
         } else {
             at(cfg.frame_globals)
         };
-        out.extend([
-            at(cfg.frame_code),
-            at(cfg.frame_instr),
-            py_flags(entry, globals),
-        ]);
+        let code = at(cfg.frame_code);
+        let module = globals != 0
+            && cfg.frame_locals != PY_NONE
+            && cfg.code_filename != PY_NONE
+            && at(cfg.frame_locals) == globals;
+        let flags = if module {
+            let file = word(code + cfg.code_filename).unwrap_or(0);
+            py_flags(entry | PY_MODULE, file)
+        } else {
+            py_flags(entry, globals)
+        };
+        out.extend([code, at(cfg.frame_instr), flags]);
         frame = at(cfg.frame_previous);
     }
     out
