@@ -87,6 +87,12 @@ impl CodeInfo {
     pub fn holds(&self, offset: u32) -> bool {
         self.units.is_none_or(|n| offset < n)
     }
+
+    /// Whether a frame (its instruction's offset, and a module body's file name as the kernel
+    /// side read it) ran this code object, and not another since freed at its address.
+    pub fn ran(&self, offset: Option<u32>, file: Option<u64>) -> bool {
+        offset.is_none_or(|o| self.holds(o)) && file.is_none_or(|f| f == self.fingerprint[1])
+    }
 }
 
 /// Strings and tables longer than this are not read (a corrupt or reused object).

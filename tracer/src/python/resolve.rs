@@ -71,10 +71,7 @@ impl Resolver {
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
             // An instruction past the code's bytecode, or a module body's file not the object's:
             // the object read is not the one that ran.
-            let info = info.filter(|i| {
-                step.offset.is_none_or(|o| i.holds(o))
-                    && step.file.is_none_or(|f| i.fingerprint[1] == f)
-            });
+            let info = info.filter(|i| i.ran(step.offset, step.file));
             let frame = match info {
                 Some(info) => {
                     let line = step.offset.and_then(|o| {
