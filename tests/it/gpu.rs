@@ -23,15 +23,7 @@ fn trace_gpu_with(extra: &[&str], scenario: &str, env: &[(&str, &str)]) -> Optio
         return None;
     }
     let _x = fixture::exclusive();
-    let cuda = fixture::fake_cuda();
-    let bin = fixture::build_with(
-        "gpu",
-        &[
-            cuda.join("libcudart.so.13").to_str().unwrap(),
-            cuda.join("libcuda.so.1").to_str().unwrap(),
-            &format!("-Wl,-rpath,{}", cuda.display()),
-        ],
-    );
+    let bin = gpu_fixture();
     let t = fixture::trace_with_env(extra, &[bin.to_str().unwrap(), scenario], env)
         .expect("leaktracer run");
     assert_eq!(
@@ -41,6 +33,19 @@ fn trace_gpu_with(extra: &[&str], scenario: &str, env: &[(&str, &str)]) -> Optio
         String::from_utf8_lossy(&t.output.stderr)
     );
     Some(t)
+}
+
+/// The `gpu` fixture, linked against the stand-in runtime and driver.
+fn gpu_fixture() -> std::path::PathBuf {
+    let cuda = fixture::fake_cuda();
+    fixture::build_with(
+        "gpu",
+        &[
+            cuda.join("libcudart.so.13").to_str().unwrap(),
+            cuda.join("libcuda.so.1").to_str().unwrap(),
+            &format!("-Wl,-rpath,{}", cuda.display()),
+        ],
+    )
 }
 
 /// --heap off: the same device bytes per site, and not one heap probe or heap byte.
@@ -360,4 +365,60 @@ fn a_library_probed_late_is_reported_as_late() {
     );
     let libc_lib = r.library("libc.so.6");
     assert_eq!(libc_lib["timing"]["when"], "already_loaded");
+}
+
+/// A library whose probes cannot go in (`LEAKTRACER_FAULT=attach:libcudart.so.13` fails the
+/// attach as a kernel refusing it would) is named in the report with its role and the error, the
+/// rest is traced as usual (the runtime's calls reach the driver, whose probes went in), and
+/// `check` does not pass a run it could not see whole: it exits 2 and says why.
+#[test]
+fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
+    let fault = [("LEAKTRACER_FAULT", "attach:libcudart.so.13")];
+    let Some(t) = trace_gpu_env("runtime", &fault) else {
+        return;
+    };
+    let r = t.last();
+    let failures = r.0["probe_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let f = &failures[0];
+    assert!(
+        f["library"].as_str().unwrap().ends_with("/libcudart.so.13"),
+        "{f}"
+    );
+    assert_eq!(f["role"], "cuda-runtime");
+    assert!(
+        f["error"].as_str().unwrap().contains("on purpose"),
+        "{f}"
+    );
+    let libraries = r.0["libraries"].as_array().unwrap();
+    assert!(
+        !libraries
+            .iter()
+            .any(|l| l["path"].as_str().unwrap().ends_with("libcudart.so.13")),
+        "{libraries:?}"
+    );
+    assert_eq!(r.library("libcuda.so.1")["roles"][0], "cuda-driver");
+    // cudaMalloc's three blocks, seen as the driver calls cudaMalloc makes.
+    assert_eq!(r.site("device", 1, "leak_device"), (3 << 20, 3));
+    let leak = r
+        .stacks()
+        .iter()
+        .find(|s| frame_fn(s, 1) == Some("leak_device"))
+        .unwrap();
+    assert_eq!(leak["allocators"][0], "cuMemAlloc_v2");
+    assert_eq!(frame_fn(leak, 0), Some("cudaMalloc"));
+    let _x = fixture::exclusive();
+    let o = fixture::leaktracer_cmd()
+        .args(["check", "--"])
+        .arg(gpu_fixture())
+        .arg("runtime")
+        .envs(fault)
+        .output()
+        .expect("leaktracer check");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert!(
+        out.contains("libcudart.so.13 could not be probed for cuda-runtime: its calls were not traced"),
+        "{out}"
+    );
 }

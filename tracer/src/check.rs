@@ -3,13 +3,15 @@
 //! over the budget, in the kinds asked for. Writes JUnit XML for CI systems on request.
 //!
 //! Exit codes: 0 clean, 1 a leak over budget, 2 leaktracer's own failure (bad arguments, no
-//! privileges, kernel support missing), 3 the command itself failed and nothing leaked over budget.
+//! privileges, kernel support missing, a library whose allocation calls it could not probe), 3 the
+//! command itself failed and nothing leaked over budget.
 
 use std::{fmt::Write as _, path::Path};
 
 use crate::{
     analysis::Verdict,
     model::Kind,
+    probes::ProbeFailure,
     render::human,
     report::{Report, StackReport},
 };
@@ -207,11 +209,23 @@ fn by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
     out
 }
 
-/// The check's exit code: a leak over budget wins over the command's own failure.
-pub fn exit_code(findings: &[Finding<'_>], command_status: i32) -> i32 {
+/// What the gate knows of the run besides its stacks.
+#[derive(Clone, Copy, Debug)]
+pub struct Run<'a> {
+    /// The command's own exit status.
+    pub command_status: i32,
+    /// Probe sets that could not go in: the run was not seen whole.
+    pub unprobed: &'a [ProbeFailure],
+}
+
+/// The check's exit code: a leak over budget wins; then a run not seen whole (leaktracer's own
+/// failure: no pass it could not vouch for), then the command's own failure.
+pub fn exit_code(findings: &[Finding<'_>], run: Run<'_>) -> i32 {
     if findings.iter().any(|f| f.over) {
         exit::LEAK
-    } else if command_status != 0 {
+    } else if !run.unprobed.is_empty() {
+        exit::TOOL
+    } else if run.command_status != 0 {
         exit::COMMAND_FAILED
     } else {
         exit::CLEAN
@@ -219,7 +233,7 @@ pub fn exit_code(findings: &[Finding<'_>], command_status: i32) -> i32 {
 }
 
 /// The human summary printed after the run.
-pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
+pub fn summary(findings: &[Finding<'_>], budget: Budget, run: Run<'_>) -> String {
     let mut s = String::new();
     let over: Vec<&Finding<'_>> = findings.iter().filter(|f| f.over).collect();
     let budget_text = format!("{}/{}", human(budget.bytes_per_s as u64), unit(budget));
@@ -252,10 +266,20 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, command_status: i32) ->
             f.stack.site()
         );
     }
-    if command_status != 0 {
+    for f in run.unprobed {
         let _ = writeln!(
             s,
-            "leaktracer check: the command itself failed with status {command_status}"
+            "leaktracer check: {} could not be probed for {}: its calls were not traced, so the check cannot pass ({})",
+            f.library.display(),
+            f.role,
+            f.error
+        );
+    }
+    if run.command_status != 0 {
+        let _ = writeln!(
+            s,
+            "leaktracer check: the command itself failed with status {}",
+            run.command_status
         );
     }
     s
@@ -289,16 +313,19 @@ fn held(f: &Finding<'_>) -> String {
     }
 }
 
-/// JUnit XML: one testcase per leaking site (failed when over budget), plus one for the command's
-/// own exit status.
-pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> String {
+/// JUnit XML: one testcase per leaking site (failed when over budget), one per library that could
+/// not be probed (failed), plus one for the command's own exit status.
+pub fn junit(findings: &[Finding<'_>], budget: Budget, run: Run<'_>) -> String {
     let esc = |t: &str| quick_xml::escape::escape(t).into_owned();
-    let failures = findings.iter().filter(|f| f.over).count() + usize::from(command_status != 0);
+    let command_status = run.command_status;
+    let failures = findings.iter().filter(|f| f.over).count()
+        + run.unprobed.len()
+        + usize::from(command_status != 0);
     let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         x,
         "<testsuite name=\"leaktracer check\" tests=\"{}\" failures=\"{failures}\">",
-        findings.len() + 1
+        findings.len() + run.unprobed.len() + 1
     );
     for f in findings {
         let name = format!(
@@ -335,6 +362,16 @@ pub fn junit(findings: &[Finding<'_>], budget: Budget, command_status: i32) -> S
         } else {
             let _ = writeln!(x, "/>");
         }
+    }
+    for f in run.unprobed {
+        let name = format!("{} ({})", f.library.display(), f.role);
+        let msg = format!("not probed: its calls were not traced ({})", f.error);
+        let _ = writeln!(
+            x,
+            "  <testcase classname=\"leaktracer.probes\" name=\"{}\">\n    <failure message=\"{}\"/>\n  </testcase>",
+            esc(&name),
+            esc(&msg)
+        );
     }
     let _ = write!(
         x,
@@ -420,9 +457,48 @@ mod tests {
     }
 
     #[test]
-    fn a_leak_over_budget_wins_over_the_commands_failure() {
-        assert_eq!(exit_code(&[], 0), exit::CLEAN);
-        assert_eq!(exit_code(&[], 7), exit::COMMAND_FAILED);
+    fn a_leak_over_budget_wins_then_a_run_not_seen_whole_then_the_commands_failure() {
+        let run = |command_status, unprobed| Run {
+            command_status,
+            unprobed,
+        };
+        let failure = [ProbeFailure {
+            library: "/lib/libcudart.so.13".into(),
+            role: "cuda-runtime".into(),
+            error: "attaching 9 point(s): EBUSY".into(),
+        }];
+        assert_eq!(exit_code(&[], run(0, &[])), exit::CLEAN);
+        assert_eq!(exit_code(&[], run(7, &[])), exit::COMMAND_FAILED);
+        assert_eq!(exit_code(&[], run(0, &failure)), exit::TOOL);
+        assert_eq!(exit_code(&[], run(7, &failure)), exit::TOOL);
+        let stack = leaking(Kind::Tensor, 21, "alloc_cpu", 8_000.0);
+        let over = [Finding {
+            stack: &stack,
+            released: 0,
+            slope: 8_000.0,
+            over: true,
+            growth: 0,
+            bytes: stack.bytes,
+            blocks: stack.blocks,
+            stacks: 1,
+        }];
+        assert_eq!(exit_code(&over, run(7, &failure)), exit::LEAK);
+        let budget = Budget {
+            bytes_per_s: 1.0,
+            per_step: false,
+        };
+        let text = summary(&[], budget, run(0, &failure));
+        assert!(
+            text.contains("/lib/libcudart.so.13 could not be probed for cuda-runtime")
+                && text.contains("EBUSY"),
+            "{text}"
+        );
+        let xml = junit(&[], budget, run(0, &failure));
+        assert!(
+            xml.contains("tests=\"2\" failures=\"1\"")
+                && xml.contains("classname=\"leaktracer.probes\" name=\"/lib/libcudart.so.13 (cuda-runtime)\""),
+            "{xml}"
+        );
     }
 
     /// A leaking stack of `kind` in pid 1 at `line` of a Python script, leaking `slope` B/s.
@@ -515,7 +591,11 @@ mod tests {
             ],
             "by site and kind, what the teardown freed with what it did not"
         );
-        let text = summary(&found, budget, 0);
+        let run = Run {
+            command_status: 0,
+            unprobed: &[],
+        };
+        let text = summary(&found, budget, run);
         assert!(
             text.contains("~185.5 KiB of arenas, 8 sampled objects held")
                 && text.contains("8.0 KiB outstanding in 8 blocks of 3 stacks (1 released at the end), pid 1: step (train.py:21)")

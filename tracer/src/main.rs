@@ -165,6 +165,10 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     };
     let outcome = session::run(tracer::config::Target::Launch(command), config)
         .unwrap_or_else(|e| fail(&e.to_string()));
+    let run = check::Run {
+        command_status: outcome.exit_code,
+        unprobed: &outcome.last.probe_failures,
+    };
     let findings = check::findings(
         &outcome.last,
         gate.budget,
@@ -173,7 +177,7 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     );
     print!(
         "{}",
-        check::summary(&findings, gate.budget, outcome.exit_code)
+        check::summary(&findings, gate.budget, run)
     );
     let last = &outcome.last;
     let notes = tracer::render::layer_notes(last);
@@ -181,10 +185,10 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         println!("  note: {note}");
     }
     if let Some(path) = &gate.junit {
-        let xml = check::junit(&findings, gate.budget, outcome.exit_code);
+        let xml = check::junit(&findings, gate.budget, run);
         check::write_junit(path, &xml).unwrap_or_else(|e| fail(&e.to_string()));
     }
-    std::process::exit(check::exit_code(&findings, outcome.exit_code))
+    std::process::exit(check::exit_code(&findings, run))
 }
 
 fn finish(result: Result<i32, Error>) -> ! {

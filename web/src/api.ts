@@ -15,6 +15,8 @@ export interface Health {
   dropped: number;
   map_fill: { name: string; used: number; capacity: number; peak?: number }[];
   libraries: { path: string; roles: string[]; when: string }[];
+  /// Probe sets that could not go in: those libraries' calls are not traced.
+  probe_failures: { library: string; role: string; error: string }[];
   /// What the heap figures are (sampled estimates, not traced, traced late); empty when exact.
   heap: string[];
   /// --probe-cost: leaktracer's programs' runs and kernel time, the costliest first.

@@ -63,13 +63,14 @@ function renderHealth(h: Health): void {
   const lost = Object.entries(h.losses).filter(([k, n]) => n > 0 && !notLost.includes(k));
   const most = (f: Health['map_fill'][number]): number => Math.max(f.used, f.peak ?? 0);
   const full = h.map_fill.filter((f) => most(f) * 5 >= f.capacity * 4);
-  banner.hidden = h.dropped === 0 && full.length === 0;
+  banner.hidden = h.dropped === 0 && full.length === 0 && h.probe_failures.length === 0;
   fill(
     banner,
     h.dropped > 0 ? el('strong', {}, `${count(h.dropped)} events were lost`) : null,
     h.dropped > 0 ? ': bytes shown are a lower bound. ' : null,
     lost.map(([k, n]) => `${k.replace(/_/g, ' ')} ${count(n)}`).join(', '),
     ...full.map((f) => el('div', {}, `The ${f.name} table reached ${Math.floor((most(f) * 100) / f.capacity)}% full: past it, events are dropped.`)),
+    ...h.probe_failures.map((f) => el('div', {}, el('strong', {}, `${f.library} could not be probed for ${f.role}`), `: its calls are not traced (${f.error}).`)),
   );
   fill(
     byId('tables'),

@@ -41,6 +41,8 @@ pub struct Health {
     /// How full the tables that drop what does not fit are.
     pub map_fill: Vec<FillDto>,
     pub libraries: Vec<LibraryDto>,
+    /// Probe sets that could not go in: those libraries' calls are not traced.
+    pub probe_failures: Vec<crate::probes::ProbeFailure>,
     /// What the heap figures are (sampled estimates, not traced, traced late); empty when every
     /// allocation is traced from the start.
     pub heap: Vec<String>,
@@ -82,6 +84,7 @@ impl Health {
                 dropped: 0,
                 map_fill: Vec::new(),
                 libraries: Vec::new(),
+                probe_failures: Vec::new(),
                 heap: Vec::new(),
                 probe_cost: Vec::new(),
                 stacks_listed: 0,
@@ -134,6 +137,7 @@ impl Health {
                         .unwrap_or_default(),
                 })
                 .collect(),
+            probe_failures: r.probe_failures.clone(),
             heap: crate::render::heap_notes(r),
             probe_cost: r.probe_cost.clone(),
             stacks_listed: r.stacks.len(),

@@ -214,7 +214,7 @@ impl Probes {
             match self.attach_heap_set(&path, set, UProbeScope::AllProcesses) {
                 Ok(links) => self.layers.links.extend(links),
                 Err(e) => {
-                    tracing::warn!(library = %path.display(), error = %e, "heap functions not probed");
+                    self.not_probed(&path, set.role, &e);
                     continue;
                 }
             }
@@ -408,7 +408,7 @@ impl Probes {
             match self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
                 Ok(links) => all.extend(links),
                 Err(e) => {
-                    tracing::warn!(pid, library = %path.display(), error = %e, "heap functions not probed");
+                    self.not_probed(&path, set.role, &e);
                     self.detach_links(all);
                     return None;
                 }

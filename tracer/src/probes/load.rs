@@ -105,6 +105,12 @@ impl Probes {
             points.len(),
             library.display()
         );
+        let file = library.file_name().unwrap_or_default().to_string_lossy();
+        if crate::fault::fails("attach", &file) {
+            return Err(Error::Kernel(format!(
+                "attaching {what}: a failure on purpose (LEAKTRACER_FAULT)"
+            )));
+        }
         up.attach(points, library, scope)
             .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
     }

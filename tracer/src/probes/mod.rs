@@ -89,6 +89,15 @@ pub struct Library {
     pub pid: u32,
 }
 
+/// A probe set that could not be attached in a library: what that library does for its role
+/// (the CUDA runtime's allocations, the malloc family…) is not traced there.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct ProbeFailure {
+    pub library: PathBuf,
+    pub role: std::borrow::Cow<'static, str>,
+    pub error: String,
+}
+
 /// The loaded eBPF object and everything attached from it. Dropping it detaches all probes.
 pub struct Probes {
     bpf: Ebpf,
@@ -110,6 +119,8 @@ pub struct Probes {
     no_python: bool,
     attached: Vec<AttachedFn>,
     libraries: Vec<Library>,
+    /// Probe sets that could not be attached, once per library and role.
+    failures: Vec<ProbeFailure>,
     /// Every file looked at, probed or not.
     checked: std::collections::HashSet<PathBuf>,
     /// The function whose entries mark training steps (`--step-symbol`).
@@ -275,6 +286,7 @@ impl Probes {
             no_python: false,
             attached: Vec::new(),
             libraries: Vec::new(),
+            failures: Vec::new(),
             checked: Default::default(),
             step_symbol: None,
             no_heap: false,
@@ -386,11 +398,17 @@ impl Probes {
                     self.layers.waiting.push(waiting);
                     continue;
                 }
-                if heap {
-                    self.attach_switch_out()?;
+                let attached = if heap {
+                    self.attach_switch_out()
+                } else {
+                    Ok(())
+                };
+                match attached.and_then(|()| {
+                    self.attach_set(path, &elf, set, UProbeScope::AllProcesses)
+                }) {
+                    Ok(_) => roles.push(set.role.into()),
+                    Err(e) => self.not_probed(path, set.role, &e),
                 }
-                self.attach_set(path, &elf, set, UProbeScope::AllProcesses)?;
-                roles.push(set.role.into());
             }
         }
         if let Some(step) = self.step_symbol.clone()
@@ -544,7 +562,7 @@ impl Probes {
                     self.attach_set(&path, &elf, set, UProbeScope::AllProcesses)
                 });
             if let Err(e) = attached {
-                tracing::warn!(library = %path.display(), error = %e, "heap functions not probed");
+                self.not_probed(&path, set.role, &e);
                 continue;
             }
             tracing::info!(library = %path.display(), role = set.role, after_s, "heap probes in");
@@ -671,6 +689,27 @@ impl Probes {
     /// The libraries probed so far, and when.
     pub fn libraries(&self) -> &[Library] {
         &self.libraries
+    }
+
+    pub fn failures(&self) -> &[ProbeFailure] {
+        &self.failures
+    }
+
+    /// Says and keeps (once per library and role) that `role`'s probes could not go into
+    /// `library`: the reports name it, and `check` does not pass a run it could not see whole.
+    fn not_probed(&mut self, library: &Path, role: &'static str, e: &Error) {
+        tracing::warn!(library = %library.display(), role, error = %e, "not probed: its calls are not traced");
+        if !self
+            .failures
+            .iter()
+            .any(|f| f.library == library && f.role == role)
+        {
+            self.failures.push(ProbeFailure {
+                library: library.to_path_buf(),
+                role: role.into(),
+                error: e.to_string(),
+            });
+        }
     }
 
     /// Hands the event ring buffer, the counters and the log buffer to the consumer.

@@ -93,7 +93,7 @@ impl Probes {
             match self.attach_heap_set(&path, &OBJECTS, UProbeScope::OneProcess(pid)) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
-                    tracing::warn!(%pid, library = %path.display(), error = %e, "Python objects not probed");
+                    self.not_probed(&path, OBJECTS.role, &e);
                     continue;
                 }
             }

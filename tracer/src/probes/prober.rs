@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::{
     error::Error,
     model::monotonic_ns,
-    probes::{AttachedFn, Library, Probes, Timing},
+    probes::{AttachedFn, Library, ProbeFailure, Probes, Timing},
 };
 
 /// What ingest asks of the prober, in the order it must happen.
@@ -74,6 +74,8 @@ pub enum ProbeRequest {
 pub struct ProbesInfo {
     pub attached: Vec<AttachedFn>,
     pub libraries: Vec<Library>,
+    /// Probe sets that could not be attached.
+    pub failures: Vec<ProbeFailure>,
     /// Leaktracer's programs loaded so far: kernel id and name.
     pub programs: Vec<(u32, String)>,
     /// `--tensors auto`: the layered processes whose CPU tensors are traced now.
@@ -122,6 +124,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
     ProbesInfo {
         attached: probes.attached().to_vec(),
         libraries: probes.libraries().to_vec(),
+        failures: probes.failures().to_vec(),
         programs: probes.loaded_programs(),
         tensors_traced: probes.tensors_traced(),
         tensor_libraries: probes.tensor_libraries(),
@@ -136,7 +139,8 @@ fn serve(
     let started = std::time::Instant::now();
     let counts = |p: &Probes| {
         let layers = p.tensor_libraries().len();
-        (p.libraries().len(), p.attached().len(), layers)
+        let failed = p.failures().len();
+        (p.libraries().len(), p.attached().len(), layers, failed)
     };
     let mut told = counts(&probes);
     loop {

@@ -12,7 +12,7 @@ use crate::{
     analysis::{Analysis, Evidence, Retention, Verdict},
     ledger::{Group, Ledger, Mismatches, Process},
     model::{GroupKey, HeapAsked, HeapTracing, Kind},
-    probes::{AttachedFn, Library},
+    probes::{AttachedFn, Library, ProbeFailure},
     symbolize::{SymFrame, Symbolizer},
 };
 
@@ -289,6 +289,10 @@ pub struct Report {
     pub probes: Vec<AttachedFn>,
     /// Libraries probed, and when (a library probed late may have made calls not seen).
     pub libraries: Vec<Library>,
+    /// Probe sets that could not be attached: those libraries' calls of that role are not
+    /// traced.
+    #[serde(default)]
+    pub probe_failures: Vec<ProbeFailure>,
     pub events: u64,
     /// What verdict slopes are per: "second", or "step" with --step-symbol.
     pub verdicts_per: Cow<'static, str>,
@@ -351,6 +355,7 @@ pub struct Context<'a> {
     pub top: usize,
     pub probes: &'a [AttachedFn],
     pub libraries: &'a [Library],
+    pub failures: &'a [ProbeFailure],
     pub nvml: &'a crate::gpu::Sample,
     pub analysis: &'a Analysis,
     /// Seconds (or steps) of warm-up left out of verdicts.
@@ -422,6 +427,7 @@ pub fn build(ledger: &Ledger, sym: &mut Symbolizer, cx: &Context<'_>) -> Report 
         device_failures: device::failures(ledger, sym),
         probes: cx.probes.to_vec(),
         libraries: cx.libraries.to_vec(),
+        probe_failures: cx.failures.to_vec(),
         events: ledger.events,
         verdicts_per: if cx.per_step { "step" } else { "second" }.into(),
         steps: ledger.steps,

@@ -63,6 +63,7 @@ pub fn report_of(ledger: &Ledger, analysis: &Analysis, top: usize) -> Report {
         top,
         probes: &[],
         libraries: &[],
+        failures: &[],
         nvml: &nvml,
         analysis,
         warmup_s: 0.0,

@@ -343,6 +343,7 @@ impl Owner {
             top,
             probes: &info.attached,
             libraries: &info.libraries,
+            failures: &info.failures,
             nvml: &self
                 .gpus
                 .sample(self.started.elapsed().as_secs_f64(), |pid| {
