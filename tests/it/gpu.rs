@@ -386,10 +386,7 @@ fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
         "{f}"
     );
     assert_eq!(f["role"], "cuda-runtime");
-    assert!(
-        f["error"].as_str().unwrap().contains("on purpose"),
-        "{f}"
-    );
+    assert!(f["error"].as_str().unwrap().contains("on purpose"), "{f}");
     let libraries = r.0["libraries"].as_array().unwrap();
     assert!(
         !libraries
@@ -418,7 +415,9 @@ fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(2), "{out}");
     assert!(
-        out.contains("libcudart.so.13 could not be probed for cuda-runtime: its calls were not traced"),
+        out.contains(
+            "libcudart.so.13 could not be probed for cuda-runtime: its calls were not traced"
+        ),
         "{out}"
     );
 }

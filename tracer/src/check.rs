@@ -496,7 +496,9 @@ mod tests {
         let xml = junit(&[], budget, run(0, &failure));
         assert!(
             xml.contains("tests=\"2\" failures=\"1\"")
-                && xml.contains("classname=\"leaktracer.probes\" name=\"/lib/libcudart.so.13 (cuda-runtime)\""),
+                && xml.contains(
+                    "classname=\"leaktracer.probes\" name=\"/lib/libcudart.so.13 (cuda-runtime)\""
+                ),
             "{xml}"
         );
     }

@@ -175,10 +175,7 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         &gate.kinds,
         gate.pages_of_untraced,
     );
-    print!(
-        "{}",
-        check::summary(&findings, gate.budget, run)
-    );
+    print!("{}", check::summary(&findings, gate.budget, run));
     let last = &outcome.last;
     let notes = tracer::render::layer_notes(last);
     for note in notes.into_iter().chain(tracer::render::pages_notes(last)) {

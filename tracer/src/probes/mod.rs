@@ -403,9 +403,9 @@ impl Probes {
                 } else {
                     Ok(())
                 };
-                match attached.and_then(|()| {
-                    self.attach_set(path, &elf, set, UProbeScope::AllProcesses)
-                }) {
+                match attached
+                    .and_then(|()| self.attach_set(path, &elf, set, UProbeScope::AllProcesses))
+                {
                     Ok(_) => roles.push(set.role.into()),
                     Err(e) => self.not_probed(path, set.role, &e),
                 }

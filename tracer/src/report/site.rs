@@ -10,8 +10,9 @@ use super::StackReport;
 use crate::symbolize::{PYTHON_MODULE, SymFrame};
 
 /// Sources that are not the user's: a dependency's, the toolchain's, the system's, headers,
-/// installed Python packages and Python's standard library.
-const THIRD_PARTY: [&str; 9] = [
+/// installed Python packages and Python's standard library, and the code PyTorch generates from
+/// the user's (torch.compile's kernels and wrappers in its cache directory, torch.fx's modules).
+const THIRD_PARTY: [&str; 11] = [
     "/.cargo/registry/",
     "/.cargo/git/",
     "/rustc/",
@@ -21,6 +22,8 @@ const THIRD_PARTY: [&str; 9] = [
     "dist-packages/",
     "/lib/python3.",
     "<frozen ",
+    "/torchinductor_",
+    "<eval_with_key>",
 ];
 
 impl StackReport {
@@ -108,10 +111,19 @@ fn third_party_file(file: &str, python: bool) -> bool {
 /// compiled in: pip's temporary one for a package installed with `--target`) reads as a
 /// function of a file no one installed, the user's by its path. A frame whose code is not known
 /// (`?`) tells nothing.
+///
+/// torch.compile's compilation counts as such an import: it generates modules from the user's
+/// and loads them, and what it makes meanwhile (its graph caches, guards, configuration
+/// snapshots) is held as long as they are, made again only when a function is compiled again
+/// (a limited number of times). Its stacks hold a frame of the compiler itself
+/// ([`TORCH_COMPILER`]), which a compiled function's calls do not.
 pub fn made_by_import<'f>(python: impl IntoIterator<Item = (&'f str, &'f str)>) -> bool {
     const IMPORT_SYSTEM: &str = "<frozen importlib._bootstrap";
     let mut run = None;
     for (file, function) in python {
+        if TORCH_COMPILER.iter().any(|c| file.ends_with(c)) {
+            return true;
+        }
         if file.starts_with(IMPORT_SYSTEM) {
             if function == "_find_and_load" {
                 return run.is_none_or(|(m, f)| f != "<module>" || third_party_file(m, true));
@@ -122,6 +134,18 @@ pub fn made_by_import<'f>(python: impl IntoIterator<Item = (&'f str, &'f str)>) 
     }
     false
 }
+
+/// Files of torch.compile's compiler: Dynamo's translation of the user's bytecode, AOTAutograd's
+/// tracing, Inductor's compilation and its caches. None of them runs when a compiled function is
+/// called (that goes through `eval_frame.py`, the runtime wrappers and the generated code).
+const TORCH_COMPILER: [&str; 6] = [
+    "torch/_dynamo/convert_frame.py",
+    "torch/_dynamo/symbolic_convert.py",
+    "torch/_functorch/aot_autograd.py",
+    "torch/_inductor/compile_fx.py",
+    "torch/_inductor/codecache.py",
+    "torch/_inductor/graph.py",
+];
 
 /// Whether a Python source file lies in a directory packages were installed into: one of its
 /// ancestors holds a `*.dist-info` or `*.egg-info` entry (pip's record of an installed
@@ -210,6 +234,33 @@ mod tests {
         // No import at all, and the user's loop around a library's call.
         assert!(!made_by_import([(torch, "Library.define"), (user, "step")]));
         assert!(!made_by_import([]));
+        // torch.compile's compilation (its stacks cut at the walk's depth, the user's line
+        // beyond it), and a compiled function's call, which is the user's to judge.
+        let torch = "/venv/lib/python3.12/site-packages/torch";
+        let cache = format!("{torch}/_inductor/codecache.py");
+        let config = format!("{torch}/utils/_config_module.py");
+        let compiling = [
+            (
+                "/usr/lib/python3.12/base64.py",
+                "_b32encode.<locals>.<listcomp>",
+            ),
+            ("/usr/lib/python3.12/base64.py", "b32encode"),
+            (cache.as_str(), "sha256_hash"),
+            (cache.as_str(), "FxGraphCache._get_shape_env"),
+            (config.as_str(), "ConfigModule._get_dict"),
+        ];
+        assert!(made_by_import(compiling));
+        let eval_frame = format!("{torch}/_dynamo/eval_frame.py");
+        let output = format!("{torch}/_inductor/output_code.py");
+        let out =
+            "/tmp/torchinductor_root/4c/c4csjzfhnke23yxn7otuhobc3ewyqqlud43r4kyjqpoek37zutm3.py";
+        let calling = [
+            (out, "Runner.call"),
+            (output.as_str(), "CompiledFxGraph.__call__"),
+            (eval_frame.as_str(), "_fn"),
+            (user, "<module>"),
+        ];
+        assert!(!made_by_import(calling));
     }
 
     fn frame(module: &str, function: &str, file: &str, line: u32) -> SymFrame {
@@ -259,6 +310,29 @@ mod tests {
             frame("/usr/bin/python3.12", "Py_RunMain", "Modules/main.c", 700),
         ];
         assert_eq!(site_of(frames), "forward_loss (train.py:22)");
+    }
+
+    /// torch.compile runs the user's module through code it generated (its output code in
+    /// `/tmp/torchinductor_USER/`, torch.fx's `forward` in `<eval_with_key>.N`): the site is
+    /// the user's line that called it, as without torch.compile.
+    #[test]
+    fn code_torch_compile_generated_is_not_the_users() {
+        let out =
+            "/tmp/torchinductor_root/4c/c4csjzfhnke23yxn7otuhobc3ewyqqlud43r4kyjqpoek37zutm3.py";
+        let dynamo = "/venv/lib/python3.12/site-packages/torch/_dynamo/eval_frame.py";
+        let frames = vec![
+            frame(
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                "posix_memalign",
+                "",
+                0,
+            ),
+            frame(PYTHON_MODULE, "Runner.call", out, 91),
+            frame(PYTHON_MODULE, "forward", "<eval_with_key>.3", 7),
+            frame(PYTHON_MODULE, "_fn", dynamo, 929),
+            frame(PYTHON_MODULE, "<module>", "/work/compile_train.py", 12),
+        ];
+        assert_eq!(site_of(frames), "<module> (compile_train.py:12)");
     }
 
     #[test]
