@@ -395,6 +395,16 @@ fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
         "{libraries:?}"
     );
     assert_eq!(r.library("libcuda.so.1")["roles"][0], "cuda-driver");
+    let probed: Vec<&str> = r.0["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["function"].as_str())
+        .collect();
+    assert!(
+        !probed.contains(&"cudaMalloc") && probed.contains(&"cuMemAlloc_v2"),
+        "the runtime's functions are not listed as probed: {probed:?}"
+    );
     // cudaMalloc's three blocks, seen as the driver calls cudaMalloc makes.
     assert_eq!(r.site("device", 1, "leak_device"), (3 << 20, 3));
     let leak = r

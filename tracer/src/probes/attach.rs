@@ -25,6 +25,7 @@ impl Probes {
         set: &ProbeSet,
         scope: UProbeScope,
     ) -> Result<Vec<AttachedLink>, Error> {
+        let listed = self.attached.len();
         let mut seen_addrs = Vec::new();
         // (program, file offset, cookie)
         let mut points: Vec<(&'static str, u64, Option<u64>)> = Vec::new();
@@ -83,12 +84,34 @@ impl Probes {
         let is_return = |prog: &str| set.fns.iter().any(|f| f.ret == Some(prog));
         progs.sort_unstable_by_key(|p| (is_return(p), *p));
         progs.dedup();
-        self.load_all(&progs)?;
+        let attached = self.attach_programs(library, &progs, &points, scope);
+        if attached.is_err() {
+            // Not probed: the report does not list its functions as probed.
+            self.attached.truncate(listed);
+        }
+        attached
+    }
+
+    /// Attaches each of `progs` at its `points` (program, file offset, cookie), all or none: a
+    /// set whose entries went in without their returns would leave every call it sees pending.
+    fn attach_programs(
+        &mut self,
+        library: &Path,
+        progs: &[&'static str],
+        points: &[(&'static str, u64, Option<u64>)],
+        scope: UProbeScope,
+    ) -> Result<Vec<AttachedLink>, Error> {
+        self.load_all(progs)?;
         let mut links = Vec::with_capacity(progs.len());
-        for prog in progs {
+        for &prog in progs {
             let mine = points.iter().filter(|p| p.0 == prog);
-            let id = self.attach_points(library, prog, mine.map(|p| (p.1, p.2)), scope)?;
-            links.push((prog, id));
+            match self.attach_points(library, prog, mine.map(|p| (p.1, p.2)), scope) {
+                Ok(id) => links.push((prog, id)),
+                Err(e) => {
+                    self.detach_links(links);
+                    return Err(e);
+                }
+            }
         }
         Ok(links)
     }
