@@ -269,9 +269,7 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, run: Run<'_>) -> String
     for f in run.unprobed {
         let _ = writeln!(
             s,
-            "leaktracer check: {} could not be probed for {}: its calls were not traced, so the check cannot pass ({})",
-            f.library.display(),
-            f.role,
+            "leaktracer check: {f}: its calls were not traced, so the check cannot pass ({})",
             f.error
         );
     }

@@ -98,6 +98,18 @@ pub struct ProbeFailure {
     pub error: String,
 }
 
+impl std::fmt::Display for ProbeFailure {
+    /// "LIBRARY could not be probed for ROLE", what every output says of it before its error.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} could not be probed for {}",
+            self.library.display(),
+            self.role
+        )
+    }
+}
+
 /// The loaded eBPF object and everything attached from it. Dropping it detaches all probes.
 pub struct Probes {
     bpf: Ebpf,

@@ -53,13 +53,7 @@ pub fn text(r: &Report) -> String {
         l.thread_exit_frees,
     );
     for f in &r.probe_failures {
-        let _ = writeln!(
-            s,
-            "warning: {} could not be probed for {}: its calls are not traced ({})",
-            f.library.display(),
-            f.role,
-            f.error
-        );
+        let _ = writeln!(s, "warning: {f}: its calls are not traced ({})", f.error);
     }
     for f in &r.map_fill {
         let most = f.peak.unwrap_or(f.used).max(f.used);
