@@ -15,7 +15,7 @@ use tensors::Judged;
 
 use rustc_hash::FxHashMap;
 
-pub use objects::{KEPT_MIN, kept_by_imports, kept_by_keepers};
+pub use objects::{KEPT_MIN, kept_by_imports, kept_by_keepers, undecided_keeper};
 pub use tensors::{TENSOR_RAMP, TENSORS_CONFIRM_S, TakenOut};
 pub use verdict::{
     Evidence, Verdict, a_large_heaps_small_rise, classify, rose_once_within_swing, working_set,
