@@ -216,16 +216,35 @@ impl Owner {
             else {
                 continue;
             };
-            if !self.objects.import_stacks.contains_key(&id) && self.is_import(id) {
+            let new = !self.objects.import_stacks.contains_key(&id);
+            let imported = self.is_import(id);
+            if new && imported {
                 self.analysis.imported(id);
             }
             if layered && self.is_arena(key) {
+                if new && !imported {
+                    self.log_program_arena(id, x);
+                }
                 arenas.push((*key, *bytes));
             }
         }
         if layered {
             self.analysis.sample_arenas(x, &arenas);
         }
+    }
+
+    /// Says at debug level where an arena stack mapped outside imports was made (its Python
+    /// frames, innermost first): such arenas call for a window.
+    fn log_program_arena(&self, id: StackId, x: f64) {
+        let Some((frames, _)) = self.ledger.stacks.get(id) else {
+            return;
+        };
+        let python: Vec<String> = frames
+            .iter()
+            .filter_map(|f| f.as_python())
+            .map(|(file, function, line)| format!("{function} ({file}:{line:?})"))
+            .collect();
+        tracing::debug!(x, frames = python.len(), python = ?python, "an arena mapped outside imports");
     }
 
     /// Whether stack `id` was made while a library's module was imported
