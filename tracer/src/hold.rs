@@ -62,16 +62,55 @@ pub struct Stopper {
 
 impl Stopper {
     /// Tells the thread to end: the session has turned the kernel side's stops off (it serves a
-    /// moment longer, for a stop sent just before).
+    /// moment longer, for a stop sent just before, unless no tracee is left).
     pub fn stop(&self) {
         let _ = self.tx.send(());
+        self.wake();
     }
 
     /// Waits for the thread's end, its guard released: leaktracer does not exit before, or the
-    /// guard would take it for a death while holding.
+    /// guard would take it for a death while holding. The thread waits for its tracees in a
+    /// blocking `waitpid`: it is woken until it has ended (a wake sent just before it blocked
+    /// would be lost).
     pub fn join(self) {
+        while !self.thread.is_finished() {
+            self.wake();
+            thread::sleep(Duration::from_millis(2));
+        }
         let _ = self.thread.join();
     }
+
+    /// Interrupts the thread's `waitpid` (EINTR).
+    fn wake(&self) {
+        use std::os::unix::thread::JoinHandleExt;
+        if !self.thread.is_finished() {
+            // SAFETY: the thread has not been joined, so its pthread_t is valid; the signal's
+            // handler does nothing (installed by `start`).
+            unsafe { libc::pthread_kill(self.thread.as_pthread_t(), wake_signal()) };
+        }
+    }
+}
+
+/// The signal that interrupts the hold thread's blocking `waitpid`.
+fn wake_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 1
+}
+
+/// Installs a handler that does nothing for [`wake_signal`], without SA_RESTART, so that it
+/// interrupts a blocking system call instead of ending the process.
+fn install_wake_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn nothing(_: libc::c_int) {}
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction with a handler that touches nothing is valid; the mask is
+        // emptied before use.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = nothing as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(wake_signal(), &action, std::ptr::null_mut());
+        }
+    });
 }
 
 /// Seizes `root` and starts the hold thread. `None` when ptrace is not possible (already traced,
@@ -80,14 +119,17 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
     let (seized_tx, seized_rx) = std_mpsc::channel();
     let (exit_tx, exit_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = std_mpsc::channel();
+    install_wake_handler();
     let thread = thread::Builder::new()
         .name("exit-hold".into())
         .spawn(move || {
-            let ok = seize(root);
+            let seized = seize(root);
+            let ok = !seized.is_empty();
             let guard = ok.then(|| guard::Guard::start(root)).flatten();
             let _ = seized_tx.send(ok);
             if ok {
-                serve(root, &requests, exit_tx, &stop_rx);
+                let tracees = seized.into_iter().collect();
+                serve(root, tracees, &requests, exit_tx, &stop_rx);
             }
             if let Some(g) = guard {
                 g.release();
@@ -107,8 +149,9 @@ pub fn start(root: u32, requests: mpsc::Sender<HoldRequest>) -> Option<Hold> {
 }
 
 /// Seizes every thread of `pid` (threads made later are followed through clone). Threads that
-/// appear while listing are picked up by listing again until nothing new shows.
-fn seize(pid: u32) -> bool {
+/// appear while listing are picked up by listing again until nothing new shows. Returns the
+/// threads seized, none when the first could not be.
+fn seize(pid: u32) -> Vec<u32> {
     let mut seized: Vec<u32> = Vec::new();
     loop {
         let threads = crate::procfs::threads(pid);
@@ -117,13 +160,13 @@ fn seize(pid: u32) -> bool {
             .filter(|t| !seized.contains(t))
             .collect();
         if new.is_empty() {
-            return !seized.is_empty();
+            return seized;
         }
         for tid in new {
             if let Err(e) = seize_one(tid) {
                 if seized.is_empty() {
                     tracing::warn!(pid, error = %e, "cannot hold the traced processes (ptrace): libraries loaded later are probed late, short-lived processes may lose symbols");
-                    return false;
+                    return seized;
                 }
                 tracing::debug!(tid, error = %e, "thread not seized (gone?)");
             }
@@ -153,8 +196,16 @@ fn seize_one(tid: u32) -> std::io::Result<()> {
     }
 }
 
+/// How long the thread serves once told to stop while tracees live: a SIGSTOP the kernel side
+/// sent just before its stops were turned off may still arrive.
+const STOPPING: Duration = Duration::from_millis(100);
+
+/// Waits for the tracees' stops and exits until told to stop. `tracees`: the threads and
+/// processes traced now (seized, then followed through clone and fork, until their death is
+/// reported).
 fn serve(
     root: u32,
+    mut tracees: std::collections::HashSet<u32>,
     requests: &mpsc::Sender<HoldRequest>,
     exit_tx: oneshot::Sender<i32>,
     stop: &std_mpsc::Receiver<()>,
@@ -163,31 +214,32 @@ fn serve(
     let mut stopping: Option<std::time::Instant> = None;
     loop {
         if stopping.is_none() && stop.try_recv().is_ok() {
-            // The session has turned the kernel side's stops off; a SIGSTOP it sent just before
-            // may still arrive: serve a little longer so that it is not left to stop the process.
             stopping = Some(std::time::Instant::now());
         }
-        if stopping.is_some_and(|t| t.elapsed() > Duration::from_millis(100)) {
+        // With no tracee left, no stop can come.
+        if stopping.is_some_and(|t| t.elapsed() > STOPPING || tracees.is_empty()) {
             return;
         }
+        // Blocking until told to stop (the stopper's signal interrupts it), polled after.
+        let flags = libc::__WALL | if stopping.is_some() { libc::WNOHANG } else { 0 };
         let mut status = 0;
         // SAFETY: waitpid for any tracee or child of this thread.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::WNOHANG) };
+        let pid = unsafe { libc::waitpid(-1, &mut status, flags) };
         if pid == 0 {
-            thread::sleep(Duration::from_millis(2));
+            thread::sleep(Duration::from_millis(1));
             continue;
         }
         if pid < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
-                && exit_tx.is_none()
-            {
-                return;
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::ECHILD) if exit_tx.is_none() => return,
+                _ => thread::sleep(Duration::from_millis(10)),
             }
-            thread::sleep(Duration::from_millis(10));
             continue;
         }
         let pid = pid as u32;
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            tracees.remove(&pid);
             if pid == root
                 && let Some(tx) = exit_tx.take()
             {
@@ -196,13 +248,15 @@ fn serve(
             continue;
         }
         if libc::WIFSTOPPED(status) {
-            on_stop(pid, status, requests);
+            tracees.insert(pid);
+            tracees.extend(on_stop(pid, status, requests));
         }
     }
 }
 
-/// Handles one ptrace stop and resumes the tracee.
-fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
+/// Handles one ptrace stop and resumes the tracee. Returns the new tracee of a clone, fork or
+/// vfork event.
+fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) -> Option<u32> {
     let event = (status >> 16) & 0xff;
     let sig = libc::WSTOPSIG(status);
     let (request, data) = match event {
@@ -230,8 +284,31 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) {
         0 => (libc::PTRACE_CONT, sig), // signal-delivery stop: deliver it
         _ => (libc::PTRACE_CONT, 0),   // fork/vfork/clone events, new tracee's first stop
     };
+    let new = matches!(
+        event,
+        libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK
+    )
+    .then(|| event_message(tid))
+    .flatten();
     // SAFETY: resuming a tracee in ptrace-stop.
     unsafe { libc::ptrace(request, tid as libc::pid_t, 0, data as libc::c_long) };
+    new
+}
+
+/// The event message of a tracee in an event stop: the new thread's or process's id for clone,
+/// fork and vfork.
+fn event_message(tid: u32) -> Option<u32> {
+    let mut message: libc::c_ulong = 0;
+    // SAFETY: PTRACE_GETEVENTMSG writes one unsigned long to the address given.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            tid as libc::pid_t,
+            0,
+            &mut message as *mut libc::c_ulong,
+        )
+    };
+    (r == 0).then_some(message as u32)
 }
 
 /// Sends a request and waits for its answer (at most [`MAX_HOLD`]); logs how long the thread
