@@ -474,26 +474,11 @@ mod tests {
         assert!(!undecided_keeper(&[line(2_080, 2_080)]));
         assert!(!undecided_keeper(&[line(30_000, 6_000)]));
         // Unless what it keeps grew with the window.
-        let grows = (
-            KeptLine {
-                made: 30_000,
-                kept: 6_000,
-                grows: true,
-                ..KeptLine::default()
-            },
-            1,
-        );
+        let (mut grows, mut imported) = (line(30_000, 6_000), line(6_000, 6_000));
+        grows.0.grows = true;
         assert!(undecided_keeper(&[grows]));
         // What an import kept is its module's state.
-        let imported = (
-            KeptLine {
-                made: 6_000,
-                kept: 6_000,
-                imported: true,
-                ..KeptLine::default()
-            },
-            1,
-        );
+        imported.0.imported = true;
         assert!(!undecided_keeper(&[imported]));
     }
 
