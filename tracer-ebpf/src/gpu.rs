@@ -94,10 +94,20 @@ pub fn cuda_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, func, arg0, size, aux)
 }
 
-/// Shared return program of every device call above.
+/// Shared return program of every device call above and of PyTorch's caching allocator's
+/// `malloc` (told apart by the cookie, the function's): one program to verify where there were
+/// two, each ~0.1 s of the verifier's time before a Python command could start.
 #[uretprobe(multi)]
-pub fn cuda_return(ctx: RetProbeContext) -> u32 {
+pub fn device_return(ctx: RetProbeContext) -> u32 {
+    // SAFETY: helper on the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let id = bpf_get_current_pid_tgid();
+    if cookie == AllocFn::TorchCudaMalloc as u64 {
+        if let Some((p, id)) = outermost_return(TORCH_PENDING.current().map(|p| (p, id)), 0) {
+            allocated(&ctx, p, id, 0);
+        }
+        return 0;
+    }
     let Some((p, id)) = outermost_return(GPU_PENDING.current().map(|p| (p, id)), 0) else {
         return 0;
     };
@@ -122,15 +132,6 @@ pub fn torch_cuda_malloc_enter(ctx: ProbeContext) -> u32 {
         arg(&ctx, 3),
         0,
     )
-}
-
-#[uretprobe(multi)]
-pub fn torch_cuda_return(ctx: RetProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    if let Some((p, id)) = outermost_return(TORCH_PENDING.current().map(|p| (p, id)), 0) {
-        allocated(&ctx, p, id, 0);
-    }
-    0
 }
 
 /// `NativeCachingAllocator::get_allocated_block(this, void *ptr, bool remove)`: every way a block

@@ -1,6 +1,7 @@
 //! Loading the programs into the kernel and attaching them. The verifier takes 0.1–0.25 s for
-//! each of the largest (alloc_return, heap_flush, page_send, the CUDA and PyTorch returns), so
-//! programs needed together are loaded together, each on its own thread: at start, the
+//! each of the largest (alloc_return, heap_flush, page_send, device_return: the CUDA calls' and
+//! PyTorch's caching allocator's returns, one program), so programs needed together are loaded
+//! together, each on its own thread: at start, the
 //! tracepoints' with those the command will need first (the malloc family's for a native command;
 //! for a Python one, the CUDA and PyTorch sets it maps while it imports torch: a process is held
 //! while its new library is probed, and importing torch held one about 0.5 s for their loads);

@@ -67,9 +67,13 @@ const fn cookie_fn(
     }
 }
 
+/// The return program of the device calls and of PyTorch's caching allocator's `malloc`, told
+/// apart by their cookies.
+const DEVICE_RETURN: &str = "device_return";
+
 /// A CUDA function.
 const fn cuda_fn(name: &'static str, func: AllocFn) -> ProbeFn {
-    cookie_fn(name, func, "cuda_enter", "cuda_return", &[])
+    cookie_fn(name, func, "cuda_enter", DEVICE_RETURN, &[])
 }
 
 /// Functions probed together in one library, and the symbol that says the library has them.
@@ -197,9 +201,10 @@ const TORCH_CUDA: ProbeSet = ProbeSet {
         ProbeFn {
             name: TORCH_CUDA_MALLOC,
             entry: "torch_cuda_malloc_enter",
-            ret: Some("torch_cuda_return"),
+            ret: Some(DEVICE_RETURN),
             args: &[],
-            cookie: None,
+            // The shared return program's tell.
+            cookie: Some(AllocFn::TorchCudaMalloc as u64),
             after_call: None,
             through_table: false,
         },
