@@ -59,12 +59,7 @@ fn no_heap_traces_device_memory_and_pages_only() {
     assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
     assert_eq!(r.0["totals"]["heap"]["bytes"], 0);
     assert_eq!(r.0["totals"]["heap"]["blocks"], 0);
-    let probed: Vec<&str> = r.0["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["function"].as_str())
-        .collect();
+    let probed = r.probed();
     assert!(probed.contains(&"cudaMalloc"), "{probed:?}");
     assert!(
         !probed.contains(&"malloc") && !probed.contains(&"free"),
@@ -395,12 +390,7 @@ fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
         "{libraries:?}"
     );
     assert_eq!(r.library("libcuda.so.1")["roles"][0], "cuda-driver");
-    let probed: Vec<&str> = r.0["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["function"].as_str())
-        .collect();
+    let probed = r.probed();
     assert!(
         !probed.contains(&"cudaMalloc") && probed.contains(&"cuMemAlloc_v2"),
         "the runtime's functions are not listed as probed: {probed:?}"

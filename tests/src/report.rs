@@ -95,6 +95,12 @@ impl Report {
             .unwrap_or_else(|| panic!("{name} not probed: {}", self.0["libraries"]))
     }
 
+    /// The names of the functions the report lists as probed.
+    pub fn probed(&self) -> Vec<&str> {
+        let probes = self.0["probes"].as_array().into_iter().flatten();
+        probes.filter_map(|p| p["function"].as_str()).collect()
+    }
+
     pub fn losses(&self) -> &Value {
         &self.0["losses"]
     }
