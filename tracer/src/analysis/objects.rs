@@ -65,7 +65,13 @@ struct SiteSums {
 /// temporaries and keeps one of them (a training step's loss, kept with its tensor object, among
 /// the forward's dozens) keeps a few percent, growing as a leak does.
 fn site_keeps(s: SiteSums) -> bool {
-    s.kept >= KEPT_MIN && (s.kept.saturating_mul(4) >= s.made || s.grows)
+    s.kept >= KEPT_MIN && keepers_share(s)
+}
+
+/// Whether a site kept a keeper's share of what it made: a quarter, or less where what it keeps
+/// grew with the window (see [`site_keeps`]).
+fn keepers_share(s: SiteSums) -> bool {
+    s.kept.saturating_mul(4) >= s.made || s.grows
 }
 
 /// Each site's bytes made and kept, from its stacks' (`lines`, with their sites). What an import
@@ -93,8 +99,9 @@ pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
 /// list's line), which a longer window does.
 pub fn undecided_keeper(lines: &[(KeptLine, u32)]) -> bool {
     let at_half = |s: &SiteSums| (KEPT_MIN / 2..KEPT_MIN).contains(&s.kept);
-    let share = |s: &SiteSums| s.kept.saturating_mul(4) >= s.made || s.grows;
-    site_sums(lines).values().any(|s| at_half(s) && share(s))
+    site_sums(lines)
+        .values()
+        .any(|s| at_half(s) && keepers_share(*s))
 }
 
 /// Bytes kept by libraries' imports, of a window's stacks `lines`.

@@ -216,15 +216,15 @@ impl Owner {
             else {
                 continue;
             };
-            let new = !self.objects.import_stacks.contains_key(&id);
-            let imported = self.is_import(id);
-            if new && imported {
-                self.analysis.imported(id);
-            }
-            if layered && self.is_arena(key) {
-                if new && !imported {
+            // Each stack looked at once.
+            if !self.objects.import_stacks.contains_key(&id) {
+                if self.is_import(id) {
+                    self.analysis.imported(id);
+                } else if layered && self.is_arena(key) {
                     self.log_program_arena(id, x);
                 }
+            }
+            if layered && self.is_arena(key) {
                 arenas.push((*key, *bytes));
             }
         }
