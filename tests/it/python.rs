@@ -116,6 +116,63 @@ fn a_list_of_bytearrays_leaks_at_its_python_line() {
     assert_eq!(caller["line"], line("leaky_list", "    grow()"));
 }
 
+/// The Python frames of `stack`, innermost first: (function, line).
+fn python_frames(stack: &Value) -> Vec<(String, u64)> {
+    stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["module"] == "python")
+        .map(|f| {
+            let function = f["function"].as_str().unwrap_or_default().to_string();
+            (function, f["line"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+#[test]
+fn a_leak_sixty_calls_down_has_every_frame_up_to_its_module_line() {
+    let py = python();
+    let path = script("deep_stack");
+    let Some(r) = run(&[&py, path.to_str().unwrap()]) else {
+        return;
+    };
+    let (leak, dive) = (line("deep_stack", "# LEAK"), line("deep_stack", "# DIVE"));
+    let stack = r
+        .stacks()
+        .iter()
+        .find(|s| python_top(s).is_some_and(|(f, _, l)| f == "dive" && l == leak))
+        .expect("the leak's stack");
+    assert_eq!(stack["bytes"], 20 * ((1 << 20) + 1));
+    assert_eq!(stack["blocks"], 20);
+    // Every frame, read in two windows of the data stack and more: 61 calls of dive (the
+    // innermost at the leak, 60 at the recursive call) under the module body's line.
+    let mut want = vec![("dive".to_string(), leak)];
+    want.extend(std::iter::repeat_n(("dive".to_string(), dive), 60));
+    want.push(("<module>".into(), line("deep_stack", "# CALL")));
+    assert_eq!(python_frames(stack), want);
+    assert_eq!(stack["truncated"], false);
+    // 201 calls of plunge are more than a record holds (128 frames): the innermost kept, and
+    // the stack said to be cut.
+    let deep = line("deep_stack", "# TOO DEEP");
+    let stack = r
+        .stacks()
+        .iter()
+        .find(|s| python_top(s).is_some_and(|(f, _, l)| f == "plunge" && l == deep))
+        .expect("the deeper leak's stack");
+    assert_eq!(stack["bytes"], 20 * ((1 << 19) + 1));
+    let frames = python_frames(stack);
+    assert_eq!(frames.len(), 128);
+    let plunge = line("deep_stack", "# PLUNGE");
+    assert!(
+        frames[1..]
+            .iter()
+            .all(|f| *f == ("plunge".to_string(), plunge)),
+        "{frames:?}"
+    );
+    assert_eq!(stack["truncated"], true);
+}
+
 #[test]
 fn a_dict_cache_that_never_evicts_is_attributed_to_its_line() {
     let py = python();

@@ -643,7 +643,7 @@ const _: () = assert!(size_of::<SampledKey>() == 16);
 /// Processes whose CPython frames are walked at most (the `PY_CONFIG` map).
 pub const MAX_PY_PROCESSES: u32 = 4096;
 /// Python frames recorded per event at most.
-pub const MAX_PY_FRAMES: usize = 32;
+pub const MAX_PY_FRAMES: usize = 128;
 /// Thread states looked at, past the GIL holder, to find the calling thread's.
 pub const MAX_PY_THREADS: usize = 16;
 

@@ -15,7 +15,11 @@
 //! copies from there. Walking per record would multiply the verifier's work by the record count.
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as read_user_raw},
+    cty::c_void,
+    helpers::{
+        bpf_probe_read_user,
+        generated::{bpf_loop, bpf_probe_read_user as read_user_raw},
+    },
     macros::map,
     maps::{LruHashMap, PerCpuArray},
 };
@@ -195,51 +199,97 @@ pub extern "C" fn walk_stack(ip: u64, sp: u64, bp: u64, len: u64) -> u64 {
     set(&mut w.last, 0);
     set(&mut w.len, len);
     // Extra rounds: a round that copies records no frame.
-    for _ in 0..MAX_FRAMES + MAX_READS as usize {
-        let (fp, base, n) = (get(&w.fp), get(&w.base), get(&w.n));
-        if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 || get(&w.loaded) == 0 {
-            break;
-        }
-        let (off, loaded, reads) = (fp - base, get(&w.loaded), get(&w.reads));
-        if off + 16 > loaded && reads < MAX_READS {
-            // The chain left the copy: copy again from the frame it went to. When that frame is
-            // less than STEP away, a longer copy would have held it: the thread's copies are to
-            // be at least twice as long, so that copies shrunk on shallow stacks grow back in a
-            // few walks.
-            let needed = if off + 16 <= STEP {
-                (off + 16).max(2 * get(&w.len))
-            } else {
-                get(&w.last)
-            };
-            set(&mut w.extent, needed.max(get(&w.extent)));
-            set(&mut w.loaded, copy_upto(buf, fp, get(&w.len)));
-            set(&mut w.base, fp);
-            set(&mut w.reads, reads + 1);
-            continue;
-        }
-        let (next, ret) = if off + 16 <= loaded {
-            set(&mut w.last, off + 16);
-            let i = (opaque(off) / 8) as usize;
-            (buf[i & MASK], buf[(i + 1) & MASK])
-        } else {
-            // SAFETY: user memory read that fails cleanly.
-            match unsafe { bpf_probe_read_user(fp as *const [u64; 2]) } {
-                Ok([next, ret]) => (next, ret),
-                Err(_) => break,
-            }
-        };
-        if ret == 0 {
-            break;
-        }
-        out[(n as usize) & (MAX_FRAMES - 1)] = ret;
-        set(&mut w.n, n + 1);
-        if next <= fp {
-            break; // the chain must go up the stack
-        }
-        set(&mut w.fp, next);
-    }
+    let mut step = WalkCtx { out, buf, w };
+    // SAFETY: a helper call; the callback is a static function of this object, its context this
+    // function's.
+    unsafe {
+        bpf_loop(
+            (MAX_FRAMES + MAX_READS as usize).div_ceil(ROUNDS_PER_CALL) as u32,
+            walk_steps as *const () as *mut c_void,
+            (&raw mut step).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let w = unsafe { &mut *step.w };
     set(&mut w.extent, get(&w.extent).max(get(&w.last)));
     get(&w.n)
+}
+
+/// What a walk's rounds work on: this CPU's frames, copy and walk state, looked up once per walk.
+#[repr(C)]
+struct WalkCtx {
+    out: *mut [u64; MAX_FRAMES],
+    buf: *mut [u64; BUF_WORDS],
+    w: *mut Walk,
+}
+
+/// Rounds a call of [`walk_steps`] makes: a call costs about 10 ns, a frame in the copy less.
+const ROUNDS_PER_CALL: usize = 4;
+
+/// [`ROUNDS_PER_CALL`] rounds of [`walk_stack`], bpf_loop's callback; 1 ends the walk. A
+/// callback is verified once, whatever the number of calls.
+#[inline(never)]
+extern "C" fn walk_steps(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: the walk's context (this CPU's scratch buffers), on the caller's stack.
+    let (out, buf, w) = unsafe {
+        let c = &*ctx.cast::<WalkCtx>();
+        (&mut *c.out, &mut *c.buf, &mut *c.w)
+    };
+    for _ in 0..ROUNDS_PER_CALL {
+        if !walk_step(out, buf, w) {
+            return 1;
+        }
+    }
+    0
+}
+
+/// One round of [`walk_stack`]: records the frame at `fp` and moves up the chain, or copies the
+/// stack again where the chain left the copy; false when the walk ends.
+#[inline(always)]
+fn walk_step(out: &mut [u64; MAX_FRAMES], buf: &mut [u64; BUF_WORDS], w: &mut Walk) -> bool {
+    let (fp, base, n) = (get(&w.fp), get(&w.base), get(&w.n));
+    if fp < base || fp & 7 != 0 || n >= MAX_FRAMES as u64 || get(&w.loaded) == 0 {
+        return false;
+    }
+    let (off, loaded, reads) = (fp - base, get(&w.loaded), get(&w.reads));
+    if off + 16 > loaded && reads < MAX_READS {
+        // The chain left the copy: copy again from the frame it went to. When that frame is
+        // less than STEP away, a longer copy would have held it: the thread's copies are to be
+        // at least twice as long, so that copies shrunk on shallow stacks grow back in a few
+        // walks.
+        let needed = if off + 16 <= STEP {
+            (off + 16).max(2 * get(&w.len))
+        } else {
+            get(&w.last)
+        };
+        set(&mut w.extent, needed.max(get(&w.extent)));
+        set(&mut w.loaded, copy_upto(buf, fp, get(&w.len)));
+        set(&mut w.base, fp);
+        set(&mut w.reads, reads + 1);
+        return true;
+    }
+    let (next, ret) = if off + 16 <= loaded {
+        set(&mut w.last, off + 16);
+        let i = (opaque(off) / 8) as usize;
+        (buf[i & MASK], buf[(i + 1) & MASK])
+    } else {
+        // SAFETY: user memory read that fails cleanly.
+        match unsafe { bpf_probe_read_user(fp as *const [u64; 2]) } {
+            Ok([next, ret]) => (next, ret),
+            Err(_) => return false,
+        }
+    };
+    if ret == 0 {
+        return false;
+    }
+    out[(n as usize) & (MAX_FRAMES - 1)] = ret;
+    set(&mut w.n, n + 1);
+    if next <= fp {
+        return false; // the chain must go up the stack
+    }
+    set(&mut w.fp, next);
+    true
 }
 
 /// How many outermost frames of `stack` are the thread's previous heap record's (`prev`,

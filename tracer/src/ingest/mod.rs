@@ -166,8 +166,9 @@ struct Decoder {
     /// `multiprocessing`'s spawned ones are, have their own interpreter to find).
     python_seen: HashSet<(u32, Arc<str>)>,
     probe: Option<std::sync::mpsc::Sender<ProbeRequest>>,
-    /// Per thread: the Python frames (raw triples) sent for its next record with a stack.
-    py_pending: HashMap<u32, Vec<u64>>,
+    /// Per thread: the Python frames (raw triples) sent for its next record with a stack, and
+    /// whether the walk stopped with frames left (at [`tracer_common::MAX_PY_FRAMES`]).
+    py_pending: HashMap<u32, (Vec<u64>, bool)>,
     python: crate::python::resolve::Resolver,
     /// `--heap sampled`: the mean interval; recorded heap blocks stand for more bytes.
     heap_sampling: u64,
@@ -298,7 +299,7 @@ impl Decoder {
             self.undecodable += 1;
             return;
         }
-        self.py_pending.insert(ev.tid, frames);
+        self.py_pending.insert(ev.tid, (frames, ev.size != 0));
     }
 
     /// A record with a raw stack: unwound here with the libraries' call-frame information.
@@ -540,9 +541,11 @@ impl Decoder {
         truncated: bool,
         out: &mut Vec<Input>,
     ) -> Option<StackId> {
-        if let Some(py) = self.py_pending.remove(&tid) {
+        let mut truncated = truncated;
+        if let Some((py, cut)) = self.py_pending.remove(&tid) {
             self.scratch.push(stacks::PY_MARKER);
             self.scratch.extend(py);
+            truncated |= cut;
         }
         let Decoder {
             stacks,
