@@ -400,7 +400,8 @@ impl Analysis {
                 Some((from, self.at_untraced_pace(key, how(&series, from)?)))
             }
             Judged::Chain(series, from, chain) => {
-                Some((warmup_s, chain.on_series_axis(how(series?, from)?)))
+                let e = chain.moved_on_chain(how(series?, from)?, from);
+                Some((warmup_s, chain.on_series_axis(e)))
             }
             Judged::Kept(e) => Some((warmup_s, e?.clone())),
         }
@@ -485,7 +486,15 @@ impl Analysis {
             Kind::Device if self.caching.contains(&key.pid) => {
                 evidence.verdict = Verdict::Retention
             }
-            Kind::Heap | Kind::Tensor if self.moved(key.pid, &evidence, warmup_s) => {
+            Kind::Heap if self.moved(key.pid, &evidence, warmup_s) => {
+                evidence.verdict = Verdict::Moved
+            }
+            // Tensors judged on their chain were told moved there (`Chain::moved_on_chain`);
+            // traced from the start, against the process's tensors.
+            Kind::Tensor
+                if matches!(self.judged_from(key, warmup_s), Judged::From(_))
+                    && self.tensors_moved(key.pid, &evidence, warmup_s) =>
+            {
                 evidence.verdict = Verdict::Moved
             }
             Kind::Brk | Kind::Mmap
@@ -560,6 +569,14 @@ impl Analysis {
             stack,
             warmup_s,
         )
+    }
+
+    /// Whether its process's tensors held while a tensor stack grew (`stack`), as `moved`
+    /// tells of the heap: other tensors gave back what it gained.
+    fn tensors_moved(&self, pid: u32, stack: &Evidence, warmup_s: f64) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|s| holds(&s.tensors, stack, warmup_s))
     }
 
     /// Groups that leaked while sampled but hold nothing now (the leaking container was released
@@ -653,7 +670,7 @@ fn retained_for_their_tensors(series: &Series, t: &Evidence, e: &Evidence, warmu
 
 /// Whether a process's `series` moved by less than half a stack's growth over the stack's span,
 /// up or down: the process held what the stack gained.
-fn holds(series: &Series, stack: &Evidence, warmup_s: f64) -> bool {
+pub(super) fn holds(series: &Series, stack: &Evidence, warmup_s: f64) -> bool {
     classify(&same_span(series, stack), span_start(stack, warmup_s)).is_some_and(|p| {
         p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
     })

@@ -96,3 +96,27 @@ fn a_short_jobs_pages_are_judged_before_its_late_tensors_where_they_grew_since()
     assert!(e.windows.last().unwrap().t1_s <= 12.0, "{e:?}");
     assert!(!a.grew_on_after_late_tensors(&pages, 0.0));
 }
+
+/// `--tensors auto`: a tensor stack judged on its chain is moved only where the process's
+/// tensors held while it grew (another tensor stack gave back what it gained), not where its
+/// heap held: heap blocks freed meanwhile (a data cache let go) do not explain a leak of tensors.
+#[test]
+fn tensors_on_their_chain_are_moved_only_where_the_tensors_held() {
+    let run = |falls: Kind| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let (rising, other) = (key(1, Kind::Tensor), key(2, falls));
+        let mut a = Analysis::default();
+        // Samples every half second, the tensors traced from 2 s: one stack gains 64 KiB a
+        // sample as the other gives as much back.
+        a.tensors_traced_from(1, 2.0);
+        for i in 4..30u64 {
+            let gained = (i - 4) * 64 * K;
+            let groups = [(rising, gained), (other, 2048 * K - gained)];
+            a.sample(i as f64 / 2.0, &ledger, &groups);
+        }
+        a.judge(&rising, 0.0).unwrap().verdict
+    };
+    assert_eq!(run(Kind::Tensor), Verdict::Moved);
+    assert_eq!(run(Kind::Heap), Verdict::Leak);
+}
