@@ -93,6 +93,19 @@ if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.
   done
 fi
 
+# 4b. Hugging Face's Trainer for the test of a job as its users write one (transformers and
+#     accelerate over the torch of .pydeps), into .pydeps-hf: each package pinned and without
+#     its dependencies (accelerate's would install torch a second time).
+if ! [ -f .pydeps-hf/transformers-4.46.3.dist-info/METADATA ]; then
+  log "installing transformers 4.46.3 and accelerate 1.1.1 into .pydeps-hf"
+  pip_into .pydeps-hf --no-deps 'transformers==4.46.3' 'accelerate==1.1.1' 'tokenizers==0.20.3' \
+    'huggingface-hub==0.29.3' 'safetensors==0.8.0' 'regex==2026.12.2' 'PyYAML==6.0.4' \
+    'requests==2.34.2' 'urllib3==2.8.0' 'idna==3.20' 'certifi==2026.10.19.post1' \
+    'charset-normalizer==3.5.3' 'tqdm==4.70.1' 'packaging==26.4' 'psutil==7.2.2'
+  [ -f .pydeps-hf/transformers-4.46.3.dist-info/METADATA ] \
+    || { echo "setup: transformers did not install into .pydeps-hf" >&2; exit 1; }
+fi
+
 # 5. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
 if ! [ -e /sys/kernel/tracing/events ]; then
   log "mounting tracefs"

@@ -21,6 +21,7 @@ mod scenarios;
 mod serve;
 mod torch;
 mod torch_cuda;
+mod trainer;
 mod tree;
 mod unwind;
 mod verdicts;

@@ -86,8 +86,10 @@ impl Version {
     pub fn steps(&self, raw: &[u64]) -> Vec<Step> {
         let mut out: Vec<Step> = Vec::with_capacity(raw.len() / 3);
         for &[code, instr, flags] in raw.as_chunks::<3>().0 {
+            // A word that is no code object's address (read from a frame in the making; seen
+            // once as all ones in a Hugging Face job) gives no offset.
             let from = |bytecode: u64| {
-                let start = code + bytecode;
+                let start = code.checked_add(bytecode)?;
                 (instr >= start).then(|| ((instr - start) / 2) as u32)
             };
             let file = py_module_file(flags);
@@ -444,6 +446,15 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_frame_whose_code_word_is_no_address_has_no_offset() {
+        // All ones where the code object should be: no bytecode starts past it.
+        let raw = [u64::MAX, 0x5555_0000_1234, 0];
+        let steps = v(Frames::Entry { bytecode: 184 }).steps(&raw);
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].offset, None);
     }
 
     #[test]

@@ -1,0 +1,91 @@
+//! A training job as Hugging Face's users write one: transformers' `Trainer` (with accelerate)
+//! over the torch wheel, on a CPU, from scripts/setup.sh's .pydeps-hf. Its stacks are some 30
+//! Python frames deep where a model allocates, deeper than the first window of the data stack
+//! the kernel side reads, and its tensors are traced now and then while its heap layer comes
+//! and goes: the leak is still named at the user's line, against what PyTorch says it keeps.
+
+use serde_json::Value;
+use tests::fixture;
+
+use crate::{
+    python::{line, script},
+    pytorch::check_torch_at,
+};
+
+/// The innermost frame of the fixture in a stack: its line.
+fn fixture_line(stack: &Value) -> Option<u64> {
+    let file = script("hf_trainer").display().to_string();
+    stack["frames"]
+        .as_array()?
+        .iter()
+        .find(|f| f["module"] == "python" && f["file"] == file.as_str())?["line"]
+        .as_u64()
+}
+
+#[test]
+fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (torch, hf) = (
+        fixture::pydeps(),
+        fixture::pydeps().with_file_name(".pydeps-hf"),
+    );
+    assert!(
+        hf.join("transformers").is_dir(),
+        "transformers in {} (scripts/setup.sh installs it)",
+        hf.display()
+    );
+    let path = format!("PYTHONPATH={}:{}", torch.display(), hf.display());
+    let vars = [path.as_str(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"];
+    let (o, r) = check_torch_at("hf-trainer", &script("hf_trainer"), &vars, &[], &["600"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let at = line("hf_trainer", "# LEAK-SITE");
+    let site = format!("Probing.compute_loss (hf_trainer.py:{at})");
+    let leaks: Vec<&str> = out.lines().filter(|l| l.contains("LEAK ")).collect();
+    assert!(
+        leaks
+            .iter()
+            .any(|l| l.contains("LEAK tensor") && l.ends_with(&site)),
+        "{out}"
+    );
+    // PyTorch's own figures: the kept hidden states, one storage each.
+    let oracle: Value = out
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("the script's accounting");
+    let block = oracle["block_bytes"].as_u64().unwrap();
+    assert_eq!(block, 16 * 32 * 64 * 4, "{oracle}");
+    assert_eq!(oracle["kept_blocks"], 600);
+    // What the leaking stacks hold: whole hidden states, some of those kept (only those made
+    // while the tensors were traced are counted), each walked up to the user's line.
+    let leaking = |s: &&Value| {
+        s["kind"] == "tensor" && s["verdict"]["verdict"] == "leak" && fixture_line(s) == Some(at)
+    };
+    let stacks: Vec<&Value> = r.stacks().iter().filter(leaking).collect();
+    assert!(!stacks.is_empty(), "{out}");
+    let (bytes, blocks) = stacks.iter().fold((0, 0), |(b, n), s| {
+        (
+            b + s["bytes"].as_u64().unwrap(),
+            n + s["blocks"].as_u64().unwrap(),
+        )
+    });
+    assert_eq!(bytes, blocks * block, "{bytes} in {blocks}");
+    assert!(blocks > 0 && blocks <= 600, "{blocks}");
+    for s in stacks {
+        assert_eq!(s["truncated"], false);
+        let python = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["module"] == "python");
+        assert!(
+            python
+                .clone()
+                .all(|f| !f["function"].as_str().unwrap().starts_with("<code"))
+        );
+        assert_eq!(python.last().unwrap()["function"], "<module>");
+    }
+}
