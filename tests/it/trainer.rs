@@ -76,7 +76,7 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     assert!(blocks > 0 && blocks <= 600, "{blocks}");
     for s in stacks {
         assert_eq!(s["truncated"], false);
-        let python = s["frames"]
+        let mut python = s["frames"]
             .as_array()
             .unwrap()
             .iter()
@@ -86,6 +86,6 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
                 .clone()
                 .all(|f| !f["function"].as_str().unwrap().starts_with("<code"))
         );
-        assert_eq!(python.last().unwrap()["function"], "<module>");
+        assert_eq!(python.next_back().unwrap()["function"], "<module>");
     }
 }
