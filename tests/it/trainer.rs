@@ -5,7 +5,7 @@
 //! and goes: the leak is still named at the user's line, against what PyTorch says it keeps.
 
 use serde_json::Value;
-use tests::fixture;
+use tests::{fixture, report::Report};
 
 use crate::{
     python::{line, script},
@@ -39,9 +39,16 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     );
     let path = format!("PYTHONPATH={}:{}", torch.display(), hf.display());
     let vars = [path.as_str(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"];
-    let (o, r) = check_torch_at("hf-trainer", &script("hf_trainer"), &vars, &[], &["600"]);
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(1), "{out}");
+    let job = |name: &str, options: &[&str], steps: &str| {
+        let (o, r) = check_torch_at(name, &script("hf_trainer"), &vars, options, &[steps]);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            r,
+        )
+    };
+    let (code, out, r) = job("hf-trainer", &[], "600");
+    assert_eq!(code, Some(1), "{out}");
     let at = line("hf_trainer", "# LEAK-SITE");
     let site = format!("Probing.compute_loss (hf_trainer.py:{at})");
     let leaks: Vec<&str> = out.lines().filter(|l| l.contains("LEAK ")).collect();
@@ -52,28 +59,25 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
         "{out}"
     );
     // PyTorch's own figures: the kept hidden states, one storage each.
-    let oracle: Value = out
-        .lines()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("the script's accounting");
-    let block = oracle["block_bytes"].as_u64().unwrap();
-    assert_eq!(block, 16 * 32 * 64 * 4, "{oracle}");
-    assert_eq!(oracle["kept_blocks"], 600);
-    // What the leaking stacks hold: whole hidden states, some of those kept (only those made
-    // while the tensors were traced are counted), each walked up to the user's line.
-    let leaking = |s: &&Value| {
-        s["kind"] == "tensor" && s["verdict"]["verdict"] == "leak" && fixture_line(s) == Some(at)
-    };
-    let stacks: Vec<&Value> = r.stacks().iter().filter(leaking).collect();
-    assert!(!stacks.is_empty(), "{out}");
-    let (bytes, blocks) = stacks.iter().fold((0, 0), |(b, n), s| {
-        (
-            b + s["bytes"].as_u64().unwrap(),
-            n + s["blocks"].as_u64().unwrap(),
-        )
-    });
-    assert_eq!(bytes, blocks * block, "{bytes} in {blocks}");
-    assert!(blocks > 0 && blocks <= 600, "{blocks}");
+    let (block, kept) = oracle(&out);
+    assert_eq!(block, 16 * 32 * 64 * 4);
+    assert_eq!(kept, 600);
+    // What the leaking stacks hold: hidden states, and their LayerNorm's mean and rstd (16 × 32
+    // floats each), which its call makes at the same stack: some of those kept (only those made
+    // while the tensors were traced are counted), a few of a step's made as they were kept.
+    let stacks = leaking(&r, at);
+    let (bytes, blocks) = held(&stacks);
+    let stats = 16 * 32 * 4;
+    let states = (bytes - blocks * stats) / (block - stats);
+    assert_eq!(
+        states * block + (blocks - states) * stats,
+        bytes,
+        "{bytes} in {blocks}"
+    );
+    assert!(
+        states > 0 && states <= kept && blocks - states < states,
+        "{states} of {blocks}"
+    );
     for s in stacks {
         assert_eq!(s["truncated"], false);
         let mut python = s["frames"]
@@ -88,4 +92,40 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
         );
         assert_eq!(python.next_back().unwrap()["function"], "<module>");
     }
+    // Every tensor traced from the start: the leaking stack holds exactly what PyTorch says is
+    // kept.
+    let (code, out, r) = job("hf-trainer-all", &["--tensors", "all"], "300");
+    assert_eq!(code, Some(1), "{out}");
+    let (block, kept) = oracle(&out);
+    assert_eq!(held(&leaking(&r, at)), (kept * block, kept));
+}
+
+/// What the script says the kept tensors are: (bytes of each one's storage, how many).
+fn oracle(out: &str) -> (u64, u64) {
+    let v: Value = out
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("the script's accounting");
+    (
+        v["block_bytes"].as_u64().unwrap(),
+        v["kept_blocks"].as_u64().unwrap(),
+    )
+}
+
+/// The tensor stacks judged leaking whose innermost frame of the fixture is at `line`.
+fn leaking(r: &Report, line: u64) -> Vec<&Value> {
+    let leak = |s: &&Value| {
+        s["kind"] == "tensor" && s["verdict"]["verdict"] == "leak" && fixture_line(s) == Some(line)
+    };
+    r.stacks().iter().filter(leak).collect()
+}
+
+/// (bytes, blocks) the stacks hold together.
+fn held(stacks: &[&Value]) -> (u64, u64) {
+    stacks.iter().fold((0, 0), |(b, n), s| {
+        (
+            b + s["bytes"].as_u64().unwrap(),
+            n + s["blocks"].as_u64().unwrap(),
+        )
+    })
 }
