@@ -76,9 +76,14 @@ pub(crate) fn check_torch_at(
     crate::check::check_report(name, &[&["--no-store"], options].concat(), &argv)
 }
 
-/// The innermost line of the script in a stack's frames.
+/// The innermost line of the training loop script in a stack's frames.
 pub(crate) fn own_line(stack: &Value) -> Option<u64> {
-    let file = script("train_loop").display().to_string();
+    line_of(stack, "train_loop")
+}
+
+/// The innermost line of the fixture `name` in a stack's frames.
+pub(crate) fn line_of(stack: &Value, name: &str) -> Option<u64> {
+    let file = script(name).display().to_string();
     stack["frames"]
         .as_array()?
         .iter()

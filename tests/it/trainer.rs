@@ -9,18 +9,8 @@ use tests::{fixture, report::Report};
 
 use crate::{
     python::{line, script},
-    pytorch::check_torch_at,
+    pytorch::{check_torch_at, line_of},
 };
-
-/// The innermost frame of the fixture in a stack: its line.
-fn fixture_line(stack: &Value) -> Option<u64> {
-    let file = script("hf_trainer").display().to_string();
-    stack["frames"]
-        .as_array()?
-        .iter()
-        .find(|f| f["module"] == "python" && f["file"] == file.as_str())?["line"]
-        .as_u64()
-}
 
 #[test]
 fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
@@ -115,7 +105,9 @@ fn oracle(out: &str) -> (u64, u64) {
 /// The tensor stacks judged leaking whose innermost frame of the fixture is at `line`.
 fn leaking(r: &Report, line: u64) -> Vec<&Value> {
     let leak = |s: &&Value| {
-        s["kind"] == "tensor" && s["verdict"]["verdict"] == "leak" && fixture_line(s) == Some(line)
+        s["kind"] == "tensor"
+            && s["verdict"]["verdict"] == "leak"
+            && line_of(s, "hf_trainer") == Some(line)
     };
     r.stacks().iter().filter(leak).collect()
 }
