@@ -55,6 +55,7 @@ struct SiteSums {
     made: u64,
     kept: u64,
     grows: bool,
+    rising: bool,
 }
 
 /// Whether a site that made and kept bytes early in a window kept its objects: [`KEPT_MIN`] at
@@ -82,7 +83,8 @@ fn site_sums(lines: &[(KeptLine, u32)]) -> FxHashMap<u32, SiteSums> {
     for (l, site) in lines {
         let s = sites.entry(*site).or_default();
         let kept = if l.imported { 0 } else { l.kept };
-        (s.made, s.kept, s.grows) = (s.made + l.made, s.kept + kept, s.grows | l.grows);
+        (s.made, s.kept) = (s.made + l.made, s.kept + kept);
+        (s.grows, s.rising) = (s.grows | l.grows, s.rising | l.rising);
     }
     sites
 }
@@ -92,16 +94,20 @@ pub fn kept_by_keepers(lines: &[(KeptLine, u32)]) -> u64 {
     keepers_kept(&site_sums(lines))
 }
 
-/// Whether a site of a window's stacks `lines` (with their sites) kept half of [`KEPT_MIN`] or
-/// more, at a keeper's share, and not yet all of it: a slow leak whose window has not yet seen
-/// enough of it to tell (a loop that logs a small dict of metrics every step keeps a few KiB in
-/// five seconds of the slowed program, one kept sample per KiB, as many as chance gives a free
-/// list's line), which a longer window does.
+/// Whether a site of a window's stacks `lines` (with their sites) kept, at a keeper's share, half
+/// of [`KEPT_MIN`] or more, or a quarter of it and more than at the window's first look, and not
+/// yet all of it: a slow leak whose window has not yet seen enough of it to tell (a loop that logs
+/// a small dict of metrics every step keeps a few KiB in five seconds of the slowed program, one
+/// kept sample per KiB: about seven, three or fewer in one run of twelve, more often on a busy
+/// machine), which a longer window does. A line that kept a few objects once is no longer
+/// undecided once its kept bytes stop rising.
 pub fn undecided_keeper(lines: &[(KeptLine, u32)]) -> bool {
-    let at_half = |s: &SiteSums| (KEPT_MIN / 2..KEPT_MIN).contains(&s.kept);
+    let under = |s: &SiteSums| {
+        (KEPT_MIN / 4..KEPT_MIN).contains(&s.kept) && (s.kept >= KEPT_MIN / 2 || s.rising)
+    };
     site_sums(lines)
         .values()
-        .any(|s| at_half(s) && keepers_share(*s))
+        .any(|s| under(s) && keepers_share(*s))
 }
 
 /// Bytes kept by libraries' imports, of a window's stacks `lines`.

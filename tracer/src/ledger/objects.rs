@@ -34,10 +34,11 @@ pub const BUCKET_NS: u64 = 50_000_000;
 const MAX_BUCKETS: u64 = 1200;
 
 /// One stack's objects in a window: bytes made in its first half, and of those, bytes still held;
-/// whether they were made by a library's import, and whether what its site keeps grew with the
-/// window (both set by the window's owner, which looks at the stack's frames and at the window
-/// as it goes: what an import keeps is the module's state; what a leak keeps grows as the first
-/// half lengthens, what temporaries and CPython's free lists hold does not).
+/// whether they were made by a library's import, whether what its site keeps grew with the
+/// window as a leak's does, and whether it grew at all since the window's first look (set by the
+/// window's owner, which looks at the stack's frames and at the window as it goes: what an
+/// import keeps is the module's state; what a leak keeps grows as the first half lengthens, what
+/// temporaries and CPython's free lists hold does not, nor what a line kept once).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeptLine {
     pub stack: Option<StackId>,
@@ -45,6 +46,7 @@ pub struct KeptLine {
     pub kept: u64,
     pub imported: bool,
     pub grows: bool,
+    pub rising: bool,
 }
 
 impl ObjectWindow {

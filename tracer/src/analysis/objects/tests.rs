@@ -53,8 +53,17 @@ fn a_site_with_half_what_keeping_needs_at_a_keepers_share_is_undecided() {
     assert!(undecided_keeper(&[line(9_569, 5_365)]));
     // Enough: it keeps, and it is told.
     assert!(!undecided_keeper(&[line(9_569, KEPT_MIN)]));
-    // Two samples: chance. A free list's share (a fifth): not a keeper's.
+    // Two samples: chance, unless they are more than the window's first look saw (a slower
+    // run of the same log); three that stopped rising are a line that kept once.
     assert!(!undecided_keeper(&[line(2_080, 2_080)]));
+    let (mut rising, mut once) = (line(3_100, 2_080), line(3_100, 3_100));
+    rising.0.rising = true;
+    assert!(undecided_keeper(&[rising]));
+    assert!(!undecided_keeper(&[once]));
+    once.0.rising = true;
+    once.0.kept = 1_024;
+    assert!(!undecided_keeper(&[once]), "one sample: no site yet");
+    // A free list's share (a fifth): not a keeper's.
     assert!(!undecided_keeper(&[line(30_000, 6_000)]));
     // Unless what it keeps grew with the window.
     let (mut grows, mut imported) = (line(30_000, 6_000), line(6_000, 6_000));

@@ -355,8 +355,12 @@ fn grown_sites(
         now as f64 >= half_a_leaks && now.saturating_sub(then) >= KEPT_MIN / 2
     };
     let grown: HashSet<&String> = kept.keys().filter(|s| grew(s)).collect();
+    let rose = |site: &String| kept[site] > before.get(site).copied().unwrap_or(0);
+    let risen: HashSet<&String> = kept.keys().filter(|s| rose(s)).collect();
     for (l, site) in lines.iter_mut() {
-        l.grows = !l.imported && grown.contains(&sites[*site as usize]);
+        let site = &sites[*site as usize];
+        l.grows = !l.imported && grown.contains(site);
+        l.rising = !l.imported && risen.contains(site);
     }
 }
 
