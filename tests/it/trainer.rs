@@ -5,7 +5,7 @@
 //! and goes: the leak is still named at the user's line, against what PyTorch says it keeps.
 
 use serde_json::Value;
-use tests::{fixture, report::Report};
+use tests::fixture;
 
 use crate::{
     python::{line, script},
@@ -55,8 +55,7 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     // What the leaking stacks hold: hidden states, and their LayerNorm's mean and rstd (16 × 32
     // floats each), which its call makes at the same stack: some of those kept (only those made
     // while the tensors were traced are counted), a few of a step's made as they were kept.
-    let stacks = leaking(&r, at);
-    let (bytes, blocks) = held(&stacks);
+    let (bytes, blocks) = r.sum(|s| leaking(s, at));
     let stats = 16 * 32 * 4;
     let states = (bytes - blocks * stats) / (block - stats);
     assert_eq!(
@@ -68,7 +67,7 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
         states > 0 && states <= kept && blocks - states < states,
         "{states} of {blocks}"
     );
-    for s in stacks {
+    for s in r.stacks().iter().filter(|s| leaking(s, at)) {
         assert_eq!(s["truncated"], false);
         let mut python = s["frames"]
             .as_array()
@@ -87,7 +86,7 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     let (code, out, r) = job("hf-trainer-all", &["--tensors", "all"], "300");
     assert_eq!(code, Some(1), "{out}");
     let (block, kept) = oracle(&out);
-    assert_eq!(held(&leaking(&r, at)), (kept * block, kept));
+    assert_eq!(r.sum(|s| leaking(s, at)), (kept * block, kept));
 }
 
 /// What the script says the kept tensors are: (bytes of each one's storage, how many).
@@ -102,22 +101,9 @@ fn oracle(out: &str) -> (u64, u64) {
     )
 }
 
-/// The tensor stacks judged leaking whose innermost frame of the fixture is at `line`.
-fn leaking(r: &Report, line: u64) -> Vec<&Value> {
-    let leak = |s: &&Value| {
-        s["kind"] == "tensor"
-            && s["verdict"]["verdict"] == "leak"
-            && line_of(s, "hf_trainer") == Some(line)
-    };
-    r.stacks().iter().filter(leak).collect()
-}
-
-/// (bytes, blocks) the stacks hold together.
-fn held(stacks: &[&Value]) -> (u64, u64) {
-    stacks.iter().fold((0, 0), |(b, n), s| {
-        (
-            b + s["bytes"].as_u64().unwrap(),
-            n + s["blocks"].as_u64().unwrap(),
-        )
-    })
+/// Whether `s` is a tensor stack judged leaking whose innermost frame of the fixture is at `line`.
+fn leaking(s: &Value, line: u64) -> bool {
+    s["kind"] == "tensor"
+        && s["verdict"]["verdict"] == "leak"
+        && line_of(s, "hf_trainer") == Some(line)
 }

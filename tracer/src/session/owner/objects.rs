@@ -354,13 +354,15 @@ fn grown_sites(
         let half_a_leaks = then as f64 * (1.0 + (ratio - 1.0) / 2.0);
         now as f64 >= half_a_leaks && now.saturating_sub(then) >= KEPT_MIN / 2
     };
-    let grown: HashSet<&String> = kept.keys().filter(|s| grew(s)).collect();
     let rose = |site: &String| kept[site] > before.get(site).copied().unwrap_or(0);
-    let risen: HashSet<&String> = kept.keys().filter(|s| rose(s)).collect();
+    let told: HashMap<&String, (bool, bool)> =
+        kept.keys().map(|s| (s, (grew(s), rose(s)))).collect();
     for (l, site) in lines.iter_mut() {
-        let site = &sites[*site as usize];
-        l.grows = !l.imported && grown.contains(site);
-        l.rising = !l.imported && risen.contains(site);
+        let (grows, rising) = told
+            .get(&sites[*site as usize])
+            .copied()
+            .unwrap_or_default();
+        (l.grows, l.rising) = (!l.imported && grows, !l.imported && rising);
     }
 }
 
