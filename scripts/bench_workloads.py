@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "tests/fixtures/bench"
+FIXTURES = ROOT / "tests/fixtures/python"
 LT = os.environ.get("LT", str(ROOT / "target/release/leaktracer"))
 PEERS = os.environ.get("PEERS", str(ROOT / ".peers"))
 QUICK = os.environ.get("QUICK") == "1"
@@ -31,7 +32,9 @@ ONLY = os.environ.get("ONLY", "")
 PY = sys.executable
 # How long a peer may take (heaptrack did not finish the job with DataLoader workers).
 PEER_TIMEOUT = int(os.environ.get("PEER_TIMEOUT", "300"))
-PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / ".pydeps")}
+# transformers and its dependencies are in .pydeps-hf (scripts/setup.sh), read offline.
+PY_ENV = {**os.environ, "PYTHONPATH": f"{ROOT / '.pydeps'}:{ROOT / '.pydeps-hf'}",
+          "HF_HUB_OFFLINE": "1"}
 # The counters of records the tracer lost (the rest of `losses` are unmatched frees and such).
 LOST = (
     "ringbuf_full",
@@ -81,6 +84,11 @@ def workloads(build):
          [PY, str(BENCH / "tx_train.py"), "150" if QUICK else "600"], BENCH / "tx_train.py"),
         ("CPU PyTorch transformer, no leak", "python",
          [PY, str(BENCH / "tx_train.py"), "150" if QUICK else "600", "fixed"], None),
+        # A Hugging Face Trainer job (transformers' own training loop) whose compute_loss keeps
+        # each step's last hidden state with its graph.
+        ("Hugging Face Trainer (PyTorch), hidden states kept", "python",
+         [PY, str(FIXTURES / "hf_trainer.py"), "100" if QUICK else "600"],
+         FIXTURES / "hf_trainer.py"),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
@@ -190,8 +198,9 @@ def heaptrack(argv, env, site, tmp):
 
 
 def loop_s(stdout):
-    """The training loop's own seconds, where the program prints them ("loop 5.21 s")."""
-    m = re.search(r"loop (\d+\.\d+) s", stdout or "")
+    """The training loop's own seconds, where the program prints them ("loop 5.21 s", or the
+    Trainer's "'train_runtime': 5.21")."""
+    m = re.search(r"(?:loop |'train_runtime': )(\d+\.\d+)", stdout or "")
     return float(m.group(1)) if m else None
 
 

@@ -115,7 +115,7 @@ fn failure(ledger: &Ledger, sym: &mut Symbolizer, pid: u32, f: &Failure) -> Devi
     let frames = f
         .stack
         .and_then(|id| ledger.stacks.get(id))
-        .map(|(frames, _)| sym.stack(frames))
+        .map(|(frames, _)| sym.stack(&frames))
         .unwrap_or_default();
     DeviceFailure {
         pid,

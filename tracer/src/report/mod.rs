@@ -584,7 +584,7 @@ fn proc_report(p: &Process) -> ProcReport {
 
 fn stack_report(ledger: &Ledger, sym: &mut Symbolizer, g: &Group, now_ns: u64) -> StackReport {
     let (frames, truncated) = match g.stack.and_then(|id| ledger.stacks.get(id)) {
-        Some((frames, truncated)) => (sym.stack(frames), truncated),
+        Some((frames, truncated)) => (sym.stack(&frames), truncated),
         None => (Vec::new(), false),
     };
     StackReport {

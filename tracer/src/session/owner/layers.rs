@@ -712,7 +712,7 @@ impl Owner {
         let Some((frames, _)) = self.ledger.stacks.get(id) else {
             return false;
         };
-        let arena = crate::symbolize::python_arenas_raw(key.kind, frames);
+        let arena = crate::symbolize::python_arenas_raw(key.kind, &frames);
         self.objects.arena_stacks.insert(id, arena);
         arena
     }

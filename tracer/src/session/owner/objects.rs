@@ -306,7 +306,7 @@ impl Owner {
                     .filter(|f| f.as_python().is_some())
                     .cloned()
                     .collect();
-                self.sym.stack(if python.is_empty() { f } else { &python })
+                self.sym.stack(if python.is_empty() { &f } else { &python })
             });
             let site = crate::report::site_of(&frames);
             let n = sites.iter().position(|s| *s == site).unwrap_or_else(|| {
