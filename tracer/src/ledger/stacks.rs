@@ -10,20 +10,31 @@ use rustc_hash::FxHashMap;
 
 use crate::model::{Frame, StackId};
 
-/// The node of no frame: an outermost frame's caller, an empty stack's node.
+/// The node of no frame (an outermost frame's caller, an empty stack's node), and the module of
+/// a frame in no known mapping.
 const NONE: u32 = u32::MAX;
 
-/// A frame's identity under its caller's node: the module by its shared string (one per mapped
-/// file and per Python function), and the file offset (a Python frame's line). Stacks are
-/// interned as equal where these are (`ingest::stacks`).
-type Child = (u32, usize, u64);
+/// A frame in the tree: its caller's node, its module (by number), its file offset (a Python
+/// frame's line) and the address it was first seen at. 24 bytes, where a [`Frame`] and its
+/// caller took 40.
+struct Node {
+    caller: u32,
+    module: u32,
+    offset: u64,
+    addr: u64,
+}
 
 /// The ledger's copy of every interned stack.
 #[derive(Default)]
 pub struct StackTable {
-    /// Each frame, with its caller's node.
-    nodes: Vec<(u32, Frame)>,
-    children: FxHashMap<Child, u32>,
+    nodes: Vec<Node>,
+    /// Each frame's node under its caller's: (caller, module, offset). Stacks are interned as
+    /// equal where their frames' modules and offsets are (`ingest::stacks`).
+    children: FxHashMap<(u32, u32, u64), u32>,
+    /// The modules, numbered by their shared strings (one per mapped file and per Python
+    /// function).
+    modules: Vec<Arc<str>>,
+    module_ids: FxHashMap<usize, u32>,
     /// Each stack's innermost node, and whether its capture was truncated at the depth limit.
     stacks: FxHashMap<StackId, (u32, bool)>,
 }
@@ -33,29 +44,47 @@ impl StackTable {
     pub fn insert(&mut self, id: StackId, frames: Arc<[Frame]>, truncated: bool) {
         let mut node = NONE;
         for f in frames.iter().rev() {
-            let module = f
-                .module
-                .as_ref()
-                .map_or(0, |m| Arc::as_ptr(m).cast::<u8>() as usize);
+            let module = f.module.as_ref().map_or(NONE, |m| self.module_id(m));
             let nodes = &mut self.nodes;
             node = *self
                 .children
                 .entry((node, module, f.offset))
                 .or_insert_with(|| {
-                    nodes.push((node, f.clone()));
+                    let (offset, addr) = (f.offset, f.addr);
+                    nodes.push(Node {
+                        caller: node,
+                        module,
+                        offset,
+                        addr,
+                    });
                     (nodes.len() - 1) as u32
                 });
         }
         self.stacks.insert(id, (node, truncated));
     }
 
+    /// The number of `module`, by its string's address (the table holds a clone: the address
+    /// names no other string while it lives).
+    fn module_id(&mut self, module: &Arc<str>) -> u32 {
+        let modules = &mut self.modules;
+        let at = Arc::as_ptr(module).cast::<u8>() as usize;
+        *self.module_ids.entry(at).or_insert_with(|| {
+            modules.push(module.clone());
+            (modules.len() - 1) as u32
+        })
+    }
+
     /// Frames (innermost first) and whether the capture was truncated at the depth limit.
     pub fn get(&self, id: StackId) -> Option<(Arc<[Frame]>, bool)> {
         let &(mut node, truncated) = self.stacks.get(&id)?;
         let mut frames = Vec::new();
-        while let Some((caller, frame)) = self.nodes.get(node as usize) {
-            frames.push(frame.clone());
-            node = *caller;
+        while let Some(n) = self.nodes.get(node as usize) {
+            frames.push(Frame {
+                module: self.modules.get(n.module as usize).cloned(),
+                offset: n.offset,
+                addr: n.addr,
+            });
+            node = n.caller;
         }
         Some((frames.into(), truncated))
     }
