@@ -56,6 +56,8 @@ pub(super) struct ObjectWindows {
     pub(super) arena_stacks: HashMap<StackId, bool>,
     /// Whether each stack looked at was made by a library's import (`Owner::is_import`).
     import_stacks: HashMap<StackId, bool>,
+    /// Each stack's site, as a window's looks found it (`Owner::site_of`).
+    sites: HashMap<StackId, String>,
 }
 
 /// A window open: its process, when it was asked for, when it is given up without an object,
@@ -294,28 +296,41 @@ impl Owner {
     /// one line makes) are judged together; and the sites, by number.
     fn by_site(&mut self, kept: Vec<KeptLine>) -> (Vec<(KeptLine, u32)>, Vec<String>) {
         let mut sites: Vec<String> = Vec::new();
+        let mut numbers: HashMap<String, u32> = HashMap::new();
         let mut lines = Vec::with_capacity(kept.len());
         for mut l in kept {
             l.imported = l.stack.is_some_and(|id| self.is_import(id));
-            let frames = l.stack.and_then(|id| self.ledger.stacks.get(id));
-            let frames = frames.map_or_else(Vec::new, |(f, _)| {
-                // The site is a Python frame where there is one: the native ones are left
-                // unsymbolized (a window's stacks are looked at every sample).
-                let python: Vec<_> = f
-                    .iter()
-                    .filter(|f| f.as_python().is_some())
-                    .cloned()
-                    .collect();
-                self.sym.stack(if python.is_empty() { &f } else { &python })
+            let site = self.site_of(l.stack);
+            let n = *numbers.entry(site).or_insert_with_key(|site| {
+                sites.push(site.clone());
+                (sites.len() - 1) as u32
             });
-            let site = crate::report::site_of(&frames);
-            let n = sites.iter().position(|s| *s == site).unwrap_or_else(|| {
-                sites.push(site);
-                sites.len() - 1
-            });
-            lines.push((l, n as u32));
+            lines.push((l, n));
         }
         (lines, sites)
+    }
+
+    /// The site of stack `id`, found once: a window looks at its stacks every sample.
+    fn site_of(&mut self, id: Option<StackId>) -> String {
+        if let Some(site) = id.and_then(|id| self.objects.sites.get(&id)) {
+            return site.clone();
+        }
+        let frames = id.and_then(|id| self.ledger.stacks.get(id));
+        let frames = frames.map_or_else(Vec::new, |(f, _)| {
+            // The site is a Python frame where there is one: the native ones are left
+            // unsymbolized.
+            let python: Vec<_> = f
+                .iter()
+                .filter(|f| f.as_python().is_some())
+                .cloned()
+                .collect();
+            self.sym.stack(if python.is_empty() { &f } else { &python })
+        });
+        let site = crate::report::site_of(&frames);
+        if let Some(id) = id {
+            self.objects.sites.insert(id, site.clone());
+        }
+        site
     }
 
     /// The arena stacks of `pid` with a series.
