@@ -70,7 +70,8 @@ impl Resolver {
         // Code objects are freed and their memory reused (an imported module's body, once run):
         // a cached copy is used only while the object still matches it, which its head tells;
         // the heads of all the stack's code objects are read at once.
-        self.read_heads(tgid, &layout, steps.iter().map(|s| s.code));
+        let codes = steps.iter().map(|s| (s.code, s.file.is_some()));
+        self.read_heads(tgid, &layout, codes);
         let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
         for step in steps {
             let code = step.code;
@@ -130,15 +131,23 @@ impl Resolver {
         out
     }
 
-    /// Reads the heads of the code objects at `addrs` in `tgid` not read in the last
-    /// [`HEADS_FRESH`], all at once.
-    fn read_heads(&mut self, tgid: u32, layout: &code::Layout, addrs: impl Iterator<Item = u64>) {
+    /// Reads the heads of the code objects at `addrs` in `tgid` (each with whether it ran a
+    /// module's body) not read in the last [`HEADS_FRESH`], all at once. A module body's is read
+    /// every time: a body is freed once run, and the next module's is made at its address
+    /// (modules imported in turn from one template).
+    fn read_heads(
+        &mut self,
+        tgid: u32,
+        layout: &code::Layout,
+        addrs: impl Iterator<Item = (u64, bool)>,
+    ) {
         let now = Instant::now();
         if self.heads_since.is_none_or(|t| now - t > HEADS_FRESH) {
             (self.heads_since, self.heads) = (Some(now), FxHashMap::default());
         }
         let mut missing: Vec<u64> = addrs
-            .filter(|a| !self.heads.contains_key(&(tgid, *a)))
+            .filter(|&(a, body)| body || !self.heads.contains_key(&(tgid, a)))
+            .map(|(a, _)| a)
             .collect();
         missing.sort_unstable();
         missing.dedup();
