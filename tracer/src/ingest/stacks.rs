@@ -24,14 +24,11 @@ pub const MAX_STACKS: usize = 1 << 20;
 fn normalized_hash(frames: &[Frame]) -> u128 {
     let mut h = xxhash_rust::xxh3::Xxh3Default::new();
     for f in frames {
-        match &f.module {
-            Some(m) => {
-                h.update(&[1]);
-                h.update(m.as_bytes());
-                h.update(&[0]);
-            }
-            None => h.update(&[0]),
-        }
+        // Each module by its length first: a Python frame's holds NUL bytes.
+        let module = f.module.as_deref().map_or(&[][..], str::as_bytes);
+        let tag = f.module.as_ref().map_or(0, |_| module.len() as u64 + 1);
+        h.update(&tag.to_le_bytes());
+        h.update(module);
         h.update(&f.offset.to_le_bytes());
     }
     h.digest128()
