@@ -186,3 +186,39 @@ fn records_replaced_from_another_call_site_are_moved_not_leaked() {
         "{out}"
     );
 }
+
+/// A native program's malloc family is traced whole under the default options, as under
+/// `--heap full`: its probes fire for every process anyway, so it is never a layer taken out
+/// once a leak is confirmed. It was: 12 s into an allocation-heavy C++ program its pages asked
+/// for a malloc family already traced, a leak was confirmed a second later and every heap
+/// stack was judged as of then, a word-count map that fills for a third of the run among the
+/// leaks. Here the run lasts about 14 s; the leak's blocks are counted to the end.
+#[test]
+fn a_native_programs_heap_is_judged_to_its_end() {
+    let Some(t) = fixture::trace_fixture("patterns", &[], &["40", "350"]) else {
+        return;
+    };
+    assert_eq!(t.output.status.code(), Some(0));
+    let r = t.last();
+    let p = r.process(r.root_pid());
+    assert!(p["heap_asked"].is_null(), "{p}");
+    assert_eq!(p["malloc_traced"], true, "{p}");
+    // 4 steps in 5 keep 64 KiB; step 349's 8 MiB is held at exit.
+    let (bytes, blocks) = r.site("heap", 0, "activations");
+    assert_eq!((bytes, blocks), (280 * 65536 + (8 << 20), 281));
+    let (bytes, blocks) = r.site("heap", 0, "lru_put");
+    assert_eq!((bytes, blocks), (32 * 65536, 32));
+    let leak = r
+        .stacks()
+        .iter()
+        .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some("activations"))
+        .expect("activations stack")["verdict"]
+        .clone();
+    assert_eq!(leak["verdict"], "leak", "{leak}");
+    let last = leak["windows"].as_array().unwrap().last().unwrap()["t1_s"].clone();
+    let elapsed = r.0["elapsed_s"].as_f64().unwrap();
+    assert!(
+        last.as_f64().unwrap() > elapsed - 2.0,
+        "{leak} ends {elapsed}"
+    );
+}

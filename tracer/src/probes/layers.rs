@@ -167,6 +167,18 @@ impl Probes {
         self.detach_if_due();
     }
 
+    /// The processes whose malloc family is traced whole, not as a layer: the native ones while
+    /// its probes are attached for every process and no Python process is traced.
+    pub fn heap_whole(&self) -> Vec<u32> {
+        let l = &self.layers;
+        if !l.on || !l.everywhere || !l.pythons.is_empty() {
+            return Vec::new();
+        }
+        let mut pids: Vec<u32> = l.natives.iter().copied().collect();
+        pids.sort_unstable();
+        pids
+    }
+
     /// When [`Probes::detach_if_due`] has work, if ever.
     pub fn detach_due(&self) -> Option<Instant> {
         self.layers.detach_due()

@@ -82,6 +82,9 @@ pub struct ProbesInfo {
     pub tensors_traced: Vec<u32>,
     /// `--tensors auto`: the libraries with PyTorch's CPU allocator found so far.
     pub tensor_libraries: Vec<std::path::PathBuf>,
+    /// `--heap auto`: the processes whose malloc family is traced whole (native ones, while no
+    /// Python process is traced), not a layer.
+    pub heap_whole: Vec<u32>,
 }
 
 /// The running prober.
@@ -128,6 +131,7 @@ fn info_of(probes: &Probes) -> ProbesInfo {
         programs: probes.loaded_programs(),
         tensors_traced: probes.tensors_traced(),
         tensor_libraries: probes.tensor_libraries(),
+        heap_whole: probes.heap_whole(),
     }
 }
 
@@ -140,7 +144,14 @@ fn serve(
     let counts = |p: &Probes| {
         let layers = p.tensor_libraries().len();
         let failed = p.failures().len();
-        (p.libraries().len(), p.attached().len(), layers, failed)
+        let whole = p.heap_whole();
+        (
+            p.libraries().len(),
+            p.attached().len(),
+            layers,
+            failed,
+            whole,
+        )
     };
     let mut told = counts(&probes);
     loop {

@@ -375,6 +375,9 @@ impl Owner {
     /// Asks for `tgid`'s CPU tensors (`at_s` seconds into tracing, `x` on the series' axis),
     /// unless they were asked for already and neither given up nor taken out since.
     fn ask_tensors(&mut self, tgid: u32, at_s: f64, x: f64) {
+        if self.prober.info.borrow().heap_whole.contains(&tgid) {
+            return; // traced whole, tensors too
+        }
         let Some(layers) = &mut self.layers else {
             return;
         };
@@ -640,6 +643,11 @@ impl Owner {
     /// `why`): the first time, or again where it was taken out and its time to be traced again
     /// came.
     fn ask_heap(&mut self, tgid: u32, at_s: f64, x: f64, why: HeapAsked) {
+        // A native process's malloc family is traced whole, as under `--heap full`: its probes
+        // fire for every process, and taken out as a layer it would be judged as of then.
+        if self.prober.info.borrow().heap_whole.contains(&tgid) {
+            return;
+        }
         let Some(layers) = &mut self.layers else {
             return;
         };
