@@ -395,7 +395,7 @@ impl Probes {
                 if set.role == OBJECTS.role {
                     // Only ever attached for one process, in its window; the interpreter's
                     // exit is marked in every mode.
-                    if self.layers.on {
+                    if self.objects.on {
                         self.objects.found.push(path.to_path_buf());
                     }
                     self.attach_finalize(path, &elf);

@@ -1,4 +1,4 @@
-//! `--heap auto`: CPython's object allocator as a layer of its own. Small Python objects come from
+//! `--heap auto` and `full`: CPython's object allocator as a layer of its own. Small Python objects come from
 //! pymalloc's arenas, which the page level sees only as arenas, named by the line whose object
 //! needed a new one; what keeps the objects is not seen. When a process's arenas grow, its
 //! `PyObject_*` and `PyMem_*` functions are probed for its address space alone, sampled, for a
@@ -27,6 +27,8 @@ use crate::procfs::ProcMaps;
 /// The object layer's state, owned by [`Probes`].
 #[derive(Default)]
 pub(super) struct ObjectLayer {
+    /// Windows are opened (`--heap auto` and `full`).
+    pub(super) on: bool,
     /// Files with CPython's object allocator (libpython, a statically linked interpreter).
     pub(super) found: Vec<PathBuf>,
     /// Processes whose objects are sampled now, and their links.
@@ -34,14 +36,14 @@ pub(super) struct ObjectLayer {
 }
 
 impl Probes {
-    /// Samples the Python objects of the layered process `pid` from now on (`after_s` seconds
-    /// into tracing). False when it cannot be: `--heap auto` is off, the process is not traced
-    /// or already engaged, or no interpreter with its functions was found.
+    /// Samples the Python objects of process `pid` from now on (`after_s` seconds into tracing).
+    /// False when it cannot be: no windows in this heap mode, the process is not traced or
+    /// already engaged, or no interpreter with its functions was found.
     pub fn engage_objects(&mut self, pid: u32, after_s: f64) -> bool {
         let Some(one) = NonZeroU32::new(pid) else {
             return false;
         };
-        if !self.layers.on || self.objects.engaged.contains_key(&pid) {
+        if !self.objects.on || self.objects.engaged.contains_key(&pid) {
             return false;
         }
         let Ok(flags) = self.traced.get(&pid, 0) else {
@@ -105,6 +107,11 @@ impl Probes {
             });
         }
         links
+    }
+
+    /// Python objects' windows are opened (`--heap auto` and `full`).
+    pub fn window_objects(&mut self) {
+        self.objects.on = true;
     }
 
     /// Ends the window of `pid`'s objects: its blocks recorded and still allocated stay as they

@@ -92,8 +92,11 @@ fn load_probes(config: &Config, target: &Target, python: bool) -> Result<Probes,
     match config.heap.mode {
         HeapMode::Off => probes.skip_heap(),
         HeapMode::Sampled => probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?,
-        HeapMode::Full => {}
-        HeapMode::Auto => probes.layer_heap(config.heap.tensors == TensorsMode::Auto),
+        HeapMode::Full => probes.window_objects(),
+        HeapMode::Auto => {
+            probes.layer_heap(config.heap.tensors == TensorsMode::Auto);
+            probes.window_objects();
+        }
     }
     if !config.python_stacks {
         probes.skip_python();

@@ -131,7 +131,7 @@ pub(super) async fn trace(
         heap_after: config.heap.after,
         layers: (config.heap.mode == HeapMode::Auto)
             .then(|| layers::Layers::new(config.heap.tensors)),
-        objects: Default::default(),
+        objects: objects::ObjectWindows::opened(config.heap.mode),
         started,
         ledger,
         analysis: Analysis::default(),

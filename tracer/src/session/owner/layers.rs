@@ -68,8 +68,6 @@ fn doubling(every_s: &mut f64, at_s: f64) -> f64 {
 
 /// The layers asked for, per process.
 pub(super) struct Layers {
-    /// When the verdicts were last looked at, in seconds traced.
-    last_s: f64,
     /// `--tensors auto`.
     tensors_layered: bool,
     /// `--tensors all`: every CPU tensor traced from the start.
@@ -147,7 +145,6 @@ impl TensorLayer {
 impl Layers {
     pub(super) fn new(tensors: TensorsMode) -> Self {
         Self {
-            last_s: 0.0,
             tensors_layered: tensors == TensorsMode::Auto,
             tensors_all: tensors == TensorsMode::All,
             heap: HashMap::new(),
@@ -164,13 +161,15 @@ impl Owner {
         self.note_tensors(at_s, x);
         // Every sample while a malloc family is traced: each second of it costs the most.
         self.take_out_heap(at_s, x);
-        let Some(layers) = &mut self.layers else {
-            return;
-        };
-        if at_s - layers.last_s < ENGAGE_EVERY_S {
+        if at_s - self.objects.looked_s < ENGAGE_EVERY_S {
             return;
         }
-        layers.last_s = at_s;
+        self.objects.looked_s = at_s;
+        let Some(layers) = &mut self.layers else {
+            // `--heap full`: Python objects' windows alone.
+            self.object_windows(at_s, x);
+            return;
+        };
         for pid in std::mem::take(&mut layers.forget) {
             self.ledger.forget_tensors(pid);
         }

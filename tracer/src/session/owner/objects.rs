@@ -1,4 +1,4 @@
-//! `--heap auto`: the window of a process's Python objects. When a process's pymalloc arenas grow
+//! `--heap auto` and `full`: the window of a process's Python objects. When a process's pymalloc arenas grow
 //! as a leak does, its object allocator is sampled (probes/objects.rs), once, for as long as it
 //! takes to tell which stacks keep their objects: [`MIN_S`] at least, [`MAX_S`] at most (longer
 //! for a slow leak not yet told, [`LONGEST_S`]). What each stack made in the window's first half
@@ -11,7 +11,7 @@ use super::Owner;
 use crate::{
     analysis::{KEPT_MIN, kept_by_imports, kept_by_keepers, undecided_keeper},
     ledger::KeptLine,
-    model::{GroupKey, Kind, StackId, monotonic_ns},
+    model::{GroupKey, HeapMode, Kind, StackId, monotonic_ns},
     probes::prober::ProbeRequest,
 };
 
@@ -48,6 +48,12 @@ const SPAN_S: f64 = 2.0;
 /// The windows asked for, and those open.
 #[derive(Default)]
 pub(super) struct ObjectWindows {
+    /// Windows are opened (`--heap auto` and `full`: the malloc family never sees the small
+    /// objects pymalloc hands out, only the arenas they fill, named by whichever line needed a
+    /// new one).
+    pub(super) on: bool,
+    /// When the verdicts were last looked at for the layers and windows, in seconds traced.
+    pub(super) looked_s: f64,
     asked: HashSet<u32>,
     open: Vec<OpenWindow>,
     /// Processes whose window was judged: their arena stacks are looked for at each look.
@@ -58,6 +64,16 @@ pub(super) struct ObjectWindows {
     import_stacks: HashMap<StackId, bool>,
     /// Each stack's site, as a window's looks found it (`Owner::site_of`).
     sites: HashMap<StackId, String>,
+}
+
+impl ObjectWindows {
+    /// None opened yet; any at all under `mode`?
+    pub(super) fn opened(mode: HeapMode) -> Self {
+        Self {
+            on: matches!(mode, HeapMode::Auto | HeapMode::Full),
+            ..Self::default()
+        }
+    }
 }
 
 /// A window open: its process, when it was asked for, when it is given up without an object,
@@ -206,10 +222,10 @@ impl Owner {
     }
 
     /// One pass over the page-level stacks of a sample: each new one made by a library's import
-    /// is told to the analysis (each looked at once), and under `--heap auto` each process's
-    /// arenas are sampled, all its arena stacks together.
+    /// is told to the analysis (each looked at once), and where windows are opened each
+    /// process's arenas are sampled, all its arena stacks together.
     pub(super) fn sample_pages(&mut self, x: f64, groups: &[(GroupKey, u64)]) {
-        let layered = self.layers.is_some();
+        let windows = self.objects.on;
         let mut arenas = Vec::new();
         for (key, bytes) in groups {
             let Some(id) = key
@@ -222,15 +238,15 @@ impl Owner {
             if !self.objects.import_stacks.contains_key(&id) {
                 if self.is_import(id) {
                     self.analysis.imported(id);
-                } else if layered && self.is_arena(key) {
+                } else if windows && self.is_arena(key) {
                     self.log_program_arena(id, x);
                 }
             }
-            if layered && self.is_arena(key) {
+            if windows && self.is_arena(key) {
                 arenas.push((*key, *bytes));
             }
         }
-        if layered {
+        if windows {
             self.analysis.sample_arenas(x, &arenas);
         }
     }
