@@ -62,7 +62,7 @@ pub(crate) fn run_default(argv: &[&str]) -> Option<Report> {
 }
 
 /// As [`run`], with these options.
-fn run_with(options: &[&str], argv: &[&str]) -> Option<Report> {
+pub(crate) fn run_with(options: &[&str], argv: &[&str]) -> Option<Report> {
     run_with_env(options, argv, &[])
 }
 

@@ -40,6 +40,9 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
         // calls malloc) is counted by the depth even when its own kind is off, so that its
         // return does not close the outer call.
         if p.depth > 0 && sp <= p.sp {
+            if p.depth == 1 && p.aux == 0 && object_call(p) && !func.is_object() {
+                heap_inside_object(p, func, id);
+            }
             p.depth += 1;
             count(Counter::Nested);
             return 0;
@@ -87,6 +90,27 @@ fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
     s & HEAP_OFF != 0
 }
 
+/// A malloc-family call inside an object allocator's (an object of more than 512 bytes, which
+/// pymalloc passes to malloc): where the process's malloc family is traced, the object call's
+/// return records the block as the inner call's ([`heap_of_object_call`]). Left to the depth
+/// alone, the malloc went unrecorded and its free later was unmatched (9,000 of them in a
+/// service's objects' window under `--heap full`).
+#[inline(always)]
+fn heap_inside_object(p: &mut Pending, func: AllocFn, id: u64) {
+    if settings(p, (id >> 32) as u32) & HEAP_OFF == 0 {
+        p.aux = func as u64;
+    }
+}
+
+/// An object call that called the malloc family ([`heap_inside_object`]) returns as that call:
+/// the same block, a heap block, recorded exactly (not sampled as an object).
+#[inline(always)]
+fn heap_of_object_call(p: &mut Pending) {
+    if p.aux != 0 && object_call(p) {
+        p.func = p.aux as u32;
+    }
+}
+
 /// Whether the call open in `p` is one of CPython's object allocator.
 #[inline(always)]
 pub fn object_call(p: &Pending) -> bool {
@@ -97,6 +121,7 @@ pub fn object_call(p: &Pending) -> bool {
 #[inline(always)]
 fn start(p: &mut Pending, func: AllocFn, sp: u64, arg0: u64, size: u64) {
     (p.func, p.depth, p.sp, p.arg0, p.size, p.n_deferred) = (func as u32, 1, sp, arg0, size, 0);
+    p.aux = 0;
 }
 
 #[inline(always)]
@@ -210,6 +235,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     let Some((p, id)) = outermost_return(entry, TRACED_NO_HEAP) else {
         return 0;
     };
+    heap_of_object_call(p);
     let rv: u64 = ctx.ret();
     if let Some(ev) = outcome(p, id, rv) {
         sample_and_send(&ctx, p, ev, id);
