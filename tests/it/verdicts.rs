@@ -1,7 +1,21 @@
 //! Verdicts on a real process: one call site that leaks slowly under large spikes, one that only
 //! spikes, and a cache that plateaus, told apart from the sampled series of each stack.
 
-use tests::{fixture, report::frame_fn};
+use serde_json::Value;
+use tests::{
+    fixture,
+    report::{Report, frame_fn},
+};
+
+/// The verdict of the heap stack whose innermost frame is `function`.
+fn heap_verdict(r: &Report, function: &str) -> Value {
+    let s = r
+        .stacks()
+        .iter()
+        .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(function))
+        .unwrap_or_else(|| panic!("no heap stack for {function}"));
+    s["verdict"].clone()
+}
 
 #[test]
 fn a_slow_leak_under_spikes_is_flagged_and_spikes_and_caches_are_not() {
@@ -10,14 +24,7 @@ fn a_slow_leak_under_spikes_is_flagged_and_spikes_and_caches_are_not() {
     };
     assert_eq!(t.output.status.code(), Some(0));
     let r = t.last();
-    let verdict = |function: &str| {
-        let s = r
-            .stacks()
-            .iter()
-            .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some(function))
-            .unwrap_or_else(|| panic!("no heap stack for {function}"));
-        s["verdict"].clone()
-    };
+    let verdict = |function: &str| heap_verdict(r, function);
     let leak = verdict("activations");
     assert_eq!(leak["verdict"], "leak", "{leak}");
     assert_eq!(leak["windows"].as_array().unwrap().len(), 4);
@@ -41,12 +48,7 @@ fn per_step_verdicts_sample_at_the_step_function() {
     let r = t.last();
     assert_eq!(r.0["verdicts_per"], "step");
     assert_eq!(r.0["steps"], 60);
-    let leak = r
-        .stacks()
-        .iter()
-        .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some("activations"))
-        .expect("activations stack")["verdict"]
-        .clone();
+    let leak = heap_verdict(r, "activations");
     assert_eq!(leak["verdict"], "leak", "{leak}");
     assert_eq!(leak["growth_bytes"], 36 * 65536, "{leak}");
     let per_step = leak["slope_bytes_per_s"].as_f64().unwrap();
@@ -208,12 +210,7 @@ fn a_native_programs_heap_is_judged_to_its_end() {
     assert_eq!((bytes, blocks), (280 * 65536 + (8 << 20), 281));
     let (bytes, blocks) = r.site("heap", 0, "lru_put");
     assert_eq!((bytes, blocks), (32 * 65536, 32));
-    let leak = r
-        .stacks()
-        .iter()
-        .find(|s| s["kind"] == "heap" && frame_fn(s, 0) == Some("activations"))
-        .expect("activations stack")["verdict"]
-        .clone();
+    let leak = heap_verdict(r, "activations");
     assert_eq!(leak["verdict"], "leak", "{leak}");
     let last = leak["windows"].as_array().unwrap().last().unwrap()["t1_s"].clone();
     let elapsed = r.0["elapsed_s"].as_f64().unwrap();
