@@ -1,10 +1,10 @@
-//! `--heap auto` and `full`: CPython's object allocator as a layer of its own. Small Python
-//! objects come from pymalloc's arenas, which the page level sees only as arenas, named by the
-//! line whose object needed a new one; what keeps the objects is not seen. When a process's arenas grow, its
+//! `--heap auto` and `full`: CPython's object allocator as a layer of its own. Small Python objects
+//! come from pymalloc's arenas, which the page level sees only as arenas, named by the line whose
+//! object needed a new one; what keeps the objects is not seen. When a process's arenas grow, its
 //! `PyObject_*` and `PyMem_*` functions are probed for its address space alone, sampled, for a
 //! bounded window ([`Probes::engage_objects`]), then detached ([`Probes::disengage_objects`]):
-//! every call is a probe trap (a pure-Python service makes millions a second), so they are not
-//! left on.
+//! every call is a probe trap (a pure-Python service makes millions a second), so they are not left
+//! on.
 
 use std::{
     collections::HashMap,

@@ -1,8 +1,8 @@
-//! `--heap auto` and `full`: the window of a process's Python objects. When a process's pymalloc arenas grow
-//! as a leak does, its object allocator is sampled (probes/objects.rs), once, for as long as it
-//! takes to tell which stacks keep their objects: [`MIN_S`] at least, [`MAX_S`] at most (longer
-//! for a slow leak not yet told, [`LONGEST_S`]). What each stack made in the window's first half
-//! and still holds at its end is handed to the analysis, which reports the leak on the stacks
+//! `--heap auto` and `full`: the window of a process's Python objects. When a process's pymalloc
+//! arenas grow as a leak does, its object allocator is sampled (probes/objects.rs), once, for as
+//! long as it takes to tell which stacks keep their objects: [`MIN_S`] at least, [`MAX_S`] at most
+//! (longer for a slow leak not yet told, [`LONGEST_S`]). What each stack made in the window's first
+//! half and still holds at its end is handed to the analysis, which reports the leak on the stacks
 //! that keep their objects.
 
 use std::collections::{HashMap, HashSet};
