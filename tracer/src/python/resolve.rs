@@ -75,13 +75,13 @@ impl Resolver {
         let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
         for step in steps {
             let code = step.code;
-            let head = self.heads.get(&(tgid, code)).cloned().flatten();
+            let head = self.heads.get(&(tgid, code)).and_then(|h| h.as_deref());
             let cached = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());
-            let current = matches!((&head, cached),
+            let current = matches!((head, cached),
                 (Some(h), Some(c)) if c.fingerprint == code::fingerprint(&layout, h));
             if !current {
                 let fresh =
-                    head.and_then(|h| code::from_head(tgid, &interp, &layout, code, &h).ok());
+                    head.and_then(|h| code::from_head(tgid, &interp, &layout, code, h).ok());
                 self.codes.insert((tgid, code), fresh);
             }
             let info = self.codes.get(&(tgid, code)).and_then(|c| c.as_ref());

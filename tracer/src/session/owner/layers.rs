@@ -374,8 +374,8 @@ impl Owner {
     /// Asks for `tgid`'s CPU tensors (`at_s` seconds into tracing, `x` on the series' axis),
     /// unless they were asked for already and neither given up nor taken out since.
     fn ask_tensors(&mut self, tgid: u32, at_s: f64, x: f64) {
-        if self.prober.info.borrow().heap_whole.contains(&tgid) {
-            return; // traced whole, tensors too
+        if self.traced_whole(tgid) {
+            return; // tensors too
         }
         let Some(layers) = &mut self.layers else {
             return;
@@ -638,13 +638,18 @@ impl Owner {
         }
     }
 
+    /// Whether `tgid`'s malloc family is traced whole, as under `--heap full` (a native
+    /// process's, its probes firing for every process): never a layer, asked for or taken out
+    /// (taken out, it would be judged as of then while its probes fired on).
+    fn traced_whole(&self, tgid: u32) -> bool {
+        self.prober.info.borrow().heap_whole.contains(&tgid)
+    }
+
     /// Asks for `tgid`'s malloc family (`at_s` seconds into tracing, `x` on the series' axis,
     /// `why`): the first time, or again where it was taken out and its time to be traced again
     /// came.
     fn ask_heap(&mut self, tgid: u32, at_s: f64, x: f64, why: HeapAsked) {
-        // A native process's malloc family is traced whole, as under `--heap full`: its probes
-        // fire for every process, and taken out as a layer it would be judged as of then.
-        if self.prober.info.borrow().heap_whole.contains(&tgid) {
+        if self.traced_whole(tgid) {
             return;
         }
         let Some(layers) = &mut self.layers else {
