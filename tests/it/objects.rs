@@ -186,7 +186,7 @@ fn python_objects_kept_fail_the_check_at_their_line_in_every_heap_mode() {
         distribution.then(|| "/usr/bin/python3".to_string()),
     ];
     for py in pythons.iter().flatten() {
-        for mode in ["full", "auto"] {
+        for mode in ["full", "sampled", "auto"] {
             // Long enough for the arenas to be judged over the later half of the run, and for
             // the window after.
             let (code, out) = check(py, mode, &["80"]);

@@ -557,6 +557,9 @@ pub struct Pending {
     /// `--heap sampled`: bytes this thread allocates before its next sample point (drawn from
     /// an exponential distribution whose mean is the sampling interval).
     pub countdown: i64,
+    /// The same for CPython's objects, at their own interval ([`OBJECT_SAMPLE_BYTES`]): a
+    /// countdown shared with the heap's would sample each kind at the other's rate.
+    pub object_countdown: i64,
     /// `--heap full`: the thread's process and its frees not yet sent, the first `n_frees` of
     /// `frees` (see [`FREES_PER_RECORD`]).
     pub tgid: u32,
@@ -584,7 +587,7 @@ pub struct Pending {
     pub py_tstate: u64,
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 16 + 64 + 48 + 8 * MAX_FRAMES + 8);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 24 + 64 + 48 + 8 * MAX_FRAMES + 8);
 
 /// A heap record shares frames only with a record of its thread at most this old: user space
 /// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space

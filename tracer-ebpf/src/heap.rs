@@ -62,11 +62,7 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
             if heap_off(func, p, id) {
                 return 0;
             }
-            // A new thread's first sample point.
-            let mean = sampling::interval_of(func.is_object());
-            if mean != 0 {
-                p.countdown = sampling::draw(mean);
-            }
+            sampling::first_points(p);
             start(p, func, sp, arg0, size)
         }
         None => count(Counter::PendingFull),
@@ -249,9 +245,9 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 /// sampling test holding an undefined register, which the verifier rejects.
 #[inline(always)]
 fn sample_and_send(ctx: &RetProbeContext, p: &mut Pending, ev: Event, id: u64) {
-    let mean = sampling::interval_of(object_call(p));
-    let ev = if mean != 0 {
-        sample(p, ev, mean, id)
+    let object = object_call(p);
+    let ev = if sampling::interval_of(object) != 0 {
+        sample(p, ev, object, id)
     } else {
         Some(ev)
     };
@@ -339,11 +335,11 @@ fn take_parked(p: &mut Pending) -> Option<Event> {
 /// `--heap sampled`: what is sent of an allocation event, if anything. A realloc's old block is
 /// released only when it was recorded, and its new block is recorded only when sampled.
 #[inline(always)]
-fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
+fn sample(p: &mut Pending, mut ev: Event, object: bool, id: u64) -> Option<Event> {
     let tgid = (id >> 32) as u32;
     if ev.kind == EventKind::Realloc as u32 {
         let old = ev.old_addr != 0 && sampling::forget(tgid, ev.old_addr);
-        let new = ev.addr != 0 && sampling::take(p, mean, tgid, ev.addr, ev.size);
+        let new = ev.addr != 0 && sampling::take(p, object, tgid, ev.addr, ev.size);
         if !old {
             ev.old_addr = 0; // realloc(NULL, n): an allocation
         }
@@ -352,7 +348,7 @@ fn sample(p: &mut Pending, mut ev: Event, mean: u64, id: u64) -> Option<Event> {
         }
         return (old || new).then_some(ev);
     }
-    sampling::take(p, mean, tgid, ev.addr, ev.size).then_some(ev)
+    sampling::take(p, object, tgid, ev.addr, ev.size).then_some(ev)
 }
 
 /// Slot 0: [`c10_flush`], set by user space before `c10::alloc_cpu`'s return is attached.

@@ -1,5 +1,5 @@
 //! CPython's object allocator, sampled for a bounded window in a process whose arenas grow
-//! (`--heap auto` and `full`, [`tracer_common::TRACED_OBJECTS`]): `PyObject_*` and `PyMem_*`,
+//! (every heap mode but `off`, [`tracer_common::TRACED_OBJECTS`]): `PyObject_*` and `PyMem_*`,
 //! attached for that process's address space alone. The entries share the malloc family's return
 //! program; sample points fall every [`tracer_common::OBJECT_SAMPLE_BYTES`] on average, and a free
 //! is sent only for a recorded block.

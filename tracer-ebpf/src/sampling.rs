@@ -82,15 +82,31 @@ pub fn draw(mean: u64) -> i64 {
     ((mean.min(1 << 40) * neg_ln_u) >> 16) as i64
 }
 
-/// Whether the allocation of `size` bytes at `addr` (by thread entry `p`) is recorded; a
-/// recorded one is remembered for its free.
+/// A new thread's first sample points, the heap's and its objects'.
 #[inline(always)]
-pub fn take(p: &mut Pending, mean: u64, tgid: u32, addr: u64, size: u64) -> bool {
-    p.countdown -= size as i64;
-    if p.countdown > 0 {
+pub fn first_points(p: &mut Pending) {
+    let mean = interval();
+    if mean != 0 {
+        p.countdown = draw(mean);
+    }
+    p.object_countdown = draw(tracer_common::OBJECT_SAMPLE_BYTES);
+}
+
+/// Whether the allocation of `size` bytes at `addr` (by thread entry `p`, an object's when
+/// `object`) is recorded; a recorded one is remembered for its free. Each kind counts down to
+/// its own points.
+#[inline(always)]
+pub fn take(p: &mut Pending, object: bool, tgid: u32, addr: u64, size: u64) -> bool {
+    let countdown = if object {
+        &mut p.object_countdown
+    } else {
+        &mut p.countdown
+    };
+    *countdown -= size as i64;
+    if *countdown > 0 {
         return false;
     }
-    p.countdown = draw(mean);
+    *countdown = draw(interval_of(object));
     remember(tgid, addr);
     true
 }

@@ -1,5 +1,5 @@
-//! `--heap auto` and `full`: CPython's object allocator as a layer of its own. Small Python objects
-//! come from pymalloc's arenas, which the page level sees only as arenas, named by the line whose
+//! Every heap mode but `off`: CPython's object allocator as a layer of its own. Small Python
+//! objects come from pymalloc's arenas, which the page level sees only as arenas, named by the line whose
 //! object needed a new one; what keeps the objects is not seen. When a process's arenas grow, its
 //! `PyObject_*` and `PyMem_*` functions are probed for its address space alone, sampled, for a
 //! bounded window ([`Probes::engage_objects`]), then detached ([`Probes::disengage_objects`]):
@@ -27,7 +27,7 @@ use crate::procfs::ProcMaps;
 /// The object layer's state, owned by [`Probes`].
 #[derive(Default)]
 pub(super) struct ObjectLayer {
-    /// Windows are opened (`--heap auto` and `full`).
+    /// Windows are opened (every heap mode but `off`).
     pub(super) on: bool,
     /// Files with CPython's object allocator (libpython, a statically linked interpreter).
     pub(super) found: Vec<PathBuf>,
@@ -109,7 +109,7 @@ impl Probes {
         links
     }
 
-    /// Python objects' windows are opened (`--heap auto` and `full`).
+    /// Python objects' windows are opened (every heap mode but `off`).
     pub fn window_objects(&mut self) {
         self.objects.on = true;
     }

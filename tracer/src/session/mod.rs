@@ -91,7 +91,10 @@ fn load_probes(config: &Config, target: &Target, python: bool) -> Result<Probes,
     }
     match config.heap.mode {
         HeapMode::Off => probes.skip_heap(),
-        HeapMode::Sampled => probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?,
+        HeapMode::Sampled => {
+            probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?;
+            probes.window_objects();
+        }
         HeapMode::Full => probes.window_objects(),
         HeapMode::Auto => {
             probes.layer_heap(config.heap.tensors == TensorsMode::Auto);

@@ -1,4 +1,4 @@
-//! `--heap auto` and `full`: the window of a process's Python objects. When a process's pymalloc
+//! Every heap mode but `off`: the window of a process's Python objects. When a process's pymalloc
 //! arenas grow as a leak does, its object allocator is sampled (probes/objects.rs), once, for as
 //! long as it takes to tell which stacks keep their objects: [`MIN_S`] at least, [`MAX_S`] at most
 //! (longer for a slow leak not yet told, [`LONGEST_S`]). What each stack made in the window's first
@@ -48,7 +48,7 @@ const SPAN_S: f64 = 2.0;
 /// The windows asked for, and those open.
 #[derive(Default)]
 pub(super) struct ObjectWindows {
-    /// Windows are opened (`--heap auto` and `full`: the malloc family never sees the small
+    /// Windows are opened (every heap mode but `off`: the malloc family never sees the small
     /// objects pymalloc hands out, only the arenas they fill, named by whichever line needed a
     /// new one).
     pub(super) on: bool,
@@ -70,7 +70,7 @@ impl ObjectWindows {
     /// None opened yet; any at all under `mode`?
     pub(super) fn opened(mode: HeapMode) -> Self {
         Self {
-            on: matches!(mode, HeapMode::Auto | HeapMode::Full),
+            on: mode != HeapMode::Off,
             ..Self::default()
         }
     }
