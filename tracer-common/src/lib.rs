@@ -560,6 +560,12 @@ pub struct Pending {
     /// The same for CPython's objects, at their own interval ([`OBJECT_SAMPLE_BYTES`]): a
     /// countdown shared with the heap's would sample each kind at the other's rate.
     pub object_countdown: i64,
+    /// The stack pointer at the outermost entry of this thread that recorded nothing, its kind
+    /// untraced in its process then, while its call may still be in flight (0: none): should its
+    /// kind be traced by the time it returns (a layer or a window going in: the probes first,
+    /// the flag after), its return, and those of calls nested in it, open no entry and are no
+    /// loss.
+    pub skipped_sp: u64,
     /// `--heap full`: the thread's process and its frees not yet sent, the first `n_frees` of
     /// `frees` (see [`FREES_PER_RECORD`]).
     pub tgid: u32,
@@ -587,7 +593,7 @@ pub struct Pending {
     pub py_tstate: u64,
 }
 const _: () =
-    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 24 + 64 + 48 + 8 * MAX_FRAMES + 8);
+    assert!(size_of::<Pending>() == 48 + 64 * MAX_DEFERRED + 32 + 64 + 48 + 8 * MAX_FRAMES + 8);
 
 /// A heap record shares frames only with a record of its thread at most this old: user space
 /// keeps a thread's last stack twice as long, so the stacks of threads that are gone (user space
