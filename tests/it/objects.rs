@@ -185,7 +185,8 @@ fn a_window_opening_inside_an_object_call_loses_nothing() {
     let kept = line("responses", "# KEPT");
     let _x = fixture::exclusive();
     for mode in ["sampled", "full", "sampled", "full"] {
-        let (code, out, r) = check_json_with(&py, "responses", &["--heap", mode], &["6"]);
+        let (code, out, r) = check_json_with(&py, "responses", &["--heap", mode], &["9"]);
+        let out = format!("--heap {mode}: {out}");
         assert_object_leak_at(code, &out, &format!("handle (responses.py:{kept})"));
         for lost in [
             "ringbuf_full",
