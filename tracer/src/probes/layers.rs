@@ -70,6 +70,9 @@ pub(super) struct HeapLayers {
     /// The launched command runs a Python interpreter in the end, through native wrappers
     /// (`env`, a script's `#!/usr/bin/env python3`): they are layered as if it were traced.
     python_expected: bool,
+    /// The layers' programs were loaded ahead of their first engagement
+    /// ([`Probes::preload_layers`]).
+    preloaded: bool,
 }
 
 impl HeapLayers {
@@ -177,6 +180,37 @@ impl Probes {
         let mut pids: Vec<u32> = l.natives.iter().copied().collect();
         pids.sort_unstable();
         pids
+    }
+
+    /// Whether the programs of the CPU tensors' and the malloc family's layers are to be loaded
+    /// ahead: a layered process maps PyTorch, and they were not yet.
+    pub fn preload_due(&self) -> bool {
+        let l = &self.layers;
+        l.on && !l.preloaded && l.waiting.iter().any(|w| w.1.role == TORCH_CPU.role)
+    }
+
+    /// Loads those programs (verified, not attached), once: while a training job still imports,
+    /// with a core to spare, not when its loop first asks for its tensors and then its malloc
+    /// family, both cores busy (66 and 132 ms on this thread, some 0.3 CPU-s of the verifier's,
+    /// in a Trainer job).
+    pub fn preload_layers(&mut self) {
+        if !self.preload_due() {
+            return;
+        }
+        self.layers.preloaded = true;
+        let roles: &[&str] = if self.layers.tensors {
+            &[TORCH_CPU.role, HEAP.role]
+        } else {
+            &[HEAP.role]
+        };
+        let started = Instant::now();
+        match self.load_all(&Self::programs_of(roles)) {
+            Ok(()) => tracing::debug!(
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "layers' programs loaded ahead"
+            ),
+            Err(e) => tracing::warn!("layers' programs not loaded ahead: {e}"),
+        }
     }
 
     /// When [`Probes::detach_if_due`] has work, if ever.

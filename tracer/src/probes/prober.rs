@@ -135,6 +135,10 @@ fn info_of(probes: &Probes) -> ProbesInfo {
     }
 }
 
+/// How long the prober waits without a request before it loads the layers' programs ahead: the
+/// libraries a job maps as it imports come as requests, some holding the mapping thread.
+const PRELOAD_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 fn serve(
     mut probes: Probes,
     rx: &mpsc::Receiver<ProbeRequest>,
@@ -154,6 +158,7 @@ fn serve(
         )
     };
     let mut told = counts(&probes);
+    let mut last_request = std::time::Instant::now();
     loop {
         // What the reports and the session's layers know of the probes follows every change.
         let now = counts(&probes);
@@ -162,13 +167,21 @@ fn serve(
             info.send_replace(Arc::new(info_of(&probes)));
         }
         probes.detach_if_due();
-        // Waits for a request, or until the heap probes are due to be detached (layers.rs).
-        let req = match probes.detach_due() {
+        if probes.preload_due() && last_request.elapsed() >= PRELOAD_IDLE {
+            probes.preload_layers();
+        }
+        // Waits for a request, or until the heap probes are due to be detached (layers.rs), or
+        // the layers' programs to be loaded.
+        let preload = probes.preload_due().then(|| last_request + PRELOAD_IDLE);
+        let req = match [probes.detach_due(), preload].into_iter().flatten().min() {
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
         };
         match req {
-            Ok(req) => handle(&mut probes, req, started, info),
+            Ok(req) => {
+                last_request = std::time::Instant::now();
+                handle(&mut probes, req, started, info);
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
