@@ -150,22 +150,13 @@ fn a_services_kept_objects_are_reported_at_the_line_that_keeps_them() {
         .filter(|s| s["kind"] == "mmap" && s["verdict"]["verdict"] == "leak" && arena(s))
         .count();
     assert_eq!(arena_leaks, 0, "{out}");
-    let objects_probed = r.0["libraries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["roles"][0] == "python-objects")
-        .count();
-    assert_eq!(objects_probed, 1);
+    assert_eq!(r.object_windows(), 1);
 
     let (code, out, r) = check_json(&py, "responses", &["9", "fixed"]);
     assert_eq!(code, Some(0), "{out}");
-    assert!(
-        r.0["libraries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|l| l["roles"][0] != "python-objects"),
+    assert_eq!(
+        r.object_windows(),
+        0,
         "arenas that do not grow open no window: {}",
         r.0["libraries"]
     );

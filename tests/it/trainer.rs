@@ -51,13 +51,7 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     // The Trainer's set-up maps arenas outside imports for seconds (a traceback's source lines,
     // its sampler's permutation): no objects' window for them, whose every object call would be
     // a probe trap while the tensors and the malloc family are traced.
-    let windows = r.0["libraries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["roles"][0] == "python-objects")
-        .count();
-    assert_eq!(windows, 0, "{}", r.0["libraries"]);
+    assert_eq!(r.object_windows(), 0, "{}", r.0["libraries"]);
     // PyTorch's own figures: the kept hidden states, one storage each.
     let (block, kept) = oracle(&out);
     assert_eq!(block, 16 * 32 * 64 * 4);

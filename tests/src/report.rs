@@ -104,6 +104,15 @@ impl Report {
     pub fn losses(&self) -> &Value {
         &self.0["losses"]
     }
+
+    /// How many Python objects' windows were opened: the object allocator's libraries probed.
+    pub fn object_windows(&self) -> usize {
+        self.0["libraries"].as_array().map_or(0, |l| {
+            l.iter()
+                .filter(|l| l["roles"][0] == "python-objects")
+                .count()
+        })
+    }
 }
 
 /// The function name of frame `index` of a stack entry.
