@@ -60,11 +60,11 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     }
     match entries::of_probe_or_create(ctx.regs) {
         Some((p, id)) => {
+            sampling::first_points(p);
             if heap_off(func, p, id) {
                 skip(p, sp);
                 return 0;
             }
-            sampling::first_points(p);
             start(p, func, sp, arg0, size)
         }
         None => count(Counter::PendingFull),
@@ -104,7 +104,11 @@ fn skip(p: &mut Pending, sp: u64) {
 /// Python objects opening under `--heap sampled`, one call in a few runs.
 #[inline(always)]
 fn skipped_return(p: &mut Pending, sp: u64) -> bool {
-    if p.skipped_sp == 0 || sp > p.skipped_sp + 8 {
+    if p.skipped_sp == 0 {
+        return false;
+    }
+    if sp > p.skipped_sp + 8 {
+        p.skipped_sp = 0; // from a frame above it: that call is gone (its return unseen)
         return false;
     }
     if sp >= p.skipped_sp {

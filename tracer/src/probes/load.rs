@@ -43,16 +43,20 @@ impl Probes {
             .filter(|(name, p)| wanted.contains(name) && p.fd().is_err())
             .collect();
         let loaded: Vec<String> = todo.iter().map(|(n, _)| n.to_string()).collect();
-        std::thread::scope(|s| {
+        let loading: Result<(), Error> = std::thread::scope(|s| {
             let threads: Vec<_> = todo
                 .iter_mut()
                 .map(|(name, prog)| s.spawn(move || load_one(name, prog)))
                 .collect();
-            threads.into_iter().try_for_each(|t| {
-                t.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("loader thread").into()))
-            })
-        })?;
+            let joined: Vec<Result<(), Error>> = threads
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("loader thread").into()))
+                })
+                .collect();
+            joined.into_iter().collect()
+        });
         if !loaded.is_empty() {
             tracing::debug!(
                 ?loaded,
@@ -60,12 +64,15 @@ impl Probes {
                 "programs loaded"
             );
         }
+        // The slots of those callees that loaded, whatever else failed: a callee already loaded
+        // is not loaded again, and its slot would stay empty for good.
         for &(_, callee, slots) in callees {
-            if loaded.iter().any(|l| l == callee) {
+            let ok = self.bpf.program(callee).is_some_and(|p| p.fd().is_ok());
+            if ok && loaded.iter().any(|l| l == callee) {
                 self.fill_slot(slots, callee)?;
             }
         }
-        Ok(())
+        loading
     }
 
     /// The programs of the probe sets with these roles ("libc", "cuda-runtime", "cuda-driver",
