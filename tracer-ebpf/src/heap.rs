@@ -107,14 +107,12 @@ fn skipped_return(p: &mut Pending, sp: u64) -> bool {
     if p.skipped_sp == 0 {
         return false;
     }
-    if sp > p.skipped_sp + 8 {
-        p.skipped_sp = 0; // from a frame above it: that call is gone (its return unseen)
-        return false;
-    }
+    let excused = sp <= p.skipped_sp + 8;
+    // That call's own return, or one from a frame above it (its return went unseen): it is gone.
     if sp >= p.skipped_sp {
         p.skipped_sp = 0;
     }
-    true
+    excused
 }
 
 /// A malloc-family call inside an object allocator's (an object of more than 512 bytes, which
