@@ -165,8 +165,11 @@ fn a_job_held_when_leaktracer_is_killed_goes_on() {
 
 /// A panic while leaktracer holds the job for new code (one on purpose here: a debug build
 /// panics where `LEAKTRACER_FAULT` says): its hook says so and ends leaktracer at once, with
-/// status 1 (`check`: 2, its own failure, not a leak's), the kernel detaches the job with the stop
-/// still pending, and the guard lets it go on.
+/// status 1 (`check`: 2, its own failure, not a leak's), and the job goes on. The kernel detaches
+/// the held thread as leaktracer ends; some runs it drops the stop with it, some runs the job
+/// takes it and stops (seen on 6.18 for the same program), and then the guard continues the job
+/// (the guard's part alone is asserted by the test above, where the job is always left stopped).
+/// So the guard's line is asserted only to name the job when it is there.
 #[test]
 fn a_job_held_when_leaktracer_panics_goes_on() {
     if !fixture::bpf_available() {
@@ -193,7 +196,8 @@ fn a_job_held_when_leaktracer_panics_goes_on() {
             "{text}"
         );
         assert!(finished, "{command:?}: the job did not go on\n{text}");
-        assert!(told, "{command:?}: {text}");
+        let guard_spoke = text.contains("continued what it left stopped");
+        assert!(!guard_spoke || told, "{command:?}: {text}");
     }
 }
 
@@ -245,18 +249,29 @@ impl HeldJob {
         if let (Some(job), false) = (job, finished) {
             signal(job, libc::SIGKILL);
         }
-        // The guard says what it did, once leaktracer has gone a second without more to continue.
-        let said = format!(
-            "continued what it left stopped: 1 process (pid {})",
-            job.unwrap_or_default()
-        );
-        let log = self.dir.join("stderr");
-        let read = || std::fs::read_to_string(&log).unwrap_or_default();
-        let told = wait_for(10.0, || read().contains(&said).then_some(())).is_some();
-        let text = read();
+        // The guard says what it did before it ends, once leaktracer has gone a second without
+        // more to continue.
+        let root = job.unwrap_or_default();
+        let _ = wait_for(10.0, || (!guard_runs(root)).then_some(()));
+        let said = format!("continued what it left stopped: 1 process (pid {root})");
+        let text = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
+        let told = text.contains(&said);
         let _ = std::fs::remove_dir_all(&self.dir);
         (finished, told, text)
     }
+}
+
+/// Whether a guard for the tree of `root` (`leaktracer hold-guard ROOT TRACER`) is running.
+fn guard_runs(root: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        args.windows(2)
+            .any(|w| w[0] == b"hold-guard" && w[1] == root.to_string().as_bytes())
+    })
 }
 
 /// `f`'s first value within `seconds`, asked every 20 ms.
