@@ -25,6 +25,7 @@ mod trainer;
 mod tree;
 mod unwind;
 mod verdicts;
+mod workers;
 
 use std::path::Path;
 

@@ -24,6 +24,7 @@ const VERDICT_RANK: Record<string, number> = {
   retention: 1,
   moved: 2,
   under_tensors: 2,
+  under_heap: 2,
   under_objects: 2,
   imported: 4,
   spike: 3,

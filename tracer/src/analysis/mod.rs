@@ -137,6 +137,7 @@ pub struct Retention {
     /// arenas), not a leak in the program.
     pub retention: bool,
     pub pages_growth_bytes: i64,
+    pub heap_growth_bytes: i64,
 }
 
 impl Default for Analysis {
@@ -327,6 +328,9 @@ impl Analysis {
                 evidence.verdict = Verdict::UnderTensors
             }
             Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
+            Kind::Brk if self.under_heap(key.pid, warmup_s) => {
+                evidence.verdict = Verdict::UnderHeap
+            }
             // Arenas of Python objects whose keeping stacks the objects' window found.
             Kind::Mmap if self.under_objects(key, warmup_s) => {
                 evidence.verdict = Verdict::UnderObjects
@@ -384,6 +388,16 @@ impl Analysis {
             _ => {}
         }
         Some(evidence)
+    }
+
+    /// Whether `pid`'s malloc family, where it was traced, leaked by at least half of what its
+    /// pages grew by over the same stretch (see [`Verdict::UnderHeap`]).
+    fn under_heap(&self, pid: u32, warmup_s: f64) -> bool {
+        self.retention(pid, warmup_s).is_some_and(|r| {
+            r.heap == Verdict::Leak
+                && r.pages == Verdict::Leak
+                && r.heap_growth_bytes.saturating_mul(2) >= r.pages_growth_bytes
+        })
     }
 
     /// Whether its process's tensors (CPU tensors and caching-allocator blocks: the host memory
@@ -524,6 +538,7 @@ impl Analysis {
             heap: heap.verdict,
             pages: pages.verdict,
             pages_growth_bytes: pages.growth_bytes,
+            heap_growth_bytes: heap.growth_bytes,
         })
     }
 }

@@ -62,6 +62,39 @@ fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey
     (analysis, pages)
 }
 
+/// 20 samples a second apart of a process whose malloc family is seen, its brk stack growing by
+/// 512 KiB a sample and its heap stack by `heap_step` bytes.
+fn brk_over_heap(heap_step: u64) -> (Analysis, GroupKey) {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 worker.py".into(), Vec::new(), 0);
+    ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+    let mut analysis = Analysis::default();
+    let pages = key(1, Kind::Brk);
+    for i in 0..20u64 {
+        let heap = (1 << 20) + i * heap_step;
+        analysis.sample(
+            i as f64,
+            &ledger,
+            &[(pages, (i + 1) * 8 * K), (key(2, Kind::Heap), heap)],
+        );
+    }
+    (analysis, pages)
+}
+
+#[test]
+fn pages_a_leaking_heap_fills_are_under_the_heap_where_it_explains_half() {
+    let verdict = |heap_step| {
+        let (a, pages) = brk_over_heap(heap_step);
+        a.judge(&pages, 0.0).unwrap().verdict
+    };
+    // The heap leaks by half of what its pages grow by: the leak is on the heap stacks.
+    assert_eq!(verdict(4 * K), Verdict::UnderHeap);
+    // By less: the pages grow beyond it, a leak of their own.
+    assert_eq!(verdict(3 * K), Verdict::Leak);
+    // Not at all: the allocator keeps pages nothing holds.
+    assert_eq!(verdict(0), Verdict::Retention);
+}
+
 #[test]
 fn brk_growth_is_retention_only_where_the_malloc_family_is_seen() {
     // Heap blocks seen and flat: the allocator keeps pages nothing holds.

@@ -35,6 +35,12 @@ pub enum Verdict {
     /// blocks): the pages hold the tensors or their Python objects, whose leak, if it is one, is
     /// reported on the tensor stacks at their lines.
     UnderTensors,
+    /// Not from the series alone: the allocator's brk heap of a process whose malloc family was
+    /// traced and judged a leak, by at least half of what its pages grew over the same stretch:
+    /// the leak is reported on the heap stacks, at their lines. A brk stack names whichever
+    /// allocation moved the heap's top, not the one that keeps (a worker's cache of decoded
+    /// samples grew its heap at the line that converts each sample, the one after).
+    UnderHeap,
     /// Not from the series alone: arenas of CPython's object allocator in a process whose
     /// objects were sampled, and whose window found the stacks that keep them: the leak is
     /// reported on those stacks (kind `object`), at their lines.
@@ -46,6 +52,20 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, as a filter of the stacks takes them.
+    pub const ALL: [Verdict; 10] = [
+        Self::Leak,
+        Self::Spike,
+        Self::BoundedCache,
+        Self::Steady,
+        Self::Retention,
+        Self::Moved,
+        Self::UnderTensors,
+        Self::UnderHeap,
+        Self::UnderObjects,
+        Self::Imported,
+    ];
+
     /// The name in JSON, history and metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -56,6 +76,7 @@ impl Verdict {
             Self::Retention => "retention",
             Self::Moved => "moved",
             Self::UnderTensors => "under_tensors",
+            Self::UnderHeap => "under_heap",
             Self::UnderObjects => "under_objects",
             Self::Imported => "imported",
         }

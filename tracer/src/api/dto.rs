@@ -183,7 +183,7 @@ pub struct StackDto {
     pub bytes: u64,
     pub blocks: u64,
     pub oldest_age_s: f64,
-    /// leak, spike, bounded_cache, steady, retention; null until enough samples.
+    /// A [`crate::analysis::Verdict`]'s name; null until enough samples.
     pub verdict: Option<&'static str>,
     /// Bytes per second, or per step when the report is per step.
     pub slope: Option<f64>,

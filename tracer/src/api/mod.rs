@@ -25,7 +25,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt as _, wrappers::WatchStream};
 
-use crate::{render, report::Report, store};
+use crate::{analysis::Verdict, render, report::Report, store};
 
 /// The latest publication of the session (None before the first).
 pub type Live = watch::Receiver<Option<Arc<Published>>>;
@@ -237,21 +237,14 @@ async fn stacks(
         )));
     }
     check_kind(q.kind.as_deref())?;
-    const VERDICTS: [&str; 7] = [
-        "leak",
-        "spike",
-        "bounded_cache",
-        "steady",
-        "retention",
-        "moved",
-        "none",
-    ];
+    let names = || Verdict::ALL.iter().map(|v| v.name()).chain(["none"]);
     if let Some(v) = &q.verdict
-        && !VERDICTS.contains(&v.as_str())
+        && !names().any(|n| n == v)
     {
+        let names: Vec<&str> = names().collect();
         return Err(ApiError::bad(format!(
             "verdict is one of {}",
-            VERDICTS.join(", ")
+            names.join(", ")
         )));
     }
     let p = latest(&state)?;

@@ -87,6 +87,15 @@ async fn stacks_are_listed_filtered_and_detailed() {
     assert_eq!(v.as_array().unwrap().len(), 0);
     let (_, v) = get_json(live_state(), "/api/v1/stacks?verdict=steady&pid=1").await;
     assert_eq!(v.as_array().unwrap().len(), 5);
+    // Every verdict a report can give is a filter (the explanations too), none of them here.
+    for verdict in ["under_tensors", "under_heap", "under_objects", "imported"] {
+        let url = format!("/api/v1/stacks?verdict={verdict}");
+        let (status, v) = get_json(live_state(), &url).await;
+        assert_eq!(
+            (status, v.as_array().map(Vec::len)),
+            (StatusCode::OK, Some(0))
+        );
+    }
 
     let id = list[1]["id"].as_str().unwrap().to_string();
     let (status, d) = get_json(live_state(), &format!("/api/v1/stacks/{id}")).await;

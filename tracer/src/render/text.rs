@@ -168,6 +168,7 @@ fn verdict(e: &Evidence, per: &str) -> String {
         Verdict::Retention => "allocator retention (not a leak)",
         Verdict::Moved => "moved here from other stacks (not a leak)",
         Verdict::UnderTensors => "pages under tensors (a leak is on the tensors)",
+        Verdict::UnderHeap => "pages under the heap (a leak is on its malloc stacks)",
         Verdict::UnderObjects => "arenas under Python objects (a leak is on the objects)",
         Verdict::Imported => "a library's module, made when imported (not a leak)",
     };

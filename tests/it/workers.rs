@@ -1,0 +1,122 @@
+//! A training job's DataLoader workers, forked by the job as PyTorch's users run them: a leak of
+//! a worker's is that worker's, named at its line, while the pages it fills are told apart from
+//! it.
+
+use serde_json::Value;
+use tests::fixture;
+
+use crate::{
+    python::{line, script},
+    pytorch::{check_torch_at, line_of},
+};
+
+/// A Dataset that keeps every sample its two workers decode (`worker_cache.py`): `check` fails
+/// first on each worker's heap, at the line that keeps, each block exactly what numpy says a
+/// sample's pixels hold. The workers' brk heaps grow faster still, at the next line (whose
+/// freed buffers move their tops): pages under the heap, not a second leak at a wrong line.
+#[test]
+fn samples_kept_by_dataloader_workers_fail_the_check_at_the_keeping_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let path = script("worker_cache");
+    let (o, r) = check_torch_at("worker-cache", &path, &[], &[], &["12"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let said: Value = out
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    let pixel_bytes = said["pixel_bytes"].as_u64().unwrap();
+    let (keeps, converts) = (
+        line("worker_cache", "LEAK-SITE"),
+        line("worker_cache", "# CONVERT"),
+    );
+    let root = r.root_pid();
+    let python = r.processes().iter().filter(|p| {
+        p["ppid"] == root
+            && p["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("worker_cache"))
+    });
+    let mut workers: Vec<u64> = python.map(|p| p["pid"].as_u64().unwrap()).collect();
+    workers.sort_unstable();
+    assert_eq!(workers.len(), 2, "{:?}", r.processes());
+    let leaks: Vec<&str> = out
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("LEAK"))
+        .collect();
+    let mut named: Vec<u64> = leaks
+        .iter()
+        .take(2)
+        .map(|leak| {
+            assert!(leak.starts_with("LEAK heap"), "{out}");
+            assert!(
+                leak.ends_with(&format!("(worker_cache.py:{keeps})")),
+                "{out}"
+            );
+            let pid = leak.split("pid ").nth(1).and_then(|p| p.split(':').next());
+            pid.and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("{out}"))
+        })
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, workers, "the first two leaks, one per worker: {out}");
+    let verdict = |s: &Value| {
+        s["verdict"]["verdict"]
+            .as_str()
+            .unwrap_or("none")
+            .to_string()
+    };
+    let at = |pid: u64, kind: &str, line: u64| -> Vec<&Value> {
+        let own = r
+            .stacks()
+            .iter()
+            .filter(|s| s["pid"] == pid && s["kind"] == kind);
+        own.filter(|s| line_of(s, "worker_cache") == Some(line))
+            .collect()
+    };
+    for &w in &workers {
+        let kept = at(w, "heap", keeps);
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        let (bytes, blocks) = (kept[0]["bytes"].as_u64(), kept[0]["blocks"].as_u64());
+        let blocks = blocks
+            .filter(|&b| b >= 50)
+            .unwrap_or_else(|| panic!("{}", kept[0]));
+        assert_eq!(bytes, Some(blocks * pixel_bytes), "{}", kept[0]);
+        assert_eq!(verdict(kept[0]), "leak", "{}", kept[0]);
+        // Grown at the line whose freed buffers moved the heap's top (the next one, in every
+        // run seen), or at the keeping line: under the heap either way.
+        let grown: Vec<(Option<u64>, String)> = r
+            .stacks()
+            .iter()
+            .filter(|s| s["pid"] == w && s["kind"] == "brk" && s["inherited"] == false)
+            .filter(|s| s["bytes"].as_u64() > Some(32 << 20))
+            .map(|s| (line_of(s, "worker_cache"), verdict(s)))
+            .collect();
+        let lines = [Some(keeps), Some(converts)];
+        assert!(
+            !grown.is_empty()
+                && grown
+                    .iter()
+                    .all(|(l, v)| lines.contains(l) && v == "under_heap"),
+            "{grown:?}"
+        );
+    }
+    let page_leaks = r
+        .stacks()
+        .iter()
+        .filter(|s| (s["kind"] == "brk" || s["kind"] == "mmap") && verdict(s) == "leak");
+    assert_eq!(page_leaks.count(), 0, "{out}");
+    let own_leaks = r
+        .stacks()
+        .iter()
+        .filter(|s| s["pid"] == root && verdict(s) == "leak");
+    assert_eq!(
+        own_leaks.count(),
+        0,
+        "the job's own process keeps nothing: {out}"
+    );
+}
