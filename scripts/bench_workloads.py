@@ -75,6 +75,11 @@ def workloads(build):
         ("CPU PyTorch training, losses kept", "python",
          [PY, str(BENCH / "loss_history.py"), "10" if QUICK else "100"],
          BENCH / "loss_history.py"),
+        # A Dataset whose two DataLoader workers keep every sample they decode: a leak in the
+        # job's forked children, of numpy arrays (malloc), not tensors.
+        ("CPU PyTorch training, DataLoader workers keep samples", "python",
+         [PY, str(FIXTURES / "worker_cache.py"), "4" if QUICK else "12"],
+         FIXTURES / "worker_cache.py"),
         # The same leak in a long loop: the malloc family traced, its leak confirmed, taken out.
         ("CPU PyTorch loop, losses kept, long", "python",
          [PY, str(BENCH / "loss_steps.py"), "10000" if QUICK else "100000"],
