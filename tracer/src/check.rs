@@ -8,11 +8,11 @@
 
 use std::{fmt::Write as _, path::Path};
 
+pub use crate::report::Finding;
 use crate::{
-    analysis::Verdict,
     model::Kind,
     probes::ProbeFailure,
-    render::human,
+    render::{held, human},
     report::{Report, StackReport},
 };
 
@@ -114,25 +114,6 @@ pub fn parse_kinds(names: &[String]) -> Result<Vec<Kind>, GateError> {
         .collect()
 }
 
-/// A site's stacks of one kind with a leak verdict in the kinds checked, and whether they are
-/// over budget together: the native stacks under one Python line (a step's autograd nodes are
-/// made by a dozen of them), a line's Python objects of several types, a line's stacks whose
-/// blocks the program's teardown freed and those it did not. The first outstanding one stands
-/// for all of them, with their slopes, growth, bytes and blocks summed.
-pub struct Finding<'a> {
-    pub stack: &'a StackReport,
-    /// How many of its stacks were released at the end.
-    pub released: usize,
-    pub slope: f64,
-    pub over: bool,
-    /// What the site's stacks grew by, hold and their blocks (sampled objects, for objects).
-    pub growth: i64,
-    pub bytes: u64,
-    pub blocks: u64,
-    /// How many stacks.
-    pub stacks: usize,
-}
-
 /// Every leaking stack of the checked kinds, the ones over budget first. `pages_of_untraced`:
 /// also the page-level stacks (mmap, brk) of processes whose malloc family was not traced, whose
 /// heap leaks are seen there only, and the arenas of CPython's object allocator in every process
@@ -154,58 +135,11 @@ pub fn findings<'a>(
             || (matches!(s.kind, Kind::Mmap | Kind::Brk) && untraced.contains(&s.pid))
             || (pages_of_untraced && s.python_arenas())
     };
-    let leaks = report.stacks.iter().filter(|s| checked(s)).filter_map(|s| {
-        let v = s.verdict.as_ref().filter(|v| v.verdict == Verdict::Leak)?;
-        Some(Finding {
-            stack: s,
-            released: usize::from(s.released),
-            slope: v.slope_bytes_per_s,
-            over: false,
-            growth: v.growth_bytes,
-            bytes: s.bytes,
-            blocks: s.blocks,
-            stacks: 1,
-        })
-    });
-    let mut out = by_site(leaks);
+    let mut out = crate::report::leak_sites(report, checked);
     for f in &mut out {
         f.over = f.slope > budget.bytes_per_s;
     }
     out.sort_by(|a, b| b.over.cmp(&a.over).then(b.slope.total_cmp(&a.slope)));
-    out
-}
-
-/// `leaks` with each process's site as one finding per kind: the stacks a line's objects are
-/// sampled at (a dict, its strings, a list's array) share its arenas' leak between them, the
-/// native stacks under a Python line share its heap's, and each alone may be under the budget the
-/// line is over. A line's stacks released at the end are of its leak too (a training job's line
-/// that keeps a tensor a step has two stacks of it, one of which its teardown may free): one
-/// line, not a second that says less.
-fn by_site<'a>(leaks: impl Iterator<Item = Finding<'a>>) -> Vec<Finding<'a>> {
-    let mut out: Vec<Finding<'a>> = Vec::new();
-    let mut sites: Vec<((u32, Kind, String), usize)> = Vec::new();
-    for f in leaks {
-        let s = f.stack;
-        let key = (s.pid, s.kind, s.site());
-        match sites.iter().find(|(k, _)| *k == key) {
-            Some(&(_, at)) => {
-                let site = &mut out[at];
-                if site.stack.released && !s.released {
-                    site.stack = s;
-                }
-                site.released += f.released;
-                site.slope += f.slope;
-                site.growth += f.growth;
-                site.bytes += f.bytes;
-                site.blocks += f.blocks;
-                site.stacks += 1;
-            }
-            None => {
-                sites.push((key, out.len()));
-                out.push(f);
-            }
-        }
-    }
     out
 }
 
@@ -281,34 +215,6 @@ pub fn summary(findings: &[Finding<'_>], budget: Budget, run: Run<'_>) -> String
         );
     }
     s
-}
-
-/// What a leaking stack holds, in words: its outstanding bytes; for Python objects, sampled in a
-/// window, what the arenas grew by for them (the objects' leak is its arenas' growth, shared by
-/// the stacks that keep), and how many of its site's sampled objects are held.
-fn held(f: &Finding<'_>) -> String {
-    match f.stack.kind {
-        _ if f.released == f.stacks => "released at the end".to_string(),
-        _ if f.released > 0 => format!(
-            "{} outstanding in {} blocks of {} stacks ({} released at the end)",
-            human(f.bytes),
-            f.blocks,
-            f.stacks,
-            f.released
-        ),
-        Kind::Object => format!(
-            "~{} of arenas, {} sampled objects held",
-            human(f.growth.max(0) as u64),
-            f.blocks
-        ),
-        _ if f.stacks > 1 => format!(
-            "{} outstanding in {} blocks of {} stacks",
-            human(f.bytes),
-            f.blocks,
-            f.stacks
-        ),
-        _ => format!("{} outstanding in {} blocks", human(f.bytes), f.blocks),
-    }
 }
 
 /// JUnit XML: one testcase per leaking site (failed when over budget), one per library that could
@@ -402,6 +308,7 @@ pub fn write_junit(path: &Path, xml: &str) -> Result<(), GateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{analysis::Verdict, report::by_site};
 
     #[test]
     fn budgets_parse_to_bytes_per_second() {

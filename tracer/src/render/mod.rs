@@ -10,7 +10,7 @@ mod text;
 use crate::report::Report;
 
 pub use export::{ExportError, Exports};
-pub use text::{heap_notes, human, layer_notes, pages_notes, text};
+pub use text::{heap_notes, held, human, layer_notes, pages_notes, text};
 
 /// One report as a line of JSON (schema `leaktracer.report/1`).
 pub fn json_line(r: &Report) -> serde_json::Result<String> {

@@ -7,7 +7,7 @@ use crate::{
     ledger::TensorLayer,
     model::Kind,
     probes::Timing,
-    report::{KindTotals, Report},
+    report::{Finding, KindTotals, Report},
     symbolize::SymFrame,
 };
 
@@ -100,6 +100,7 @@ pub fn text(r: &Report) -> String {
         objects(&mut s, p.objects.as_deref().unwrap_or_default());
     }
     failures(&mut s, r);
+    leaks(&mut s, r);
     let _ = writeln!(s, "\ntop stacks by outstanding bytes:");
     for (i, st) in r.stacks.iter().enumerate() {
         if st.released {
@@ -232,6 +233,59 @@ fn kinds(t: &KindTotals) -> String {
         .map(|(k, a)| format!("{} {} ({})", k.name(), human(a.bytes), a.blocks))
         .collect();
     parts.join(", ")
+}
+
+/// What a leaking stack holds, in words: its outstanding bytes; for Python objects, sampled in a
+/// window, what the arenas grew by for them (the objects' leak is its arenas' growth, shared by
+/// the stacks that keep), and how many of its site's sampled objects are held.
+pub fn held(f: &Finding<'_>) -> String {
+    match f.stack.kind {
+        _ if f.released == f.stacks => "released at the end".to_string(),
+        _ if f.released > 0 => format!(
+            "{} outstanding in {} blocks of {} stacks ({} released at the end)",
+            human(f.bytes),
+            f.blocks,
+            f.stacks,
+            f.released
+        ),
+        Kind::Object => format!(
+            "~{} of arenas, {} sampled objects held",
+            human(f.growth.max(0) as u64),
+            f.blocks
+        ),
+        _ if f.stacks > 1 => format!(
+            "{} outstanding in {} blocks of {} stacks",
+            human(f.bytes),
+            f.blocks,
+            f.stacks
+        ),
+        _ => format!("{} outstanding in {} blocks", human(f.bytes), f.blocks),
+    }
+}
+
+/// The report's leaks by site, the fastest first (what `check` gates on, every kind): where to
+/// look before the stacks by size, whose largest are often pages that a leak listed here fills.
+fn leaks(s: &mut String, r: &Report) {
+    let sites = crate::report::leak_sites(r, |_| true);
+    if sites.is_empty() {
+        return;
+    }
+    let per = if r.verdicts_per == "step" {
+        "step"
+    } else {
+        "s"
+    };
+    let _ = writeln!(s, "\nleaks by site, the fastest first:");
+    for f in &sites {
+        let rate = human(f.slope.max(0.0) as u64);
+        let (kind, pid) = (f.stack.kind.name(), f.stack.pid);
+        let _ = writeln!(
+            s,
+            "  {kind} {rate}/{per}, {}, pid {pid}: {}",
+            held(f),
+            f.stack.site()
+        );
+    }
 }
 
 /// What a reader must know of the heap figures, unless every allocation was traced from the start.
@@ -670,6 +724,48 @@ mod tests {
                 "arenas of pid 1: Python objects' arenas leaking at the lines whose objects needed a new arena, which need not be the lines that keep them: its objects' window found no line keeping a quarter of what it made"
             ]
         );
+    }
+
+    /// The leaks by site (a site's stacks of a kind together) come before the stacks by size,
+    /// the fastest first; pages under the heap are no leak of theirs, and a report without a
+    /// leak has no such list.
+    #[test]
+    fn the_leaks_are_listed_by_site_before_the_stacks_by_size() {
+        use crate::{
+            analysis::{Evidence, Verdict},
+            model::Kind,
+            report::synthetic::{ledger_with, report_of},
+        };
+        let (ledger, analysis) = ledger_with(3, 5);
+        let mut r = report_of(&ledger, &analysis, 3);
+        let judged = |verdict, slope_bytes_per_s| {
+            Some(Evidence {
+                verdict,
+                confidence: 1.0,
+                growth_bytes: 1 << 20,
+                slope_bytes_per_s,
+                windows: Vec::new(),
+            })
+        };
+        (r.stacks[0].kind, r.stacks[0].verdict) = (Kind::Brk, judged(Verdict::UnderHeap, 4e5));
+        r.stacks[1].verdict = judged(Verdict::Leak, 1e5);
+        (r.stacks[2].kind, r.stacks[2].verdict) = (Kind::Tensor, judged(Verdict::Leak, 2e5));
+        let text = super::text(&r);
+        let (leaks, stacks) = text
+            .split_once("\nleaks by site, the fastest first:\n")
+            .unwrap_or_else(|| panic!("{text}"))
+            .1
+            .split_once("\n\ntop stacks by outstanding bytes:")
+            .unwrap();
+        let lines: Vec<&str> = leaks.lines().collect();
+        assert_eq!(lines.len(), 2, "{leaks}");
+        assert!(lines[0].starts_with("  tensor 195.3 KiB/s, "), "{leaks}");
+        assert!(lines[1].starts_with("  heap 97.7 KiB/s, "), "{leaks}");
+        assert!(stacks.contains("pages under the heap"), "{stacks}");
+        for s in &mut r.stacks {
+            s.verdict = None;
+        }
+        assert!(!super::text(&r).contains("leaks by site"));
     }
 
     #[test]

@@ -19,8 +19,12 @@ use crate::{
 mod device;
 mod pages;
 mod site;
+mod sites;
 
 pub use site::{made_by_import, site_of};
+#[cfg(test)]
+pub(crate) use sites::by_site;
+pub use sites::{Finding, leak_sites};
 pub mod synthetic;
 
 pub use device::{DeviceFailure, DeviceSummary, GpuProcess, GpuReport};
