@@ -615,6 +615,21 @@ pub fn human(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::{
+        analysis::{Evidence, Verdict},
+        model::Kind,
+        report::{
+            Report,
+            synthetic::{ledger_with, report_of},
+        },
+    };
+
+    /// A report of `n` stacks of one process, all listed.
+    fn report(n: u32) -> Report {
+        let (ledger, analysis) = ledger_with(n, 5);
+        report_of(&ledger, &analysis, n as usize)
+    }
+
     #[test]
     fn commands_render_on_one_line() {
         assert_eq!(
@@ -628,7 +643,6 @@ mod tests {
     /// to be, and one traced for longer is not.
     #[test]
     fn tensor_notes_say_what_the_tensors_could_show() {
-        use crate::report::synthetic::{ledger_with, report_of};
         let (mut ledger, analysis) = ledger_with(1, 5);
         let notes = |ledger: &crate::ledger::Ledger, elapsed_s: f64| {
             let mut r = report_of(ledger, &analysis, 1);
@@ -658,7 +672,6 @@ mod tests {
     /// of its take-out or while it is traced still.
     #[test]
     fn heap_notes_say_how_much_slower_the_program_ran_while_traced() {
-        use crate::report::synthetic::{ledger_with, report_of};
         let (ledger, analysis) = ledger_with(1, 5);
         let notes = |as_of: Option<f64>, slowdown: Option<f64>| {
             let mut r = report_of(&ledger, &analysis, 1);
@@ -680,27 +693,25 @@ mod tests {
         assert!(notes(None, None).is_empty());
     }
 
+    /// A stack's evidence: `verdict`, grown by 1 MiB at `slope_bytes_per_s`.
+    fn judged(verdict: Verdict, slope_bytes_per_s: f64) -> Option<Evidence> {
+        Some(Evidence {
+            verdict,
+            confidence: 1.0,
+            growth_bytes: 1 << 20,
+            slope_bytes_per_s,
+            windows: Vec::new(),
+        })
+    }
+
     /// A leak of brk pages in a process whose malloc family was not traced is said to be named
     /// by where the heap grew; not once its malloc family is traced, nor for a page-level stack
     /// that is not a leak.
     #[test]
     fn pages_notes_say_where_a_leak_of_pages_is_named() {
-        use crate::{
-            analysis::{Evidence, Verdict},
-            model::Kind,
-            report::synthetic::{ledger_with, report_of},
-        };
-        let (ledger, analysis) = ledger_with(1, 5);
-        let mut r = report_of(&ledger, &analysis, 1);
+        let mut r = report(1);
         r.processes[0].malloc_traced = false;
-        r.stacks[0].kind = Kind::Brk;
-        r.stacks[0].verdict = Some(Evidence {
-            verdict: Verdict::Leak,
-            confidence: 1.0,
-            growth_bytes: 1 << 20,
-            slope_bytes_per_s: 1e5,
-            windows: Vec::new(),
-        });
+        (r.stacks[0].kind, r.stacks[0].verdict) = (Kind::Brk, judged(Verdict::Leak, 1e5));
         assert_eq!(
             super::pages_notes(&r),
             [
@@ -731,22 +742,7 @@ mod tests {
     /// leak has no such list.
     #[test]
     fn the_leaks_are_listed_by_site_before_the_stacks_by_size() {
-        use crate::{
-            analysis::{Evidence, Verdict},
-            model::Kind,
-            report::synthetic::{ledger_with, report_of},
-        };
-        let (ledger, analysis) = ledger_with(3, 5);
-        let mut r = report_of(&ledger, &analysis, 3);
-        let judged = |verdict, slope_bytes_per_s| {
-            Some(Evidence {
-                verdict,
-                confidence: 1.0,
-                growth_bytes: 1 << 20,
-                slope_bytes_per_s,
-                windows: Vec::new(),
-            })
-        };
+        let mut r = report(3);
         (r.stacks[0].kind, r.stacks[0].verdict) = (Kind::Brk, judged(Verdict::UnderHeap, 4e5));
         r.stacks[1].verdict = judged(Verdict::Leak, 1e5);
         (r.stacks[2].kind, r.stacks[2].verdict) = (Kind::Tensor, judged(Verdict::Leak, 2e5));
