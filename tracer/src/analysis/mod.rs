@@ -140,6 +140,16 @@ pub struct Retention {
     pub heap_growth_bytes: i64,
 }
 
+impl Retention {
+    /// Whether the process's heap leaked by at least half of what its pages grew by over the
+    /// same stretch: they hold it (see [`Verdict::UnderHeap`]).
+    fn under_heap(&self) -> bool {
+        self.heap == Verdict::Leak
+            && self.pages == Verdict::Leak
+            && self.heap_growth_bytes.saturating_mul(2) >= self.pages_growth_bytes
+    }
+}
+
 impl Default for Analysis {
     fn default() -> Self {
         Self {
@@ -316,10 +326,9 @@ impl Analysis {
         if evidence.verdict != Verdict::Leak {
             return Some(evidence);
         }
-        let retention = || {
-            self.retention(key.pid, warmup_s)
-                .is_some_and(|r| r.retention)
-        };
+        // Looked at once, for the brk stacks that get that far.
+        let seen = std::cell::OnceCell::new();
+        let retention = || seen.get_or_init(|| self.retention(key.pid, warmup_s));
         match key.kind {
             Kind::Brk | Kind::Mmap if self.made_by_import(key) => {
                 evidence.verdict = Verdict::Imported
@@ -327,8 +336,10 @@ impl Analysis {
             Kind::Brk | Kind::Mmap if self.under_kept_tensors(key, &evidence) => {
                 evidence.verdict = Verdict::UnderTensors
             }
-            Kind::Brk if retention() => evidence.verdict = Verdict::Retention,
-            Kind::Brk if self.under_heap(key.pid, warmup_s) => {
+            Kind::Brk if retention().as_ref().is_some_and(|r| r.retention) => {
+                evidence.verdict = Verdict::Retention
+            }
+            Kind::Brk if retention().as_ref().is_some_and(Retention::under_heap) => {
                 evidence.verdict = Verdict::UnderHeap
             }
             // Arenas of Python objects whose keeping stacks the objects' window found.
@@ -388,16 +399,6 @@ impl Analysis {
             _ => {}
         }
         Some(evidence)
-    }
-
-    /// Whether `pid`'s malloc family, where it was traced, leaked by at least half of what its
-    /// pages grew by over the same stretch (see [`Verdict::UnderHeap`]).
-    fn under_heap(&self, pid: u32, warmup_s: f64) -> bool {
-        self.retention(pid, warmup_s).is_some_and(|r| {
-            r.heap == Verdict::Leak
-                && r.pages == Verdict::Leak
-                && r.heap_growth_bytes.saturating_mul(2) >= r.pages_growth_bytes
-        })
     }
 
     /// Whether its process's tensors (CPU tensors and caching-allocator blocks: the host memory

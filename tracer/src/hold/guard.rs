@@ -5,11 +5,11 @@
 //! thread resumes it with the SIGSTOP suppressed. If leaktracer dies then, the kernel detaches
 //! the thread, and the thread may take that SIGSTOP (on 6.18 some runs it does, some runs the stop
 //! is dropped): the job stops with no one to continue it, and a training run would hang there,
-//! untraced. The guard is started when the root is seized and
-//! waits on a pipe that only leaktracer writes: one byte when its holds have ended as they should,
-//! end of file when it died holding them. Then, until a moment after leaktracer is gone (its
-//! tracees are detached as it exits, after its files are closed), it continues every stopped
-//! process of the root's tree, and says so.
+//! untraced. The guard is started when the root is seized and waits on a pipe that only
+//! leaktracer writes: one byte when its holds have ended as they should, end of file when it died
+//! holding them. Then, until a moment after leaktracer is gone (its tracees are detached as it
+//! exits, after its files are closed), it continues every stopped process of the root's tree, and
+//! says so.
 
 use std::{
     io::{Read, Write},
