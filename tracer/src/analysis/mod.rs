@@ -573,7 +573,7 @@ pub(super) fn holds(series: &Series, stack: &Evidence, warmup_s: f64) -> bool {
 /// floated by less than a tenth above the first (a heap's top between a scratch buffer's
 /// spikes), or rose by less than a tenth of their whole rise (a no-leak training job's heap top,
 /// 532, 664, 664 then 3736 KiB: one late move of the top over a validation's block).
-fn last_step_only(evidence: &Evidence) -> bool {
+pub(super) fn last_step_only(evidence: &Evidence) -> bool {
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
     let tol = verdict::tolerance(&floors);
     let rose: Vec<bool> = floors.windows(2).map(|f| f[1] > f[0] + tol).collect();

@@ -1,7 +1,7 @@
 //! Which processes' page-level stacks grow, and whether their tensors explain it: what the
 //! layers of `--heap auto` are asked for by (session/owner/layers.rs).
 
-use super::{Analysis, Evidence, Verdict, classify, rose_in_every_window, span};
+use super::{Analysis, Evidence, Verdict, classify, last_step_only, rose_in_every_window, span};
 use crate::model::{GroupKey, Kind};
 
 impl Analysis {
@@ -102,7 +102,12 @@ impl Analysis {
 
     /// Page-level stacks judged a leak from `start(pid)` on, over `span_s` at least, grown by
     /// `min_bytes` at least, that neither their own tensors nor a library's import explain (a
-    /// slow `import torch` grew the loader's brk by 10 MiB over 25 s); with their evidence.
+    /// slow `import torch` grew the loader's brk by 10 MiB over 25 s); with their evidence. Not
+    /// those that rose in the last window only (see [`last_step_only`]): a brk heap's top placed
+    /// higher once, which the report judges steady, or a mapping made once. A DataLoader job's
+    /// main process, its heap's top placed 25 MiB higher once for a collated batch, had its
+    /// tensors traced for 3 s and its malloc family for 5 s; 3 MiB mapped once at its start
+    /// called for its tensors too. A leak grows them again in the windows after.
     fn pages_growing(
         &self,
         start: impl Fn(u32) -> f64,
@@ -118,6 +123,7 @@ impl Analysis {
                 let e = classify(&self.before_exit(k.pid, &t.series), from)?;
                 let span = span(&e);
                 let grows = e.verdict == Verdict::Leak
+                    && !last_step_only(&e)
                     && e.growth_bytes >= min_bytes
                     && span >= span_s
                     && !self.explained_by_own_tensors(k, &e, from);

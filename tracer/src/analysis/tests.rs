@@ -202,6 +202,38 @@ fn the_heap_top_moving_up_once_at_the_end_is_not_a_leak_of_pages() {
     assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
 
+/// No layer is called for by pages that rose in their last window only: a heap's top placed
+/// higher once (a DataLoader job's main process, 25 MiB higher for a collated batch), or a
+/// mapping made once. Rising in the last two windows, they do (a leak that began).
+#[test]
+fn pages_that_rose_in_their_last_window_only_call_for_no_layer() {
+    let k = |n: u64| n << 10;
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let (top, mapped, began) = (key(1, Kind::Brk), key(2, Kind::Mmap), key(3, Kind::Brk));
+    let at = |floors: [u64; 4], i: u64| k(floors[(i / 5) as usize]);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        let groups = [
+            (top, at([6144, 6144, 6144, 30720], i)),
+            (mapped, at([392, 392, 392, 3676], i)),
+            (began, at([2048, 2048, 6144, 10240], i)),
+        ];
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    let judged = |key: &GroupKey| analysis.judge(key, 0.0).unwrap().verdict;
+    assert_eq!(judged(&mapped), Verdict::Leak, "judged on its own");
+    assert_eq!(judged(&top), Verdict::Steady, "as the report judges it");
+    let grown = analysis.growing_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(grown, vec![began]);
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    assert_eq!(rising, vec![began]);
+    let unexplained = analysis.unexplained_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(unexplained, vec![began]);
+    let beyond = analysis.pages_beyond_tensors(Some(1), 0.0, 1.0, 1 << 20);
+    assert_eq!(beyond, vec![began]);
+}
+
 /// What calls for a process's tensors: a brk stack whose floors rose in every window, or by
 /// 4 MiB; not the heap's top moving up in steps now and then as the allocator places blocks.
 #[test]

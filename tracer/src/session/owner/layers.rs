@@ -122,6 +122,9 @@ struct TensorLayer {
     /// family, of Python objects) would otherwise call for them every few seconds.
     quiet_until_s: f64,
     quiet_every_s: f64,
+    /// Where (on the series' axis) its pages were last seen holding while its tensors were
+    /// traced, which had them forgotten: what grew before had stopped growing by then.
+    held_from: f64,
 }
 
 impl TensorLayer {
@@ -138,6 +141,7 @@ impl TensorLayer {
             stop_x: x,
             quiet_until_s: f64::NEG_INFINITY,
             quiet_every_s: TENSORS_AGAIN_S,
+            held_from: f64::NEG_INFINITY,
         }
     }
 }
@@ -503,7 +507,11 @@ impl Owner {
                 }
                 Some(_) => {}
                 None if self.pages_held(pid, from) => {
-                    self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten)
+                    self.take_out_tensors(pid, at_s, x, TakenOut::Forgotten);
+                    let layer = self.layers.as_mut().and_then(|l| l.tensors.get_mut(&pid));
+                    if let Some(t) = layer {
+                        t.held_from = from;
+                    }
                 }
                 None => {}
             }
@@ -593,10 +601,19 @@ impl Owner {
     /// tensors do not explain (the prober leaves out all but the layered processes whose malloc
     /// family is not traced now): the first time, or again after its take-out, judged since.
     fn engage_heap(&mut self, at_s: f64, x: f64) {
-        // Where its malloc family was taken out, its pages since then.
+        // Where its malloc family was taken out, its pages since then; where its pages were
+        // last seen holding while its tensors were traced, since then (a no-leak transformer
+        // job's heap top, up by 10 MiB over 20 s as longer sequences came and holding through
+        // its tensors' second window, had its malloc family traced for 5 s after it).
         let start = |pid: u32| {
-            let out = self.layers.as_ref().and_then(|l| l.heap.get(&pid));
-            let from = self.judged_from(pid, at_s);
+            let layers = self.layers.as_ref();
+            let out = layers.and_then(|l| l.heap.get(&pid));
+            let held = layers
+                .and_then(|l| l.tensors.get(&pid))
+                .map(|t| t.held_from);
+            let from = self
+                .judged_from(pid, at_s)
+                .max(held.unwrap_or(f64::NEG_INFINITY));
             out.filter(|h| h.out).map_or(from, |h| from.max(h.out_x))
         };
         let grown = self
