@@ -202,25 +202,33 @@ fn the_heap_top_moving_up_once_at_the_end_is_not_a_leak_of_pages() {
     assert_eq!(unseen.judge(&pages, 0.0).unwrap().verdict, Verdict::Leak);
 }
 
+/// The analysis after 20 samples a second apart of a training job's process whose `stacks`
+/// each hold, in each quarter of them, the KiB its floors say.
+fn by_floors(stacks: &[(GroupKey, [u64; 4])]) -> Analysis {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        let groups: Vec<(GroupKey, u64)> = stacks
+            .iter()
+            .map(|(k, floors)| (*k, floors[(i / 5) as usize] << 10))
+            .collect();
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    analysis
+}
+
 /// No layer is called for by pages that rose in their last window only: a heap's top placed
 /// higher once (a DataLoader job's main process, 25 MiB higher for a collated batch), or a
 /// mapping made once. Rising in the last two windows, they do (a leak that began).
 #[test]
 fn pages_that_rose_in_their_last_window_only_call_for_no_layer() {
-    let k = |n: u64| n << 10;
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
     let (top, mapped, began) = (key(1, Kind::Brk), key(2, Kind::Mmap), key(3, Kind::Brk));
-    let at = |floors: [u64; 4], i: u64| k(floors[(i / 5) as usize]);
-    let mut analysis = Analysis::default();
-    for i in 0..20u64 {
-        let groups = [
-            (top, at([6144, 6144, 6144, 30720], i)),
-            (mapped, at([392, 392, 392, 3676], i)),
-            (began, at([2048, 2048, 6144, 10240], i)),
-        ];
-        analysis.sample(i as f64, &ledger, &groups);
-    }
+    let analysis = by_floors(&[
+        (top, [6144, 6144, 6144, 30720]),
+        (mapped, [392, 392, 392, 3676]),
+        (began, [2048, 2048, 6144, 10240]),
+    ]);
     let judged = |key: &GroupKey| analysis.judge(key, 0.0).unwrap().verdict;
     assert_eq!(judged(&mapped), Verdict::Leak, "judged on its own");
     assert_eq!(judged(&top), Verdict::Steady, "as the report judges it");
@@ -238,9 +246,6 @@ fn pages_that_rose_in_their_last_window_only_call_for_no_layer() {
 /// 4 MiB; not the heap's top moving up in steps now and then as the allocator places blocks.
 #[test]
 fn a_heap_top_rising_in_some_windows_only_does_not_call_for_the_tensors() {
-    let k = |n: u64| n << 10;
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
     // Window floors as the no-leak training job's were when its tensors were asked for:
     // 2048, 3072, 3072, 4084 KiB (two 1 MiB steps), and 1472, 1472, 1680, 2068.
     let (stepped, twice) = (key(1, Kind::Brk), key(2, Kind::Brk));
@@ -248,17 +253,12 @@ fn a_heap_top_rising_in_some_windows_only_does_not_call_for_the_tensors() {
     let leak = key(3, Kind::Brk);
     // 1 MiB, 1 MiB, 6 MiB, 11 MiB: rising in some windows only, by more than 4 MiB.
     let large = key(4, Kind::Brk);
-    let at = |floors: [u64; 4], i: u64| k(floors[(i / 5) as usize]);
-    let mut analysis = Analysis::default();
-    for i in 0..20u64 {
-        let groups = [
-            (stepped, at([2048, 3072, 3072, 4084], i)),
-            (twice, at([1472, 1472, 1680, 2068], i)),
-            (leak, at([192, 2052, 2308, 2948], i)),
-            (large, at([1024, 1024, 6144, 11264], i)),
-        ];
-        analysis.sample(i as f64, &ledger, &groups);
-    }
+    let analysis = by_floors(&[
+        (stepped, [2048, 3072, 3072, 4084]),
+        (twice, [1472, 1472, 1680, 2068]),
+        (leak, [192, 2052, 2308, 2948]),
+        (large, [1024, 1024, 6144, 11264]),
+    ]);
     let grown = analysis.growing_pages(|_| 0.0, 1.0, 256 << 10);
     assert_eq!(grown.len(), 4, "{grown:?}");
     let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
@@ -266,15 +266,8 @@ fn a_heap_top_rising_in_some_windows_only_does_not_call_for_the_tensors() {
     stacks.sort();
     assert_eq!(stacks, vec![leak.stack, large.stack]);
     // Pages a tensor's mmap made are not the heap's top: their growth is taken as it is.
-    let mut analysis = Analysis::default();
     let mapped = key(5, Kind::Mmap);
-    for i in 0..20u64 {
-        analysis.sample(
-            i as f64,
-            &ledger,
-            &[(mapped, at([2048, 3072, 3072, 4084], i))],
-        );
-    }
+    let analysis = by_floors(&[(mapped, [2048, 3072, 3072, 4084])]);
     let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
     assert_eq!(rising, vec![mapped]);
 }
