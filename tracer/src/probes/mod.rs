@@ -8,6 +8,7 @@ pub mod elf;
 pub mod frames;
 mod layers;
 mod load;
+mod looked;
 mod objects;
 pub mod placement;
 pub mod prober;
@@ -135,6 +136,8 @@ pub struct Probes {
     failures: Vec<ProbeFailure>,
     /// Every file looked at, probed or not.
     checked: std::collections::HashSet<PathBuf>,
+    /// Files looked at in earlier runs that define none of the probed functions.
+    looked: looked::Looked,
     /// The function whose entries mark training steps (`--step-symbol`).
     step_symbol: Option<String>,
     /// `--no-heap`: the malloc family and PyTorch's CPU allocator are not probed.
@@ -300,6 +303,7 @@ impl Probes {
             libraries: Vec::new(),
             failures: Vec::new(),
             checked: Default::default(),
+            looked: looked::Looked::open(),
             step_symbol: None,
             no_heap: false,
             heap_sampling: 0,
@@ -361,6 +365,17 @@ impl Probes {
         if !self.checked.insert(path.to_path_buf()) {
             return Ok(());
         }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let markers: Vec<&str> = PROBE_SETS
+            .iter()
+            .filter(|set| set.file_prefix.is_none_or(|p| name.starts_with(p)))
+            .map(|set| set.marker)
+            .collect();
+        let step = self.step_symbol.is_some();
+        if !step && self.looked.defines_none(path, &markers) {
+            tracing::debug!(path = %path.display(), "looked at before: nothing to probe");
+            return Ok(());
+        }
         let elf = match elf::ElfFile::open(path) {
             Ok(elf) => elf,
             Err(e) => {
@@ -368,7 +383,6 @@ impl Probes {
                 return Ok(());
             }
         };
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         // Probed before the command ran: found in leaktracer's own maps, not a traced one.
         let lib_pid = if timing == Timing::BeforeStart {
             0
@@ -376,12 +390,10 @@ impl Probes {
             pid
         };
         let mut roles = Vec::new();
-        let markers: Vec<&str> = PROBE_SETS
-            .iter()
-            .filter(|set| set.file_prefix.is_none_or(|p| name.starts_with(p)))
-            .map(|set| set.marker)
-            .collect();
         let defined = elf.defines(&markers);
+        if !step && !defined.contains(&true) {
+            self.looked.remember_none(path, &markers);
+        }
         for &set in PROBE_SETS {
             let heap = set.heap();
             if self.no_heap && heap {
