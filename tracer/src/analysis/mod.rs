@@ -590,6 +590,21 @@ pub(super) fn last_step_only(evidence: &Evidence) -> bool {
             || little_before)
 }
 
+/// Whether a brk stack's heap top stayed, through its last window, at or above every peak it
+/// reached in the windows before: what a leak's blocks do, kept under the top window after
+/// window (a Trainer job's kept hidden states: floors 25, 37, 46, 55 MiB under peaks of 36, 46,
+/// 54, 63 MiB). A top that came back below an earlier peak moves with the blocks placed near it
+/// as they come and go: a no-leak transformer job's, floors 17, 20, 20, 28 MiB under peaks of
+/// 27, 39, 40, 39 MiB as longer sequences came, which its malloc family, traced 5 s, found held.
+pub(super) fn top_kept_its_reach(evidence: &Evidence) -> bool {
+    let Some((last, before)) = evidence.windows.split_last() else {
+        return false;
+    };
+    let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
+    let reach = before.iter().map(|w| w.peak).max().unwrap_or(0);
+    last.floor + verdict::tolerance(&floors) >= reach
+}
+
 /// Whether each of a series' window floors is above the one before it.
 fn rose_in_every_window(evidence: &Evidence) -> bool {
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
@@ -686,3 +701,5 @@ fn judge_released(series: &Series, warmup_s: f64) -> Option<Evidence> {
 mod tests;
 #[cfg(test)]
 mod tests_late;
+#[cfg(test)]
+mod tests_layers;

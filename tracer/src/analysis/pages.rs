@@ -1,7 +1,10 @@
 //! Which processes' page-level stacks grow, and whether their tensors explain it: what the
 //! layers of `--heap auto` are asked for by (session/owner/layers.rs).
 
-use super::{Analysis, Evidence, Verdict, classify, last_step_only, rose_in_every_window, span};
+use super::{
+    Analysis, Evidence, Verdict, classify, last_step_only, rose_in_every_window, span,
+    top_kept_its_reach,
+};
 use crate::model::{GroupKey, Kind};
 
 impl Analysis {
@@ -37,7 +40,9 @@ impl Analysis {
     }
 
     /// As [`Analysis::growing_pages`], less those a leak of tensors kept as they were explains
-    /// (see `Analysis::under_kept_tensors`): what calls for a process's malloc family.
+    /// (see `Analysis::under_kept_tensors`) and the brk stacks whose heap top came back below
+    /// where it reached before ([`top_kept_its_reach`]): what calls for a process's malloc
+    /// family, every window of which costs seconds of a program two to five times slower.
     pub fn unexplained_pages(
         &self,
         start: impl Fn(u32) -> f64,
@@ -45,7 +50,7 @@ impl Analysis {
         min_bytes: i64,
     ) -> Vec<GroupKey> {
         self.pages_grown(start, span_s, min_bytes, |k, e| {
-            !self.under_kept_tensors(k, e)
+            ratchets(k, e) && !self.under_kept_tensors(k, e)
         })
     }
 
@@ -68,8 +73,9 @@ impl Analysis {
 
     /// The page-level stacks of `pid` (of every process where none) that grow as
     /// [`Analysis::growing_pages`] says from `from` on, by more than twice what their process's
-    /// tensors grew meanwhile: once its tensors were traced long enough to tell, what calls for
-    /// its malloc family at once. By process.
+    /// tensors grew meanwhile, brk stacks only where their heap top kept its reach
+    /// ([`top_kept_its_reach`]): once its tensors were traced long enough to tell, what calls
+    /// for its malloc family at once. By process.
     pub fn pages_beyond_tensors(
         &self,
         pid: Option<u32>,
@@ -86,7 +92,7 @@ impl Analysis {
         };
         let mut grown: Vec<GroupKey> = self
             .pages_growing(start, span_s, min_bytes)
-            .filter(|(k, e)| !self.under_tensors(k.pid, e, from))
+            .filter(|(k, e)| ratchets(k, e) && !self.under_tensors(k.pid, e, from))
             .map(|(k, _)| k)
             .collect();
         grown.sort_unstable_by_key(|k| k.pid);
@@ -129,9 +135,16 @@ impl Analysis {
                     && !self.explained_by_own_tensors(k, &e, from);
                 if grows {
                     let floors: Vec<u64> = e.windows.iter().map(|w| w.floor >> 10).collect();
-                    tracing::debug!(key = ?k, growth = e.growth_bytes, span, ?floors, "pages grow");
+                    let peaks: Vec<u64> = e.windows.iter().map(|w| w.peak >> 10).collect();
+                    tracing::debug!(key = ?k, growth = e.growth_bytes, span, ?floors, ?peaks, "pages grow");
                 }
                 grows.then_some((*k, e))
             })
     }
+}
+
+/// Whether a page-level stack grows as what calls for a malloc family: a mapping's as it is, a
+/// brk stack's where its heap top kept its reach ([`top_kept_its_reach`]).
+fn ratchets(key: &GroupKey, evidence: &Evidence) -> bool {
+    key.kind != Kind::Brk || top_kept_its_reach(evidence)
 }

@@ -1,0 +1,138 @@
+//! Which page-level stacks call for a process's next layer under `--heap auto`: its tensors,
+//! its malloc family.
+
+use super::tests::key;
+use super::*;
+
+/// The analysis after 20 samples a second apart of a training job's process whose `stacks`
+/// each hold, in each quarter of them, the KiB its floors say.
+fn by_floors(stacks: &[(GroupKey, [u64; 4])]) -> Analysis {
+    let windows: Vec<(GroupKey, [(u64, u64); 4])> = stacks
+        .iter()
+        .map(|(k, floors)| (*k, floors.map(|f| (f, f))))
+        .collect();
+    by_windows(&windows)
+}
+
+/// As [`by_floors`], each quarter's samples at its floor but its third, at its peak (KiB).
+fn by_windows(stacks: &[(GroupKey, [(u64, u64); 4])]) -> Analysis {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut analysis = Analysis::default();
+    for i in 0..20u64 {
+        let groups: Vec<(GroupKey, u64)> = stacks
+            .iter()
+            .map(|(k, w)| {
+                let (floor, peak) = w[(i / 5) as usize];
+                (*k, if i % 5 == 2 { peak } else { floor } << 10)
+            })
+            .collect();
+        analysis.sample(i as f64, &ledger, &groups);
+    }
+    analysis
+}
+
+/// No layer is called for by pages that rose in their last window only: a heap's top placed
+/// higher once (a DataLoader job's main process, 25 MiB higher for a collated batch), or a
+/// mapping made once. Rising in the last two windows, they do (a leak that began).
+#[test]
+fn pages_that_rose_in_their_last_window_only_call_for_no_layer() {
+    let (top, mapped, began) = (key(1, Kind::Brk), key(2, Kind::Mmap), key(3, Kind::Brk));
+    let analysis = by_floors(&[
+        (top, [6144, 6144, 6144, 30720]),
+        (mapped, [392, 392, 392, 3676]),
+        (began, [2048, 2048, 6144, 10240]),
+    ]);
+    let judged = |key: &GroupKey| analysis.judge(key, 0.0).unwrap().verdict;
+    assert_eq!(judged(&mapped), Verdict::Leak, "judged on its own");
+    assert_eq!(judged(&top), Verdict::Steady, "as the report judges it");
+    let grown = analysis.growing_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(grown, vec![began]);
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    assert_eq!(rising, vec![began]);
+    let unexplained = analysis.unexplained_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(unexplained, vec![began]);
+    let beyond = analysis.pages_beyond_tensors(Some(1), 0.0, 1.0, 1 << 20);
+    assert_eq!(beyond, vec![began]);
+}
+
+/// What calls for a process's tensors: a brk stack whose floors rose in every window, or by
+/// 4 MiB; not the heap's top moving up in steps now and then as the allocator places blocks.
+#[test]
+fn a_heap_top_rising_in_some_windows_only_does_not_call_for_the_tensors() {
+    // Window floors as the no-leak training job's were when its tensors were asked for:
+    // 2048, 3072, 3072, 4084 KiB (two 1 MiB steps), and 1472, 1472, 1680, 2068.
+    let (stepped, twice) = (key(1, Kind::Brk), key(2, Kind::Brk));
+    // 192, 2052, 2308, 2948 KiB: a job keeping each step's loss.
+    let leak = key(3, Kind::Brk);
+    // 1 MiB, 1 MiB, 6 MiB, 11 MiB: rising in some windows only, by more than 4 MiB.
+    let large = key(4, Kind::Brk);
+    let analysis = by_floors(&[
+        (stepped, [2048, 3072, 3072, 4084]),
+        (twice, [1472, 1472, 1680, 2068]),
+        (leak, [192, 2052, 2308, 2948]),
+        (large, [1024, 1024, 6144, 11264]),
+    ]);
+    let grown = analysis.growing_pages(|_| 0.0, 1.0, 256 << 10);
+    assert_eq!(grown.len(), 4, "{grown:?}");
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    let mut stacks: Vec<_> = rising.iter().map(|k| k.stack).collect();
+    stacks.sort();
+    assert_eq!(stacks, vec![leak.stack, large.stack]);
+    // Pages a tensor's mmap made are not the heap's top: their growth is taken as it is.
+    let mapped = key(5, Kind::Mmap);
+    let analysis = by_floors(&[(mapped, [2048, 3072, 3072, 4084])]);
+    let rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    assert_eq!(rising, vec![mapped]);
+}
+
+/// What calls for a process's malloc family: a brk stack whose heap top, rising, stayed at or
+/// above every peak it reached before; not one that came back below one (the no-leak
+/// transformer job's, floors 17, 20, 20, 28 MiB under peaks of 27, 39, 40, 39 MiB: its malloc
+/// family, traced 5 s, found its heap held). Its tensors it calls for all the same.
+#[test]
+fn a_heap_top_that_came_back_below_its_reach_does_not_call_for_the_malloc_family() {
+    let (swings, kept) = (key(1, Kind::Brk), key(2, Kind::Brk));
+    let mapped = key(3, Kind::Mmap);
+    let analysis = by_windows(&[
+        (
+            swings,
+            [
+                (17680, 27620),
+                (20400, 39464),
+                (20400, 41464),
+                (28840, 39964),
+            ],
+        ),
+        // A Trainer job's kept hidden states.
+        (
+            kept,
+            [
+                (25220, 36748),
+                (37644, 46608),
+                (46608, 54928),
+                (55824, 64720),
+            ],
+        ),
+        // A mapping's floors are what it holds: taken as they are.
+        (
+            mapped,
+            [
+                (17680, 27620),
+                (20400, 39464),
+                (20400, 41464),
+                (28840, 39964),
+            ],
+        ),
+    ]);
+    let judged = |key: &GroupKey| analysis.judge(key, 0.0).unwrap().verdict;
+    assert_eq!(judged(&swings), Verdict::Leak, "its pages read as a leak");
+    let mut rising = analysis.rising_pages(|_| 0.0, 1.0, 256 << 10, 4 << 20);
+    rising.sort_unstable_by_key(|k| k.stack);
+    assert_eq!(rising, vec![swings, kept, mapped]);
+    let mut unexplained = analysis.unexplained_pages(|_| 0.0, 1.0, 4 << 20);
+    unexplained.sort_unstable_by_key(|k| k.stack);
+    assert_eq!(unexplained, vec![kept, mapped]);
+    let beyond = analysis.pages_beyond_tensors(Some(1), 0.0, 1.0, 1 << 20);
+    assert_eq!(beyond, vec![kept, mapped]);
+}
