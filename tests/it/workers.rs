@@ -12,8 +12,9 @@ use crate::{
 
 /// A Dataset that keeps every sample its two workers decode (`worker_cache.py`): `check` fails
 /// first on each worker's heap, at the line that keeps, each block exactly what numpy says a
-/// sample's pixels hold (beside them, at times, the kept arrays' shapes). The workers' brk heaps grow faster still, at the next line (whose
-/// freed buffers move their tops): pages under the heap, not a second leak at a wrong line.
+/// sample's pixels hold (beside them, at times, the kept arrays' shapes). The workers' brk
+/// heaps grow faster still, at the next line (whose freed buffers move their tops): pages under
+/// the heap, not a second leak at a wrong line.
 #[test]
 fn samples_kept_by_dataloader_workers_fail_the_check_at_the_keeping_line() {
     if !fixture::bpf_available() {
