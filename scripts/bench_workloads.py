@@ -177,7 +177,7 @@ def memray(argv, env, site, tmp):
     if p is None:
         return wall, {"note": f"did not finish in {PEER_TIMEOUT} s (killed)"}
     if p.returncode != 0:
-        return wall, {"note": f"exit {p.returncode}"}
+        return wall, {"note": f"exit {p.returncode}: {p.stderr.strip()[-200:]}"}
     stats = subprocess.run([PY, "-m", "memray", "stats", str(out)], env=env,
                            capture_output=True, text=True).stdout
     # Its first location by size among the allocations it recorded.
