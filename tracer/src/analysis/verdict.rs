@@ -427,30 +427,19 @@ mod tests {
     #[test]
     fn a_top_that_grew_on_through_its_last_window_is_growing_still() {
         let reach = [(47, 82), (83, 120), (122, 129), (129, 143)];
-        let top = |end: u64| {
-            series(
-                |i| {
-                    let (from, to) = reach[(i / 10) as usize];
-                    let to = if i / 10 == 3 { end } else { to };
-                    (from + (to - from) * (i % 10) / 9) * MIB
-                },
-                40,
-            )
-        };
-        assert_eq!(verdict(&top(143)), Verdict::Leak);
-        assert_eq!(verdict(&top(133)), Verdict::BoundedCache, "up by 4 MiB");
-        let mut spike = Series::default();
-        for i in 0..40 {
+        // Sample `i` of a top rising through each window to its reach, to `end` in the last.
+        let rising = |i: u64, end: u64| {
             let (from, to) = reach[(i / 10) as usize];
-            let v = if i == 35 {
-                143
-            } else if i / 10 == 3 {
-                129
-            } else {
-                from + (to - from) * (i % 10) / 9
-            };
-            spike.push(i as f64, v * MIB);
-        }
+            let to = if i / 10 == 3 { end } else { to };
+            (from + (to - from) * (i % 10) / 9) * MIB
+        };
+        assert_eq!(verdict(&series(|i| rising(i, 143), 40)), Verdict::Leak);
+        assert_eq!(
+            verdict(&series(|i| rising(i, 133), 40)),
+            Verdict::BoundedCache,
+            "up by 4 MiB"
+        );
+        let spike = series(|i| if i == 35 { 143 * MIB } else { rising(i, 129) }, 40);
         assert_eq!(
             verdict(&spike),
             Verdict::BoundedCache,
