@@ -196,9 +196,15 @@ impl Analysis {
                 self.groups.get_mut(&key)
             };
             if let Some(t) = tracked {
-                // Instants here: the least since the sample is a chain's (analysis/tensors.rs);
-                // on the run's series it lost `--tensors all` an accumulator in two runs of four.
-                t.push(t_s, (bytes, bytes), round, activity(ledger, &key));
+                // A stack of CPU tensors at the least it held since the last sample, as on the
+                // chains (analysis/tensors.rs): an instant catches a step's activations held or
+                // not by chance, and a window whose samples all fell inside steps has a floor.
+                t.push(
+                    t_s,
+                    (ledger.least_since_sample(&key, bytes), bytes),
+                    round,
+                    activity(ledger, &key),
+                );
             }
             if key.kind == Kind::TorchBlock {
                 self.caching.insert(key.pid);
