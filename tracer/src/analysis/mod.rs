@@ -607,8 +607,7 @@ pub(super) fn top_kept_its_reach(evidence: &Evidence) -> bool {
         return false;
     };
     let floors: Vec<u64> = evidence.windows.iter().map(|w| w.floor).collect();
-    let reach = before.iter().map(|w| w.peak).max().unwrap_or(0);
-    last.floor + verdict::tolerance(&floors) >= reach
+    last.floor + verdict::tolerance(&floors) >= verdict::highest_peak(before)
 }
 
 /// Whether each of a series' window floors is above the one before it.

@@ -198,7 +198,7 @@ fn grew_on_in_last_window(windows: &[Window], held: u64, growth: i64, tol: u64) 
 }
 
 /// The highest peak of `windows` (0 where there are none).
-fn highest_peak(windows: &[Window]) -> u64 {
+pub(super) fn highest_peak(windows: &[Window]) -> u64 {
     windows.iter().map(|w| w.peak).max().unwrap_or(0)
 }
 
