@@ -29,15 +29,15 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     );
     let path = format!("PYTHONPATH={}:{}", torch.display(), hf.display());
     let vars = [path.as_str(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"];
-    let job = |name: &str, options: &[&str], steps: &str| {
-        let (o, r) = check_torch_at(name, &script("hf_trainer"), &vars, options, &[steps]);
+    let job = |name: &str, options: &[&str], args: &[&str]| {
+        let (o, r) = check_torch_at(name, &script("hf_trainer"), &vars, options, args);
         (
             o.status.code(),
             String::from_utf8_lossy(&o.stdout).to_string(),
             r,
         )
     };
-    let (code, out, r) = job("hf-trainer", &[], "600");
+    let (code, out, r) = job("hf-trainer", &[], &["600"]);
     assert_eq!(code, Some(1), "{out}");
     let at = line("hf_trainer", "# LEAK-SITE");
     let site = format!("Probing.compute_loss (hf_trainer.py:{at})");
@@ -87,10 +87,16 @@ fn hidden_states_kept_by_a_trainers_compute_loss_fail_the_check_at_its_line() {
     }
     // Every tensor traced from the start: the leaking stack holds exactly what PyTorch says is
     // kept.
-    let (code, out, r) = job("hf-trainer-all", &["--tensors", "all"], "300");
+    let (code, out, r) = job("hf-trainer-all", &["--tensors", "all"], &["300"]);
     assert_eq!(code, Some(1), "{out}");
     let (block, kept) = oracle(&out);
     assert_eq!(r.sum(|s| leaking(s, at)), (kept * block, kept));
+    // The same job keeping a float of each hidden state: nothing kept, nothing printed.
+    let (code, out, r) = job("hf-trainer-fixed", &[], &["600", "fixed"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(oracle(&out), (0, 600));
+    assert!(!out.contains("LEAK "), "{out}");
+    assert!(r.stacks().iter().all(|s| s["verdict"]["verdict"] != "leak"));
 }
 
 /// What the script says the kept tensors are: (bytes of each one's storage, how many).

@@ -304,23 +304,28 @@ impl Ledger {
     }
 
     /// The least `key` (holding `bytes` now) held since the last sample, where it is a stack of
-    /// CPU tensors (their makes and frees seen one by one); `bytes` elsewhere. Not heap blocks:
-    /// a level kept per stack for every malloc and free slowed ingest enough, in the test
-    /// binary, to shift when a Python objects' window closed.
+    /// CPU tensors (their makes and frees seen one by one) or of the brk heap's pages (its top
+    /// grown and trimmed); `bytes` elsewhere. Not heap blocks: a level kept per stack for every
+    /// malloc and free slowed ingest enough, in the test binary, to shift when a Python objects'
+    /// window closed.
     pub fn least_since_sample(&self, key: &GroupKey, bytes: u64) -> u64 {
-        if key.kind != Kind::Tensor {
+        let Some(p) = self.procs.get(&key.pid) else {
             return bytes;
-        }
-        let dip = self
-            .procs
-            .get(&key.pid)
-            .map_or(0, |p| p.dips.dip(key.stack));
+        };
+        let dip = match (key.kind, key.stack) {
+            (Kind::Tensor, Some(stack)) => p.dips.dip(&stack),
+            (Kind::Brk, stack) => p.brk_dips.dip(&(stack, key.inherited)),
+            _ => 0,
+        };
         bytes.saturating_sub(dip)
     }
 
     /// A sample was taken of every group: what each holds at its least is told from now on.
     pub fn sampled(&mut self) {
-        self.procs.values_mut().for_each(|p| p.dips.sampled());
+        self.procs.values_mut().for_each(|p| {
+            p.dips.sampled();
+            p.brk_dips.sampled();
+        });
     }
 
     /// Allocations and frees made at `stack` so far (wrapping): a stack whose count did not

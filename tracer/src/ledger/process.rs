@@ -8,7 +8,7 @@ use super::{
     Kind, Origin,
     blocks::{Block, Blocks},
     device::Device,
-    dips::Dips,
+    dips::{Dips, PagesKey, pages_key},
     regions::{Regions, Spans},
 };
 use crate::{
@@ -129,7 +129,9 @@ pub struct Process {
     /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
     pub tail_frees: std::collections::HashMap<u32, u64>,
     /// How far each stack's CPU tensors fell since the last sample.
-    pub dips: Dips,
+    pub dips: Dips<StackId>,
+    /// How far each stack's pages of the brk heap fell since the last sample.
+    pub brk_dips: Dips<PagesKey>,
 }
 
 /// Whether the CPU tensors of a process traced for a while (`--tensors auto`) are traced now.
@@ -279,6 +281,7 @@ impl Process {
     pub fn exec(&mut self, command: Option<String>, env: Option<Vec<(String, String)>>) {
         self.heap.clear();
         self.dips = Dips::default();
+        self.brk_dips = Dips::default();
         self.displaced.clear();
         self.tail_frees.clear();
         self.mmaps = Regions::default();
@@ -373,6 +376,16 @@ impl Process {
         } else {
             &mut self.mmaps
         };
+        if brk && let Some((was, bytes)) = regions.at(start) {
+            self.brk_dips.fall(pages_key(was), bytes);
+            self.brk_dips.rise(
+                pages_key(&Origin {
+                    stack: origin.stack,
+                    ..was.clone()
+                }),
+                bytes,
+            );
+        }
         regions.set_stack(start, origin.stack);
     }
 
@@ -533,11 +546,16 @@ impl Process {
             return;
         };
         if result > self.brk.top {
+            self.brk_dips
+                .rise(pages_key(&origin), result - self.brk.top);
             self.brk
                 .segments
                 .insert(self.brk.top, result, origin, false);
             self.last_growth = Some((self.brk.top, result, true));
         } else if result < self.brk.top {
+            for (was, bytes) in self.brk.segments.overlaps(result, self.brk.top) {
+                self.brk_dips.fall(pages_key(&was), bytes);
+            }
             self.brk.segments.remove(result, self.brk.top);
         }
         self.brk.top = result;

@@ -85,6 +85,21 @@ impl Regions {
         )
     }
 
+    /// The origin of each accessible region that overlaps [start, end), and by how many bytes.
+    pub fn overlaps(&self, start: u64, end: u64) -> Vec<(Origin, u64)> {
+        self.overlapping(start, end)
+            .into_iter()
+            .filter_map(|s| self.map.get(&s).map(|r| (s, r)))
+            .filter(|(_, r)| !r.reserved)
+            .map(|(s, r)| (r.origin.clone(), r.end.min(end) - s.max(start)))
+            .collect()
+    }
+
+    /// The region starting at `start`: its origin and bytes.
+    pub fn at(&self, start: u64) -> Option<(&Origin, u64)> {
+        self.map.get(&start).map(|r| (&r.origin, r.end - start))
+    }
+
     /// Gives the region starting at `start` the stack `stack`.
     pub fn set_stack(&mut self, start: u64, stack: Option<StackId>) {
         if let Some(r) = self.map.get_mut(&start) {

@@ -727,6 +727,38 @@ fn the_least_held_since_the_last_sample_is_one_copy_of_an_accumulator() {
     assert_eq!(l.least_since_sample(&key(Kind::Tensor), 2300), 2300);
 }
 
+/// The brk heap's top trimmed and grown again between two samples by the same stack (a step's
+/// scratch buffers above the others, given back and asked for again): the least its pages held
+/// since the sample before is what was left under the trim, not the instant a sample catches.
+#[test]
+fn the_least_a_heap_tops_pages_held_since_the_last_sample_is_under_its_trims() {
+    let mut l = ledger(vec![brk(0x5000_0000, 1), brk(0x5002_0000, 2)]);
+    l.sampled();
+    l.apply(brk(0x5001_0000, 9));
+    l.apply(brk(0x5002_0000, 2));
+    l.apply(brk(0x5003_0000, 3));
+    let key = |stack| GroupKey {
+        pid: PID,
+        stack: Some(StackId::new(stack)),
+        kind: Kind::Brk,
+        inherited: false,
+    };
+    assert_eq!(of(&l, Kind::Brk, 2), (0x20000, 2));
+    assert_eq!(l.least_since_sample(&key(2), 0x20000), 0x10000);
+    assert_eq!(
+        l.least_since_sample(&key(3), 0x10000),
+        0x10000,
+        "grown only since"
+    );
+    l.sampled();
+    assert_eq!(l.least_since_sample(&key(2), 0x20000), 0x20000);
+    // Trimmed through two stacks' pages: each held less.
+    l.apply(brk(0x5000_8000, 9));
+    l.apply(brk(0x5003_0000, 4));
+    assert_eq!(l.least_since_sample(&key(2), 0x8000), 0x8000);
+    assert_eq!(of(&l, Kind::Brk, 3), (0, 0));
+}
+
 /// The pages of a large tensor kept as it was (its layer out, `--tensors auto`) unmapped: it was
 /// freed, unseen, and goes. One traced has its free on its way and stays until it comes; a small
 /// one (in pages of the allocator's own) is not told by its pages.
