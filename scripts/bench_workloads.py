@@ -90,10 +90,12 @@ def workloads(build):
         ("CPU PyTorch transformer, no leak", "python",
          [PY, str(BENCH / "tx_train.py"), "150" if QUICK else "600", "fixed"], None),
         # A Hugging Face Trainer job (transformers' own training loop) whose compute_loss keeps
-        # each step's last hidden state with its graph.
+        # each step's last hidden state with its graph; and one that keeps a float of it.
         ("Hugging Face Trainer (PyTorch), hidden states kept", "python",
          [PY, str(FIXTURES / "hf_trainer.py"), "100" if QUICK else "600"],
          FIXTURES / "hf_trainer.py"),
+        ("Hugging Face Trainer (PyTorch), no leak", "python",
+         [PY, str(FIXTURES / "hf_trainer.py"), "100" if QUICK else "600", "fixed"], None),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),
