@@ -172,10 +172,10 @@ async fn runs_and_snapshots_come_from_the_history() {
         })
         .unwrap();
     let (ledger, analysis) = ledger_with(3, 5);
-    let r = report_of(&ledger, &analysis, 3);
-    db.add_snapshot(run, crate::store::Reason::Periodic, &r)
+    let mut r = report_of(&ledger, &analysis, 3);
+    db.add_snapshot(run, crate::store::Reason::Periodic, &mut r)
         .unwrap();
-    db.add_snapshot(run, crate::store::Reason::Exit, &r)
+    db.add_snapshot(run, crate::store::Reason::Exit, &mut r)
         .unwrap();
     drop(db);
     let state = || state_with(None, Some(path.clone()));

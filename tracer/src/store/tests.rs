@@ -34,14 +34,19 @@ fn a_snapshot_reads_back_as_the_report_it_was() {
     let mut store = Store::open(&path).unwrap();
     let run = store.begin_run(&run_info()).unwrap();
     let (ledger, analysis) = ledger_with(5, 6);
-    let report = report_of(&ledger, &analysis, 3);
+    let mut report = report_of(&ledger, &analysis, 3);
     assert_eq!(report.stacks.len(), 3);
     assert!(report.stacks.iter().all(|s| s.verdict.is_some()));
     assert_eq!(
-        store.add_snapshot(run, Reason::Periodic, &report).unwrap(),
+        store
+            .add_snapshot(run, Reason::Periodic, &mut report)
+            .unwrap(),
         0
     );
-    assert_eq!(store.add_snapshot(run, Reason::Exit, &report).unwrap(), 1);
+    assert_eq!(
+        store.add_snapshot(run, Reason::Exit, &mut report).unwrap(),
+        1
+    );
     drop(store);
 
     let store = Store::open_read(&path).unwrap();
@@ -97,11 +102,11 @@ fn runs_past_the_age_limit_are_removed_with_their_rows() {
     let path = temp_db("age");
     let mut store = Store::open(&path).unwrap();
     let (ledger, analysis) = ledger_with(4, 5);
-    let report = report_of(&ledger, &analysis, 4);
+    let mut report = report_of(&ledger, &analysis, 4);
     let old = store.begin_run(&run_info()).unwrap();
-    store.add_snapshot(old, Reason::Exit, &report).unwrap();
+    store.add_snapshot(old, Reason::Exit, &mut report).unwrap();
     let new = store.begin_run(&run_info()).unwrap();
-    store.add_snapshot(new, Reason::Exit, &report).unwrap();
+    store.add_snapshot(new, Reason::Exit, &mut report).unwrap();
     let forty_days_ago = now_unix() - 40.0 * 86400.0;
     store
         .conn
@@ -125,13 +130,13 @@ fn over_the_size_limit_older_runs_go_then_the_running_one_is_thinned() {
     let path = temp_db("size");
     let mut store = Store::open(&path).unwrap();
     let (ledger, analysis) = ledger_with(200, 5);
-    let report = report_of(&ledger, &analysis, 200);
+    let mut report = report_of(&ledger, &analysis, 200);
     let old = store.begin_run(&run_info()).unwrap();
-    store.add_snapshot(old, Reason::Exit, &report).unwrap();
+    store.add_snapshot(old, Reason::Exit, &mut report).unwrap();
     let current = store.begin_run(&run_info()).unwrap();
     for _ in 0..8 {
         store
-            .add_snapshot(current, Reason::Periodic, &report)
+            .add_snapshot(current, Reason::Periodic, &mut report)
             .unwrap();
     }
     let used = store.used_bytes().unwrap();

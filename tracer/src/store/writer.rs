@@ -79,7 +79,8 @@ fn write_loop(mut store: Store, run: i64, limits: Retention, rx: mpsc::Receiver<
     let mut done = Written::default();
     for msg in rx {
         match msg {
-            Msg::Snapshot(report, reason) => match store.add_snapshot(run, reason, &report) {
+            Msg::Snapshot(mut report, reason) => match store.add_snapshot(run, reason, &mut report)
+            {
                 Ok(seq) => {
                     done.snapshots += 1;
                     tracing::debug!(run, seq, reason = reason.name(), "snapshot stored");
