@@ -377,14 +377,9 @@ impl Process {
             &mut self.mmaps
         };
         if brk && let Some((was, bytes)) = regions.at(start) {
-            self.brk_dips.fall(pages_key(was), bytes);
-            self.brk_dips.rise(
-                pages_key(&Origin {
-                    stack: origin.stack,
-                    ..was.clone()
-                }),
-                bytes,
-            );
+            let (stack, inherited) = pages_key(was);
+            self.brk_dips.fall((stack, inherited), bytes);
+            self.brk_dips.rise((origin.stack, inherited), bytes);
         }
         regions.set_stack(start, origin.stack);
     }

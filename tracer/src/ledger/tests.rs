@@ -757,6 +757,15 @@ fn the_least_a_heap_tops_pages_held_since_the_last_sample_is_under_its_trims() {
     l.apply(brk(0x5003_0000, 4));
     assert_eq!(l.least_since_sample(&key(2), 0x8000), 0x8000);
     assert_eq!(of(&l, Kind::Brk, 3), (0, 0));
+    // Pages a tensor's allocation grew are its stack's from the start: no dip of the brk
+    // call's stack below what it held before them.
+    l.sampled();
+    l.apply(brk(0x5004_0000, 4));
+    l.apply(alloc(AllocFn::C10AllocCpu, 0x5003_0010, 0x8000, 5));
+    assert_eq!(of(&l, Kind::Brk, 4), (0x28000, 1));
+    assert_eq!(of(&l, Kind::Brk, 5), (0x10000, 1));
+    assert_eq!(l.least_since_sample(&key(4), 0x28000), 0x28000);
+    assert_eq!(l.least_since_sample(&key(5), 0x10000), 0x10000);
 }
 
 /// The pages of a large tensor kept as it was (its layer out, `--tensors auto`) unmapped: it was
