@@ -309,13 +309,12 @@ impl Ledger {
     /// malloc and free slowed ingest enough, in the test binary, to shift when a Python objects'
     /// window closed.
     pub fn least_since_sample(&self, key: &GroupKey, bytes: u64) -> u64 {
-        let Some(p) = self.procs.get(&key.pid) else {
-            return bytes;
-        };
+        // Looked up only for those two kinds: every group is asked at every sample.
+        let p = || self.procs.get(&key.pid);
         let dip = match (key.kind, key.stack) {
-            (Kind::Tensor, Some(stack)) => p.dips.dip(&stack),
-            (Kind::Brk, stack) => p.brk_dips.dip(&(stack, key.inherited)),
-            _ => 0,
+            (Kind::Tensor, Some(stack)) => p().map_or(0, |p| p.dips.dip(&stack)),
+            (Kind::Brk, stack) => p().map_or(0, |p| p.brk_dips.dip(&(stack, key.inherited))),
+            _ => return bytes,
         };
         bytes.saturating_sub(dip)
     }

@@ -377,8 +377,8 @@ impl Process {
             &mut self.mmaps
         };
         if brk && let Some((was, bytes)) = regions.at(start) {
-            let (stack, inherited) = pages_key(was);
-            self.brk_dips.fall((stack, inherited), bytes);
+            let (was, inherited) = pages_key(was);
+            self.brk_dips.fall((was, inherited), bytes);
             self.brk_dips.rise((origin.stack, inherited), bytes);
         }
         regions.set_stack(start, origin.stack);
