@@ -141,12 +141,18 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// Whether the process's heap leaked by at least half of what its pages grew by over the
-    /// same stretch: they hold it (see [`Verdict::UnderHeap`]).
-    fn under_heap(&self) -> bool {
-        self.heap == Verdict::Leak
+    /// Whether the process's pages hold its heap's leak (see [`Verdict::UnderHeap`]): a stack of
+    /// its heap judged a leak (`leaks`), or its heap-level bytes leaking by at least half of what
+    /// its pages grew by over the same stretch. A brk heap holds nothing but the malloc family's
+    /// blocks and the room the allocator keeps between them, so where a heap stack leaks, its
+    /// pages growing faster are that room, not a leak of their own: a Trainer job's brk heap grew
+    /// by 1.7 times its bytes in use (glibc's own count), and its totals over a window of its
+    /// malloc family a second or two long read as a leak in some runs, not in others.
+    fn under_heap(&self, leaks: impl FnOnce() -> bool) -> bool {
+        let totals = self.heap == Verdict::Leak
             && self.pages == Verdict::Leak
-            && self.heap_growth_bytes.saturating_mul(2) >= self.pages_growth_bytes
+            && self.heap_growth_bytes.saturating_mul(2) >= self.pages_growth_bytes;
+        totals || leaks()
     }
 }
 
@@ -342,11 +348,15 @@ impl Analysis {
             Kind::Brk | Kind::Mmap if self.under_kept_tensors(key, &evidence) => {
                 evidence.verdict = Verdict::UnderTensors
             }
+            Kind::Brk
+                if retention()
+                    .as_ref()
+                    .is_some_and(|r| r.under_heap(|| self.heap_leaks(key.pid, warmup_s))) =>
+            {
+                evidence.verdict = Verdict::UnderHeap
+            }
             Kind::Brk if retention().as_ref().is_some_and(|r| r.retention) => {
                 evidence.verdict = Verdict::Retention
-            }
-            Kind::Brk if retention().as_ref().is_some_and(Retention::under_heap) => {
-                evidence.verdict = Verdict::UnderHeap
             }
             // Arenas of Python objects whose keeping stacks the objects' window found.
             Kind::Mmap if self.under_objects(key, warmup_s) => {

@@ -36,8 +36,10 @@ pub enum Verdict {
     /// reported on the tensor stacks at their lines.
     UnderTensors,
     /// Not from the series alone: the allocator's brk heap of a process whose malloc family was
-    /// traced and judged a leak, by at least half of what its pages grew over the same stretch:
-    /// the leak is reported on the heap stacks, at their lines. A brk stack names whichever
+    /// traced and judged a leak (a stack of it, or its bytes by at least half of what its pages
+    /// grew over the same stretch): the leak is reported on the heap stacks, at their lines, and
+    /// what the pages grew by beyond it is the room the allocator keeps around the leaking
+    /// blocks. A brk stack names whichever
     /// allocation moved the heap's top, not the one that keeps (a worker's cache of decoded
     /// samples grew its heap at the line that converts each sample, the one after).
     UnderHeap,
