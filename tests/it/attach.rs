@@ -3,6 +3,8 @@
 
 use std::process::{Command, Stdio};
 
+use serde_json::Value;
+
 use tests::fixture;
 
 #[test]
@@ -32,4 +34,82 @@ fn attach_sees_what_happens_after_it_and_counts_earlier_frees() {
         "the 3 early blocks freed after attach"
     );
     assert_eq!(p["exited"], true);
+}
+
+/// `attach` to a PyTorch training job already running, started untraced as a job that creeps
+/// toward its OOM is (`torch_train.py 200`: each epoch's validation logits kept with their
+/// graphs): the interpreter and libtorch were mapped before, the tensors made before are not
+/// seen. Its pages grow, its tensors are traced, and the leak is named at its line, its Python
+/// frames walked in the running interpreter; what the leaking stacks hold is PyTorch's shapes:
+/// each epoch's logits (1024 × 10 floats) and the two ReLU outputs its graph keeps
+/// (1024 × 256 floats each).
+#[test]
+fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let (path, site) = crate::pytorch::bench_script("torch_train");
+    let path = path.display().to_string();
+    // Says it is ready once torch is imported, then runs the script, its own output let go.
+    let start = format!(
+        "import os, runpy, sys, torch; print('ready', flush=True); \
+         os.dup2(os.open(os.devnull, os.O_WRONLY), 1); sys.argv = [{path:?}, '200']; \
+         runpy.run_path({path:?}, run_name='__main__')"
+    );
+    let mut job = Command::new(crate::python::python())
+        .args(["-c", &start])
+        .env("PYTHONPATH", fixture::pydeps())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    fixture::wait_ready(&mut job);
+    // Into its training loop.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let tracer = fixture::attach(job.id(), "attach-torch");
+    assert!(job.wait().unwrap().success());
+    let (code, log, r) = tracer.finish();
+    assert_eq!(code, Some(0), "attach ends with the job: {log}");
+    let leaking: Vec<&Value> = r
+        .stacks()
+        .iter()
+        .filter(|s| s["verdict"]["verdict"] == "leak")
+        .collect();
+    // The innermost frame of the script is the marked line.
+    let at_site = |s: &&Value| {
+        s["frames"].as_array().is_some_and(|frames| {
+            frames
+                .iter()
+                .find(|f| f["module"] == "python" && f["file"] == path.as_str())
+                .is_some_and(|f| f["line"] == site)
+        })
+    };
+    assert!(!leaking.is_empty(), "{log}");
+    assert!(
+        leaking.iter().all(|s| s["kind"] == "tensor" && at_site(s)),
+        "{leaking:?}"
+    );
+    let held = |f: &str| {
+        r.sum(|s| {
+            s["kind"] == "tensor"
+                && s["verdict"]["verdict"] == "leak"
+                && at_site(&s)
+                && crate::python::python_top(s).is_some_and(|(func, _, _)| func == f)
+        })
+    };
+    let (logits, relu) = (held("Linear.forward"), held("relu"));
+    assert!(logits.1 > 0, "{leaking:?}");
+    assert_eq!(logits.0, logits.1 * 1024 * 10 * 4, "{logits:?}");
+    assert_eq!(relu, (2 * logits.1 * 1024 * 256 * 4, 2 * logits.1));
+    // Frees of tensors made before the attach are not losses; the pages mapped before it and
+    // unmapped after are counted apart.
+    let not_losses = [
+        "nested_calls",
+        "untraced_frees",
+        "thread_exit_frees",
+        "unmatched_unmap_bytes",
+    ];
+    for (loss, n) in r.losses().as_object().unwrap() {
+        assert!(not_losses.contains(&loss.as_str()) || n == 0, "{loss}: {n}");
+    }
 }

@@ -501,7 +501,7 @@ fn a_leak_of_buffers_in_a_pytorch_process_has_its_tensors_traced_first_then_its_
 }
 
 /// A workload of the benchmark (tests/fixtures/bench), and the line of it marked `LEAK-SITE`.
-fn bench_script(name: &str) -> (PathBuf, u64) {
+pub(crate) fn bench_script(name: &str) -> (PathBuf, u64) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/bench/{name}.py"));
     let text = std::fs::read_to_string(&path).unwrap();
     let site = text.lines().position(|l| l.contains("LEAK-SITE")).unwrap() as u64 + 1;
