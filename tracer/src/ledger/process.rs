@@ -377,9 +377,9 @@ impl Process {
             &mut self.mmaps
         };
         if brk && let Some((was, bytes)) = regions.at(start) {
-            let (was, inherited) = pages_key(was);
-            self.brk_dips.fall((was, inherited), bytes);
-            self.brk_dips.rise((origin.stack, inherited), bytes);
+            let was = pages_key(was);
+            self.brk_dips.fall(was, bytes);
+            self.brk_dips.rise((origin.stack, was.1), bytes);
         }
         regions.set_stack(start, origin.stack);
     }
