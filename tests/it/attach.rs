@@ -42,7 +42,9 @@ fn attach_sees_what_happens_after_it_and_counts_earlier_frees() {
 /// seen. Its pages grow, its tensors are traced, and the leak is named at its line, its Python
 /// frames walked in the running interpreter; what the leaking stacks hold is PyTorch's shapes:
 /// each epoch's logits (1024 × 10 floats) and the two ReLU outputs its graph keeps
-/// (1024 × 256 floats each).
+/// (1024 × 256 floats each). Where its tensors are traced again before it ends, the logits the
+/// interpreter frees at its exit are seen freed (the stack is `released`, still a leak), while
+/// the ReLU outputs the kept graphs hold outlive it.
 #[test]
 fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
     if !fixture::bpf_available() {
@@ -85,22 +87,44 @@ fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
         })
     };
     assert!(!leaking.is_empty(), "{log}");
+    let brief: Vec<String> = leaking.iter().map(|s| brief(s)).collect();
     assert!(
         leaking.iter().all(|s| s["kind"] == "tensor" && at_site(s)),
-        "{leaking:?}"
+        "{brief:#?}"
     );
-    let held = |f: &str| {
-        r.sum(|s| {
-            s["kind"] == "tensor"
-                && s["verdict"]["verdict"] == "leak"
-                && at_site(&s)
-                && crate::python::python_top(s).is_some_and(|(func, _, _)| func == f)
-        })
+    let stack_of = |f: &str| {
+        let mut at = leaking
+            .iter()
+            .filter(|s| crate::python::python_top(s).is_some_and(|(func, _, _)| func == f));
+        let one = at
+            .next()
+            .unwrap_or_else(|| panic!("no {f} stack: {brief:#?}"));
+        assert!(at.next().is_none(), "{brief:#?}");
+        *one
     };
-    let (logits, relu) = (held("Linear.forward"), held("relu"));
-    assert!(logits.1 > 0, "{leaking:?}");
-    assert_eq!(logits.0, logits.1 * 1024 * 10 * 4, "{logits:?}");
-    assert_eq!(relu, (2 * logits.1 * 1024 * 256 * 4, 2 * logits.1));
+    let (logits, relu) = (stack_of("Linear.forward"), stack_of("relu"));
+    let held = |s: &Value| (s["bytes"].as_u64().unwrap(), s["blocks"].as_u64().unwrap());
+    // The ReLU outputs the kept graphs hold outlive the interpreter's exit.
+    let (relu_bytes, relu_blocks) = held(relu);
+    assert!(relu_blocks > 0 && relu_blocks % 2 == 0, "{brief:#?}");
+    assert_eq!(relu_bytes, relu_blocks * 1024 * 256 * 4);
+    if logits["released"] == true {
+        // Its tensors were traced again before the job ended: the logits the interpreter freed
+        // at its exit were seen freed. What the stack held at each window's least was whole
+        // logits (its peaks hold the hidden layers' outputs too, a step's temporaries).
+        let pid = r.root_pid();
+        assert!(r.process(pid)["tensors_since_s"].is_f64(), "{brief:#?}");
+        assert_eq!(held(logits), (0, 0));
+        let windows = logits["verdict"]["windows"].as_array().unwrap();
+        assert!(!windows.is_empty());
+        for w in windows {
+            assert_eq!(w["floor"].as_u64().unwrap() % (1024 * 10 * 4), 0, "{w}");
+        }
+    } else {
+        let (bytes, blocks) = held(logits);
+        assert_eq!(bytes, blocks * 1024 * 10 * 4, "{brief:#?}");
+        assert_eq!(relu_blocks, 2 * blocks, "{brief:#?}");
+    }
     // Frees of tensors made before the attach are not losses; the pages mapped before it and
     // unmapped after are counted apart.
     let not_losses = [
@@ -112,4 +136,24 @@ fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
     for (loss, n) in r.losses().as_object().unwrap() {
         assert!(not_losses.contains(&loss.as_str()) || n == 0, "{loss}: {n}");
     }
+}
+
+/// A leaking stack in a line: its kind, what it holds, why, and its Python frames.
+fn brief(s: &Value) -> String {
+    let python: Vec<String> = s["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["module"] == "python")
+        .take(4)
+        .map(|f| format!("{} {}:{}", f["function"], f["file"], f["line"]))
+        .collect();
+    format!(
+        "{} {} B in {} blocks ({}): {}",
+        s["kind"],
+        s["bytes"],
+        s["blocks"],
+        s["verdict"],
+        python.join(" < ")
+    )
 }
