@@ -163,15 +163,29 @@ impl Analysis {
 
     /// The heap stacks of `pid` judged a leak now (from `warmup_s`).
     pub fn heap_leak_stacks(&self, pid: u32, warmup_s: f64) -> FxHashSet<Option<StackId>> {
+        self.heap_leak_evidence(pid, warmup_s)
+            .map(|(k, _)| k.stack)
+            .collect()
+    }
+
+    /// What the heap stacks of `pid` judged a leak grew by, all together.
+    pub(super) fn heap_leak_growth(&self, pid: u32, warmup_s: f64) -> i64 {
+        self.heap_leak_evidence(pid, warmup_s)
+            .map(|(_, e)| e.growth_bytes)
+            .sum()
+    }
+
+    /// The heap stacks of `pid` judged a leak now, with their evidence.
+    fn heap_leak_evidence(
+        &self,
+        pid: u32,
+        warmup_s: f64,
+    ) -> impl Iterator<Item = (&GroupKey, Evidence)> {
         self.groups
             .keys()
-            .filter(|k| k.pid == pid && k.kind == Kind::Heap)
-            .filter(|k| {
-                self.judge(k, warmup_s)
-                    .is_some_and(|e| e.verdict == Verdict::Leak)
-            })
-            .map(|k| k.stack)
-            .collect()
+            .filter(move |k| k.pid == pid && k.kind == Kind::Heap)
+            .filter_map(move |k| Some((k, self.judge(k, warmup_s)?)))
+            .filter(|(_, e)| e.verdict == Verdict::Leak)
     }
 
     /// `series` of `key` as it is judged: up to when its process's malloc family was taken out,

@@ -362,6 +362,9 @@ impl Analysis {
             Kind::Mmap if self.under_objects(key, warmup_s) => {
                 evidence.verdict = Verdict::UnderObjects
             }
+            Kind::Mmap if self.arenas_under_heap(key, &evidence, warmup_s) => {
+                evidence.verdict = Verdict::UnderHeap
+            }
             // The allocator's heap top moved up once, in the last window: a block that happened
             // to be above the others when it was sampled (a scratch buffer of a spike), not a
             // growth; a leak moves it window after window.

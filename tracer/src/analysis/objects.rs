@@ -20,6 +20,11 @@ pub const KEPT_MIN: u64 = 8 * tracer_common::OBJECT_SAMPLE_BYTES;
 const AFTER_MIN_S: f64 = 1.0;
 /// One pymalloc arena (CPython 3.10 on; 256 KiB before, which four of make).
 const ONE_ARENA: u64 = 1 << 20;
+/// How many times its arenas' growth a process's heap leak is at least for the arenas to be
+/// under it, where no window sampled its objects (`Analysis::arenas_under_heap`): a kept numpy
+/// array's header against its 12 KiB of pixels was a tenth, arenas being whole MiB; an object
+/// leak of its own alongside grows them by more.
+const HEAP_OVER_ARENAS: i64 = 4;
 
 /// A process's closed window: its arena stacks, each stack's objects made and kept with its site
 /// (the stacks of one site: the objects of several types one line makes), and each site's sums.
@@ -258,6 +263,21 @@ impl Analysis {
                 && w.kept() > 0
                 && self.window_arenas_leak(key.pid, w, warmup_s).is_some()
         })
+    }
+
+    /// Whether `key` is an arena stack of a process whose objects were never sampled, while its
+    /// heap leaks by [`HEAP_OVER_ARENAS`] times what the stack grew by at least: the Python
+    /// objects that own the leaking blocks fill arenas (each numpy array a DataLoader worker
+    /// keeps is a header in an arena over its pixels in the heap). A few arenas a run grow
+    /// slower than what calls for a window (2 MiB over the later half of the run): over 40
+    /// epochs of such a worker, the arenas were named a leak at whichever line needed a new one
+    /// (the line before the keeping one, the pickling of a batch) in two runs of four, beside
+    /// the heap's leak at its line.
+    pub(super) fn arenas_under_heap(&self, key: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
+        self.arena_stacks.contains(key)
+            && !self.objects.contains_key(&key.pid)
+            && self.heap_leak_growth(key.pid, warmup_s)
+                >= e.growth_bytes.saturating_mul(HEAP_OVER_ARENAS)
     }
 
     /// Whether `key` is an arena stack of a process whose window found no site that keeps its

@@ -41,7 +41,10 @@ pub enum Verdict {
     /// what the pages grew by beyond it is the room the allocator keeps around the leaking
     /// blocks. A brk stack names whichever
     /// allocation moved the heap's top, not the one that keeps (a worker's cache of decoded
-    /// samples grew its heap at the line that converts each sample, the one after).
+    /// samples grew its heap at the line that converts each sample, the one after). Also the
+    /// pymalloc arenas of a process whose objects were never sampled, beside a heap leak of
+    /// several times their growth: the objects that own the leaking blocks fill them
+    /// (`Analysis::arenas_under_heap`).
     UnderHeap,
     /// Not from the series alone: arenas of CPython's object allocator in a process whose
     /// objects were sampled, and whose window found the stacks that keep them: the leak is

@@ -4,7 +4,7 @@ use super::{KEPT_MIN, undecided_keeper};
 use crate::{
     analysis::{Analysis, Verdict},
     ledger::{KeptLine, Ledger},
-    model::{Kind, StackId},
+    model::{GroupKey, Kind, StackId},
 };
 
 /// A window of no length before the samples: nothing of them is cut out, and all came
@@ -398,4 +398,38 @@ fn a_slow_leak_over_an_interpreters_arenas_is_found_at_the_programs_rate() {
         rate < 0.9 * cut,
         "the window's stall in it: {rate}, not {cut}"
     );
+}
+
+/// 20 samples a second apart of a worker whose malloc family is seen and whose objects were
+/// never sampled: an arena stack (3) grows by an arena every `every` samples, a heap stack (5)
+/// by `heap` MiB a sample.
+fn arenas_beside_heap(every: u64, heap: u64) -> (Analysis, GroupKey) {
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 worker.py".into(), Vec::new(), 0);
+    ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+    let mut a = Analysis::default();
+    let arena = key(3, Kind::Mmap);
+    for i in 0..20u64 {
+        let groups = [
+            (arena, (1 + i / every) << 20),
+            (key(5, Kind::Heap), (1 + i * heap) << 20),
+        ];
+        a.sample(i as f64, &ledger, &groups);
+        a.sample_arenas(i as f64, &groups[..1]);
+    }
+    (a, arena)
+}
+
+#[test]
+fn arenas_never_sampled_beside_a_far_larger_heap_leak_are_under_the_heap() {
+    let verdict = |every, heap| {
+        let (a, arena) = arenas_beside_heap(every, heap);
+        a.judge(&arena, 0.0).unwrap().verdict
+    };
+    // An arena every 4 s beside a heap leak of 2 MiB/s: the objects that own its blocks.
+    assert_eq!(verdict(4, 2), Verdict::UnderHeap);
+    // No heap leak: the arenas' own.
+    assert_eq!(verdict(4, 0), Verdict::Leak);
+    // Arenas growing as fast as the heap: a leak of objects of their own beside it.
+    assert_eq!(verdict(1, 1), Verdict::Leak);
 }
