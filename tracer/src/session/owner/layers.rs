@@ -34,6 +34,10 @@ const TENSORS_SETTLE_S: f64 = 2.0;
 /// How long its tensors are traced at least before they may be taken out again, where neither
 /// they nor its pages grow (a verdict needs a few samples).
 const TENSORS_HOLD_S: f64 = 3.0;
+/// How long its tensors are traced at least before their pages may call for its malloc family
+/// (the growth they do not explain is judged a second after the probes went in, over a second
+/// at least: `Owner::heap_beyond_traced_tensors`).
+const BEYOND_AFTER_S: f64 = 2.0;
 /// How long after its tensors were kept as they were, once their leak was confirmed, they are
 /// traced again (to tell whether they still leak, or were freed): twice as long each time, up
 /// to the most.
@@ -44,6 +48,10 @@ const TENSORS_AGAIN_MOST_S: f64 = 160.0;
 /// training job keeping each step's loss runs two to five times slower while they are traced).
 /// Its samples are taken 50 ms apart meanwhile, so a second is twenty of them.
 const HEAP_CONFIRM_S: f64 = 1.0;
+/// The same, where a leak of the process's tensors was confirmed: the heap leaking beside it is
+/// what else the leak keeps (a Trainer job's kept hidden states hold their autograd nodes), and
+/// each second of the window slows its loop about threefold. Ten samples.
+const HEAP_CONFIRM_BESIDE_TENSORS_S: f64 = 0.5;
 /// How long a process's malloc family is traced at least, without a leak of its heap, before
 /// it is taken out as it is: its pages grew while its heap held (the allocator's retention).
 /// The probes go in within half a second, and the heap outstanding before them is not seen:
@@ -55,7 +63,7 @@ const HEAP_HOLD_S: f64 = 5.0;
 /// have stopped or another begun; each window costs about what the first one did.
 const HEAP_AGAIN_S: f64 = 10.0;
 /// The growth of a process's page-level stacks, over [`TENSORS_SPAN_S`] at least, that its
-/// tensors traced for [`TENSORS_HOLD_S`] do not explain and that calls for its malloc family
+/// tensors traced for [`BEYOND_AFTER_S`] do not explain and that calls for its malloc family
 /// at once: its pages grow by megabytes a second (a loop keeping each step's autograd nodes).
 const UNEXPLAINED_MIN_BYTES: i64 = 1 << 20;
 
@@ -163,8 +171,10 @@ impl Owner {
     /// second at most.
     pub(super) fn engage_layers(&mut self, at_s: f64, x: f64) {
         self.note_tensors(at_s, x);
-        // Every sample while a malloc family is traced: each second of it costs the most.
+        // Every sample while a malloc family is traced: each second of it costs the most; and
+        // while tensors are traced, whether their pages call for it.
         self.take_out_heap(at_s, x);
+        self.heap_beyond_traced_tensors(at_s, x);
         if at_s - self.objects.looked_s < ENGAGE_EVERY_S {
             return;
         }
@@ -199,7 +209,12 @@ impl Owner {
         for (pid, mut h) in traced {
             let leaks = self.analysis.heap_leaks(pid, self.config.warmup);
             h.leak_since = leaks.then(|| h.leak_since.unwrap_or(at_s));
-            let confirmed = h.leak_since.is_some_and(|s| at_s - s >= HEAP_CONFIRM_S);
+            let confirm = if self.tensors_confirmed(pid) {
+                HEAP_CONFIRM_BESIDE_TENSORS_S
+            } else {
+                HEAP_CONFIRM_S
+            };
+            let confirmed = h.leak_since.is_some_and(|s| at_s - s >= confirm);
             let held = !leaks && at_s - h.asked_s >= HEAP_HOLD_S;
             if confirmed || held {
                 let _ = self
@@ -217,6 +232,15 @@ impl Owner {
                 layers.heap.insert(pid, h);
             }
         }
+    }
+
+    /// Whether a leak of `pid`'s tensors has been confirmed: judged one on their chain for
+    /// [`crate::analysis::TENSORS_CONFIRM_S`], or kept as it was once it was.
+    fn tensors_confirmed(&self, pid: u32) -> bool {
+        self.analysis
+            .tensors_leak(pid)
+            .is_some_and(|span| span >= crate::analysis::TENSORS_CONFIRM_S)
+            || self.analysis.kept_leak_rate(pid).is_some()
     }
 
     /// At the run's end: a malloc family traced again and still undecided (no leak confirmed in
@@ -487,12 +511,6 @@ impl Owner {
             // From when the tensors outstanding then were all seen (the first samples after
             // the probes went in rise to them from nothing).
             let from = on + crate::analysis::TENSOR_RAMP;
-            // Its pages grow, and not by its tensors: the next layer, which they stay under
-            // (a block of posix_memalign's is a tensor's where tensors are traced) and go out
-            // with.
-            if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
-                self.ask_heap(pid, at_s, x, HeapAsked::BeyondTensors);
-            }
             if self.heap_asked(pid) {
                 continue;
             }
@@ -514,6 +532,31 @@ impl Owner {
                     }
                 }
                 None => {}
+            }
+        }
+    }
+
+    /// Asks for the malloc family of each process whose tensors have been traced for
+    /// [`BEYOND_AFTER_S`] and whose pages grow, not by its tensors, from when those outstanding
+    /// were all seen (the first samples after the probes went in rise to them from nothing):
+    /// the next layer, which its tensors stay under (a block of posix_memalign's is a tensor's
+    /// where tensors are traced) and go out with. Looked at every sample: each second of the
+    /// tensors' window slows a training loop by a quarter, and the malloc family's window that
+    /// follows it must wait for it.
+    fn heap_beyond_traced_tensors(&mut self, at_s: f64, x: f64) {
+        let Some(layers) = &self.layers else {
+            return;
+        };
+        let traced: Vec<(u32, f64)> = layers
+            .tensors
+            .iter()
+            .filter(|(_, t)| t.on && at_s - t.asked_s >= BEYOND_AFTER_S)
+            .map(|(&pid, t)| (pid, t.on_x))
+            .collect();
+        for (pid, on) in traced {
+            let from = on + crate::analysis::TENSOR_RAMP;
+            if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
+                self.ask_heap(pid, at_s, x, HeapAsked::BeyondTensors);
             }
         }
     }
