@@ -498,19 +498,7 @@ impl Owner {
     /// leak no longer grows are kept as they were judged, or forgotten (see
     /// [`Owner::leak_stopped`]).
     fn disengage_tensors(&mut self, at_s: f64, x: f64) {
-        let Some(layers) = &self.layers else {
-            return;
-        };
-        let held: Vec<(u32, f64)> = layers
-            .tensors
-            .iter()
-            .filter(|(_, t)| t.on && at_s - t.asked_s >= TENSORS_HOLD_S)
-            .map(|(&pid, t)| (pid, t.on_x))
-            .collect();
-        for (pid, on) in held {
-            // From when the tensors outstanding then were all seen (the first samples after
-            // the probes went in rise to them from nothing).
-            let from = on + crate::analysis::TENSOR_RAMP;
+        for (pid, from) in self.tensors_traced_for(at_s, TENSORS_HOLD_S) {
             if self.heap_asked(pid) {
                 continue;
             }
@@ -536,25 +524,30 @@ impl Owner {
         }
     }
 
-    /// Asks for the malloc family of each process whose tensors have been traced for
-    /// [`BEYOND_AFTER_S`] and whose pages grow, not by its tensors, from when those outstanding
-    /// were all seen (the first samples after the probes went in rise to them from nothing):
-    /// the next layer, which its tensors stay under (a block of posix_memalign's is a tensor's
-    /// where tensors are traced) and go out with. Looked at every sample: each second of the
-    /// tensors' window slows a training loop by a quarter, and the malloc family's window that
-    /// follows it must wait for it.
-    fn heap_beyond_traced_tensors(&mut self, at_s: f64, x: f64) {
+    /// The processes whose tensors are traced and were asked for `held_s` ago at least, each
+    /// with when the tensors outstanding when the probes went in were all seen (the first
+    /// samples after rise to them from nothing): what their pages are judged from.
+    fn tensors_traced_for(&self, at_s: f64, held_s: f64) -> Vec<(u32, f64)> {
         let Some(layers) = &self.layers else {
-            return;
+            return Vec::new();
         };
-        let traced: Vec<(u32, f64)> = layers
+        let traced = layers
             .tensors
             .iter()
-            .filter(|(_, t)| t.on && at_s - t.asked_s >= BEYOND_AFTER_S)
-            .map(|(&pid, t)| (pid, t.on_x))
-            .collect();
-        for (pid, on) in traced {
-            let from = on + crate::analysis::TENSOR_RAMP;
+            .filter(|(_, t)| t.on && at_s - t.asked_s >= held_s);
+        traced
+            .map(|(&pid, t)| (pid, t.on_x + crate::analysis::TENSOR_RAMP))
+            .collect()
+    }
+
+    /// Asks for the malloc family of each process whose tensors have been traced for
+    /// [`BEYOND_AFTER_S`] and whose pages grow, not by its tensors, from when those outstanding
+    /// were all seen: the next layer, which its tensors stay under (a block of posix_memalign's
+    /// is a tensor's where tensors are traced) and go out with. Looked at every sample: each
+    /// second of the tensors' window slows a training loop by a quarter, and the malloc
+    /// family's window that follows it must wait for it.
+    fn heap_beyond_traced_tensors(&mut self, at_s: f64, x: f64) {
+        for (pid, from) in self.tensors_traced_for(at_s, BEYOND_AFTER_S) {
             if !self.heap_asked(pid) && !self.pages_beyond_tensors(Some(pid), from).is_empty() {
                 self.ask_heap(pid, at_s, x, HeapAsked::BeyondTensors);
             }
