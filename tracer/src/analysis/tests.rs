@@ -62,12 +62,18 @@ fn brk_beside(heap: u64, tensors: Kind, tensor_step: u64) -> (Analysis, GroupKey
     (analysis, pages)
 }
 
-/// 20 samples a second apart of a process whose malloc family is seen, its brk stack growing by
-/// 512 KiB a sample and its heap stack by `heap_step` bytes.
-fn brk_over_heap(heap_step: u64) -> (Analysis, GroupKey) {
+/// A ledger of one Python process (pid 1) whose malloc family is seen.
+pub(super) fn worker_with_malloc_seen() -> Ledger {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "python3 worker.py".into(), Vec::new(), 0);
     ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+    ledger
+}
+
+/// 20 samples a second apart of a process whose malloc family is seen, its brk stack growing by
+/// 512 KiB a sample and its heap stack by `heap_step` bytes.
+fn brk_over_heap(heap_step: u64) -> (Analysis, GroupKey) {
+    let ledger = worker_with_malloc_seen();
     let mut analysis = Analysis::default();
     let pages = key(1, Kind::Brk);
     for i in 0..20u64 {

@@ -404,9 +404,7 @@ fn a_slow_leak_over_an_interpreters_arenas_is_found_at_the_programs_rate() {
 /// never sampled: an arena stack (3) grows by an arena every `every` samples, a heap stack (5)
 /// by `heap` MiB a sample.
 fn arenas_beside_heap(every: u64, heap: u64) -> (Analysis, GroupKey) {
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 worker.py".into(), Vec::new(), 0);
-    ledger.procs.get_mut(&1).unwrap().malloc_seen = true;
+    let ledger = crate::analysis::tests::worker_with_malloc_seen();
     let mut a = Analysis::default();
     let arena = key(3, Kind::Mmap);
     for i in 0..20u64 {
