@@ -158,7 +158,7 @@ impl Analysis {
 
     /// Whether a heap stack of `pid` is judged a leak now (from `warmup_s`).
     pub fn heap_leaks(&self, pid: u32, warmup_s: f64) -> bool {
-        !self.heap_leak_stacks(pid, warmup_s).is_empty()
+        self.heap_leak_evidence(pid, warmup_s).next().is_some()
     }
 
     /// The heap stacks of `pid` judged a leak now (from `warmup_s`).
@@ -168,11 +168,15 @@ impl Analysis {
             .collect()
     }
 
-    /// What the heap stacks of `pid` judged a leak grew by, all together.
-    pub(super) fn heap_leak_growth(&self, pid: u32, warmup_s: f64) -> i64 {
-        self.heap_leak_evidence(pid, warmup_s)
-            .map(|(_, e)| e.growth_bytes)
-            .sum()
+    /// Whether the heap stacks of `pid` judged a leak grew by `bytes` at least, all together:
+    /// judged until they have (a process under `--heap full` has hundreds of thousands).
+    pub(super) fn heap_leaks_by(&self, pid: u32, warmup_s: f64, bytes: i64) -> bool {
+        let mut grown = 0i64;
+        bytes <= 0
+            || self.heap_leak_evidence(pid, warmup_s).any(|(_, e)| {
+                grown = grown.saturating_add(e.growth_bytes);
+                grown >= bytes
+            })
     }
 
     /// The heap stacks of `pid` judged a leak now, with their evidence.

@@ -276,8 +276,11 @@ impl Analysis {
     pub(super) fn arenas_under_heap(&self, key: &GroupKey, e: &Evidence, warmup_s: f64) -> bool {
         self.arena_stacks.contains(key)
             && !self.objects.contains_key(&key.pid)
-            && self.heap_leak_growth(key.pid, warmup_s)
-                >= e.growth_bytes.saturating_mul(HEAP_OVER_ARENAS)
+            && self.heap_leaks_by(
+                key.pid,
+                warmup_s,
+                e.growth_bytes.saturating_mul(HEAP_OVER_ARENAS),
+            )
     }
 
     /// Whether `key` is an arena stack of a process whose window found no site that keeps its
