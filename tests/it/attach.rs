@@ -42,7 +42,8 @@ fn attach_sees_what_happens_after_it_and_counts_earlier_frees() {
 /// seen. Its pages grow, its tensors are traced, and the leak is named at its line, its Python
 /// frames walked in the running interpreter; what the leaking stacks hold is PyTorch's shapes:
 /// each epoch's logits (1024 × 10 floats) and the two ReLU outputs its graph keeps
-/// (1024 × 256 floats each). Where its tensors are traced again before it ends, the logits the
+/// (1024 × 256 floats each; one or two more or fewer where the probes came or went in the
+/// middle of a validation pass). Where its tensors are traced again before it ends, the logits the
 /// interpreter frees at its exit are seen freed (the stack is `released`, still a leak), while
 /// the ReLU outputs the kept graphs hold outlive it.
 #[test]
@@ -106,7 +107,7 @@ fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
     let held = |s: &Value| (s["bytes"].as_u64().unwrap(), s["blocks"].as_u64().unwrap());
     // The ReLU outputs the kept graphs hold outlive the interpreter's exit.
     let (relu_bytes, relu_blocks) = held(relu);
-    assert!(relu_blocks > 0 && relu_blocks % 2 == 0, "{brief:#?}");
+    assert!(relu_blocks > 0, "{brief:#?}");
     assert_eq!(relu_bytes, relu_blocks * 1024 * 256 * 4);
     if logits["released"] == true {
         // Its tensors were traced again before the job ended: the logits the interpreter freed
@@ -123,7 +124,14 @@ fn attach_to_a_running_pytorch_job_names_its_leak_at_its_line() {
     } else {
         let (bytes, blocks) = held(logits);
         assert_eq!(bytes, blocks * 1024 * 10 * 4, "{brief:#?}");
-        assert_eq!(relu_blocks, 2 * blocks, "{brief:#?}");
+        // Two ReLU outputs a logit, give or take the validation passes the probes came or went
+        // in the middle of: a pass under way when they went in has its logit seen and one or
+        // both of its ReLU outputs not; one under way when the tensors were kept as they were,
+        // one or two ReLU outputs seen and not its logit (made after the probes went out).
+        assert!(
+            ((2 * blocks).saturating_sub(2)..=2 * blocks + 2).contains(&relu_blocks),
+            "{brief:#?}"
+        );
     }
     // Frees of tensors made before the attach are not losses; the pages mapped before it and
     // unmapped after are counted apart.
