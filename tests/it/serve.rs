@@ -188,6 +188,11 @@ fn serve_all_adopts_every_process_system_wide() {
         "0.2",
         "--ui=127.0.0.1:0",
         "--no-store",
+        // Under `--heap auto`, a Python process anywhere on the machine layers every process,
+        // and a native one's malloc family is traced only once its pages grow (the C program's
+        // 7 blocks never grow them): exact accounting whatever else runs here.
+        "--heap",
+        "full",
     ])
     // Every process on the machine holds stacks: all of them in the report.
     .args(["--top", "100000", "--json", "-o"])
