@@ -1,5 +1,6 @@
-//! `run`: the command's exit status comes back, periodic reports come before the final one, and
-//! `free` is probed past its single-stepped first instruction.
+//! `run`: the command's exit status comes back, periodic reports come before the final one,
+//! `free` is probed past its single-stepped first instruction, and a library known to hold
+//! nothing to probe is mapped without a stop.
 
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,61 @@ fn free_is_not_probed_on_a_single_stepped_instruction() {
         malloc["offset"], 0,
         "malloc starts with push, which is emulated: {malloc}"
     );
+}
+
+/// A library looked at in an earlier session and found to hold nothing to probe is mapped without
+/// a stop in the next (the kernel side knows it by device and inode); rewritten in place, it is
+/// stopped for and looked at again. A library with probes loaded after it is still stopped for,
+/// and probed before it runs.
+#[test]
+fn a_library_known_to_hold_nothing_to_probe_is_mapped_without_a_stop() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let plain = fixture::build_variant("libplain.so", "plain_lib", &["-shared", "-fPIC"]);
+    let loader = fixture::build_with("load_library", &["-ldl"]);
+    let runtime = fixture::fake_cuda().join("libcudart.so.13");
+    let cache = fixture::target_dir().join("known-files-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let out = fixture::target_dir()
+        .join("reports")
+        .join("known-files.json");
+    // Whether the plain library's mapping stopped the thread, and the runtime's probing time.
+    let run = || -> (Option<bool>, String, String) {
+        let o = fixture::leaktracer_cmd()
+            .args(["run", "--no-store", "--json", "-o"])
+            .arg(&out)
+            .arg("--")
+            .args([&loader, &plain, &runtime])
+            .env("XDG_CACHE_HOME", &cache)
+            .env("RUST_LOG", "tracer::probes=debug")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(0), "{log}");
+        let looked = format!("library={} held=", plain.display());
+        let held = log
+            .lines()
+            .filter(|l| l.contains("code looked at"))
+            .find_map(|l| l.split(&looked).nth(1))
+            .map(|rest| rest.starts_with("true"));
+        let text = std::fs::read_to_string(&out).unwrap();
+        let r = tests::report::Report::parse(text.lines().last().unwrap()).unwrap();
+        let when = r.library("libcudart.so.13")["timing"]["when"].to_string();
+        (held, when, log)
+    };
+    let (held, when, log) = run();
+    assert_eq!((held, when.as_str()), (Some(true), "\"at_map\""), "{log}");
+    let (held, when, log) = run();
+    assert_eq!((held, when.as_str()), (Some(false), "\"at_map\""), "{log}");
+    // The same inode, rewritten: not as it was when it was looked at.
+    let code = std::fs::read(&plain).unwrap();
+    std::fs::write(&plain, code).unwrap();
+    let (held, _, log) = run();
+    assert_eq!(held, Some(true), "{log}");
+    std::fs::remove_dir_all(&cache).unwrap();
 }
 
 /// `--probe-cost`: each program that ran, with its runs and kernel time; the heap fixture's own

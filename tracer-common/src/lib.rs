@@ -73,6 +73,12 @@ pub enum EventKind {
 /// sent SIGSTOP so that user space can probe the new code before it runs (see [`TRACED_HOLD`]).
 pub const STOPPED_FOR_PROBES: u64 = 1;
 
+/// `Event::old_size` of an `Mmap` of executable file pages whose thread was not stopped, though
+/// its process is held, because the file is known to hold nothing to probe (`NO_PROBES`): user
+/// space looks at this mapping alone (the others it sees may be mapped after it, and come with
+/// their own events).
+pub const KNOWN_WITHOUT_PROBES: u64 = 2;
+
 /// A bit of an `Mmap` event's `aux` (above the protection, which is in bits 32..40): the mapping
 /// was made inside an allocator call (malloc growing its memory: glibc's thread arenas are
 /// reserved without access this way, then opened by mprotect as they grow).
@@ -649,6 +655,43 @@ pub struct SampledKey {
 }
 const _: () = assert!(size_of::<SampledKey>() == 16);
 
+/// Files known to hold nothing leaktracer probes (the `NO_PROBES` map), at most.
+pub const MAX_NO_PROBES: u32 = 16_384;
+
+/// A file as the kernel knows it: its file system's device number (`MAJOR << 20 | MINOR`) and
+/// its inode. The `NO_PROBES` map's key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+const _: () = assert!(size_of::<FileKey>() == 16);
+
+/// Byte offsets of the fields that lead from the current task to the inode behind one of its
+/// file descriptors, in the running kernel (from its BTF): what the mmap exit reads to know a
+/// library mapped before (the `FILE_OFFSETS` map). `task_files` zero: not known.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOffsets {
+    /// `task_struct.files`
+    pub task_files: u32,
+    /// `files_struct.fdt`
+    pub files_fdt: u32,
+    /// `fdtable.fd`
+    pub fdt_fd: u32,
+    /// `file.f_inode`
+    pub file_inode: u32,
+    /// `inode.i_ino`
+    pub inode_ino: u32,
+    /// `inode.i_sb`
+    pub inode_sb: u32,
+    /// `super_block.s_dev`
+    pub sb_dev: u32,
+    pub pad: u32,
+}
+const _: () = assert!(size_of::<FileOffsets>() == 32);
+
 /// Processes whose CPython frames are walked at most (the `PY_CONFIG` map).
 pub const MAX_PY_PROCESSES: u32 = 4096;
 /// Python frames recorded per event at most.
@@ -751,4 +794,6 @@ mod user {
     unsafe impl aya::Pod for super::PyConfig {}
     unsafe impl aya::Pod for super::SampledKey {}
     unsafe impl aya::Pod for super::DeepHintKey {}
+    unsafe impl aya::Pod for super::FileKey {}
+    unsafe impl aya::Pod for super::FileOffsets {}
 }

@@ -24,7 +24,7 @@ use tracer_common::{
 use crate::entries;
 use crate::shared::{
     STEP, Stack, UserRegs, capture, count, emit, emit_now, emit_with_stack, event, leaf_caller_at,
-    probe_regs, saved_regs, stop_for_probes, traced_current, traced_flags,
+    probe_regs, saved_regs, stop_for_code, traced_current, traced_flags,
 };
 
 /// What an exit hands [`page_send`]: the event, the registers its stack is walked from, and
@@ -217,7 +217,7 @@ pub fn mmap_exit(ctx: TracePointContext) -> u32 {
         // library if it allocates, before the thread runs it (when the process is held). Sent now:
         // never parked, since the stop waits for it.
         if let Some((_, _, flags)) = traced_flags() {
-            stop_for_probes(flags, &mut ev);
+            stop_for_code(flags, regs.r8, &mut ev);
         }
         emit_now(&ev);
     } else {

@@ -4,7 +4,8 @@ use aya_ebpf::bindings::pt_regs;
 use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user,
         generated::{
             bpf_get_current_task_btf, bpf_jiffies64, bpf_probe_read_user as read_user_raw,
             bpf_send_signal_thread, bpf_task_pt_regs,
@@ -14,10 +15,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_common::{
-    Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FreesEvent, HeapRecord,
-    LEAF_WORDS, LeafWords, MAX_FRAMES, MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES,
-    StackEvent, TRACED_CFI, TRACED_HOLD, TRACED_LEAF, TRACED_NO_HEAP, TRACED_NO_TENSORS,
-    TRACED_OBJECTS,
+    Counter, DEEP_STACK_BYTES, Event, EventKind, FREES_PER_RECORD, FileKey, FileOffsets,
+    FreesEvent, HeapRecord, KNOWN_WITHOUT_PROBES, LEAF_WORDS, LeafWords, MAX_FRAMES, MAX_NO_PROBES,
+    MAX_TRACED, Pending, SHARE_NS, STOPPED_FOR_PROBES, StackEvent, TRACED_CFI, TRACED_HOLD,
+    TRACED_LEAF, TRACED_NO_HEAP, TRACED_NO_TENSORS, TRACED_OBJECTS,
 };
 
 pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
@@ -121,6 +122,66 @@ pub fn traced_flags() -> Option<(u64, u32, u32)> {
     let tgid = (id >> 32) as u32;
     // SAFETY: the value is copied out at once.
     unsafe { TRACED.get(&tgid) }.map(|f| (id, tgid, *f))
+}
+
+/// Where the kernel keeps the inode behind a file descriptor (user space writes it, from the
+/// kernel's BTF); zero: not known.
+#[map]
+static FILE_OFFSETS: Array<FileOffsets> = Array::with_max_entries(1, 0);
+
+/// Files user space looked at before and found nothing to probe in: a thread that maps one's code
+/// is not stopped.
+#[map]
+static NO_PROBES: HashMap<FileKey, u8> = HashMap::with_max_entries(MAX_NO_PROBES, 0);
+
+/// Whether the file behind the current task's descriptor `fd` is one of [`NO_PROBES`]: task →
+/// files → fdtable → file → inode → (device, inode number).
+#[inline(always)]
+fn nothing_to_probe(fd: u64) -> bool {
+    let Some(o) = FILE_OFFSETS.get(0) else {
+        return false;
+    };
+    // An `int` in a 64-bit register.
+    let fd = fd & 0xffff_ffff;
+    if o.task_files == 0 || fd > u64::from(u32::MAX >> 1) {
+        return false;
+    }
+    // SAFETY: kernel reads through the helper, which fails instead of faulting.
+    let at = |base: u64, offset: u64| unsafe {
+        bpf_probe_read_kernel((base + offset) as *const u64).ok()
+    };
+    let key = || {
+        // SAFETY: helper without arguments.
+        let task = unsafe { bpf_get_current_task() };
+        let fdt = at(at(task, o.task_files.into())?, o.files_fdt.into())?;
+        let file = at(at(fdt, o.fdt_fd.into())?, fd * 8)?;
+        let inode = at(file, o.file_inode.into())?;
+        let ino = at(inode, o.inode_ino.into())?;
+        let sb = at(inode, o.inode_sb.into())?;
+        // SAFETY: as above; `s_dev` is a 32-bit `dev_t`.
+        let dev =
+            unsafe { bpf_probe_read_kernel((sb + u64::from(o.sb_dev)) as *const u32) }.ok()?;
+        Some(FileKey {
+            dev: u64::from(dev),
+            ino,
+        })
+    };
+    // SAFETY: the value is only tested for presence.
+    key().is_some_and(|k| unsafe { NO_PROBES.get(&k) }.is_some())
+}
+
+/// [`stop_for_probes`] for code just mapped from the file behind `fd`, unless that file is known
+/// to hold nothing to probe (then `ev` says so).
+#[inline(always)]
+pub fn stop_for_code(flags: u32, fd: u64, ev: &mut Event) {
+    if flags & TRACED_HOLD == 0 {
+        return;
+    }
+    if nothing_to_probe(fd) {
+        ev.old_size = KNOWN_WITHOUT_PROBES;
+    } else {
+        stop_for_probes(flags, ev);
+    }
 }
 
 /// Stops the current thread (SIGSTOP, delivered before it returns to user space) when its process

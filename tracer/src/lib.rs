@@ -5,7 +5,8 @@
 //! main → config (flags → Config) → session (the owner) → bench (behind its subcommand)
 //!          probes → ingest → ledger → analysis → report → render · store · api · check
 //!          python · hold · launch · serve · symbolize · gpu
-//!          model (shared vocabulary) · procfs (every /proc read) · error · fault
+//!          model (shared vocabulary) · procfs (every /proc read) · kernel_types (its BTF)
+//!          error · fault
 //! ```
 
 pub mod analysis;
@@ -19,6 +20,7 @@ pub mod fault;
 pub mod gpu;
 pub mod hold;
 pub mod ingest;
+pub mod kernel_types;
 pub mod launch;
 pub mod ledger;
 pub mod model;

@@ -23,8 +23,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tracer_common::{
-    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, MAX_FRAMES, OBJECT_SAMPLE_BYTES,
-    STOPPED_FOR_PROBES, StackEvent,
+    AllocFn, DEEP_HEADER, Event as RawEvent, EventKind, KNOWN_WITHOUT_PROBES, MAX_FRAMES,
+    OBJECT_SAMPLE_BYTES, STOPPED_FOR_PROBES, StackEvent,
 };
 
 pub use crate::probes::KernelCounters;
@@ -432,6 +432,8 @@ impl Decoder {
         const PROT_EXEC: u64 = 0x4;
         const MAP_ANONYMOUS: u64 = 0x20;
         let held = ev.old_size == STOPPED_FOR_PROBES;
+        // Not stopped, so what else the process maps may be newer than this mapping.
+        let only_this = kind == EventKind::Mmap && ev.old_size == KNOWN_WITHOUT_PROBES;
         match kind {
             EventKind::Exec => {
                 self.python_seen.retain(|(tgid, _)| *tgid != ev.tgid);
@@ -481,7 +483,11 @@ impl Decoder {
         let (Some(maps), Some(probe)) = (self.maps.get(ev.tgid), &self.probe) else {
             return;
         };
+        let own = only_this.then(|| maps.resolve(ev.addr).map(|(p, _)| p.clone()));
         for path in maps.paths() {
+            if own.as_ref().is_some_and(|own| own.as_ref() != Some(path)) {
+                continue;
+            }
             let python = crate::python::interp::version_of(path).is_some()
                 && self.python_seen.insert((ev.tgid, path.clone()));
             if self.code_seen.insert(path.clone()) || python {

@@ -119,8 +119,13 @@ impl Probes {
                 "attaching {what}: a failure on purpose (LEAKTRACER_FAULT)"
             )));
         }
-        up.attach(points, library, scope)
-            .map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
+        let started = std::time::Instant::now();
+        let attached = up.attach(points, library, scope);
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "attached {what}"
+        );
+        attached.map_err(|e| Error::Kernel(format!("attaching {what}: {e}")))
     }
 
     /// Puts the loaded program `callee` (reached only by tail call) in slot 0 of the program array

@@ -3,18 +3,23 @@
 //! one is not held while the library's tables are searched again. A Trainer job's import waited
 //! 0.26 s on such looks, most of it on libraries that hold none (libtorch_cpu's 76 MB of names
 //! took 44 ms to search, libtorch_cuda's 37, libtriton's 26). Kept a line a library in
-//! `$XDG_CACHE_HOME/leaktracer/no-probes` (else `~/.cache/leaktracer/no-probes`), appended.
+//! `$XDG_CACHE_HOME/leaktracer/no-probes` (else `~/.cache/leaktracer/no-probes`), appended, with
+//! its path: the files still as they were are told to the kernel side at the start of a session
+//! (known.rs), so that a thread mapping one is not even stopped.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     fs,
     io::Write,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
-/// Bumped when a look at the same names may find otherwise (the way tables are searched).
-const FORMAT: u64 = 1;
+use tracer_common::FileKey;
+
+/// Bumped when a look at the same names may find otherwise (the way tables are searched), or
+/// when lines kept before lack what is needed now (2: their paths).
+const FORMAT: u64 = 2;
 /// Lines kept at most: past them, the file starts again.
 const MAX_LINES: usize = 10_000;
 
@@ -40,7 +45,8 @@ impl Seen {
         })
     }
 
-    fn line(&self) -> String {
+    /// The file's line: its fields, then its path where the path fits on a line.
+    fn line(&self, path: &Path) -> String {
         let Self {
             dev,
             ino,
@@ -48,11 +54,17 @@ impl Seen {
             mtime_ns,
             names,
         } = self;
-        format!("{dev} {ino} {size} {mtime_ns} {names}\n")
+        let path = path
+            .to_str()
+            .filter(|p| !p.contains('\n'))
+            .map(|p| format!(" {p}"))
+            .unwrap_or_default();
+        format!("{dev} {ino} {size} {mtime_ns} {names}{path}\n")
     }
 
-    fn parse(line: &str) -> Option<Self> {
-        let mut f = line.split_ascii_whitespace();
+    /// A line's file, and its path when the line has one.
+    fn parse(line: &str) -> Option<(Self, Option<PathBuf>)> {
+        let mut f = line.splitn(6, ' ');
         let seen = Self {
             dev: f.next()?.parse().ok()?,
             ino: f.next()?.parse().ok()?,
@@ -60,7 +72,17 @@ impl Seen {
             mtime_ns: f.next()?.parse().ok()?,
             names: f.next()?.parse().ok()?,
         };
-        f.next().is_none().then_some(seen)
+        let path = f.next().filter(|p| p.starts_with('/')).map(PathBuf::from);
+        Some((seen, path))
+    }
+
+    /// The file as the kernel names it: `st_dev` in the kernel's own encoding, and the inode.
+    fn key(&self) -> FileKey {
+        let (major, minor) = (libc::major(self.dev), libc::minor(self.dev));
+        FileKey {
+            dev: (u64::from(major) << 20) | u64::from(minor),
+            ino: self.ino,
+        }
     }
 }
 
@@ -75,10 +97,23 @@ fn names_key(names: &[&str]) -> u64 {
     h
 }
 
-/// The libraries known to define none of the names looked for, and where they are kept.
+/// The libraries known to define none of the names looked for (with their paths, where known),
+/// and where they are kept.
 pub struct Looked {
     file: Option<PathBuf>,
-    none: HashSet<Seen>,
+    none: HashMap<Seen, Option<PathBuf>>,
+}
+
+/// The libraries of a [`Looked`] whose paths are known, to be checked again off the prober's
+/// thread.
+pub struct WithPaths(Vec<(Seen, PathBuf)>);
+
+impl WithPaths {
+    /// The kernel's names of those still as they were, for the names `names_of` gives a path.
+    pub fn unchanged(&self, names_of: impl Fn(&Path) -> Vec<&'static str>) -> Vec<FileKey> {
+        let same = |(seen, path): &&(Seen, PathBuf)| Seen::of(path, &names_of(path)) == Some(*seen);
+        self.0.iter().filter(same).map(|(s, _)| s.key()).collect()
+    }
 }
 
 impl Looked {
@@ -100,29 +135,34 @@ impl Looked {
 
     /// Whether `path`, as it is now, was looked at for `names` and defines none of them.
     pub fn defines_none(&self, path: &Path, names: &[&str]) -> bool {
-        Seen::of(path, names).is_some_and(|s| self.none.contains(&s))
+        Seen::of(path, names).is_some_and(|s| self.none.contains_key(&s))
     }
 
-    /// `path`, as it is now, defines none of `names`.
-    pub fn remember_none(&mut self, path: &Path, names: &[&str]) {
-        let Some(seen) = Seen::of(path, names) else {
-            return;
-        };
-        if !self.none.insert(seen) {
-            return;
+    /// The libraries whose paths are known.
+    pub fn with_paths(&self) -> WithPaths {
+        let known = self.none.iter().filter_map(|(s, p)| Some((*s, p.clone()?)));
+        WithPaths(known.collect())
+    }
+
+    /// `path`, as it is now, defines none of `names`; the kernel's name of the file when it was
+    /// not known before.
+    pub fn remember_none(&mut self, path: &Path, names: &[&str]) -> Option<FileKey> {
+        let seen = Seen::of(path, names)?;
+        if self.none.insert(seen, Some(path.to_path_buf())).is_some() {
+            return None;
         }
-        let Some(file) = &self.file else {
-            return;
-        };
-        if let Err(e) = append(file, &seen, self.none.len() > MAX_LINES) {
+        if let Some(file) = &self.file
+            && let Err(e) = append(file, &seen.line(path), self.none.len() > MAX_LINES)
+        {
             tracing::debug!(file = %file.display(), error = %e, "libraries without probes not kept");
         }
+        Some(seen.key())
     }
 }
 
-/// Appends `seen`'s line to `file` (one write: whole lines from sessions side by side), or
-/// starts the file again with it.
-fn append(file: &Path, seen: &Seen, again: bool) -> std::io::Result<()> {
+/// Appends `line` to `file` (one write: whole lines from sessions side by side), or starts the
+/// file again with it.
+fn append(file: &Path, line: &str, again: bool) -> std::io::Result<()> {
     if let Some(dir) = file.parent() {
         fs::create_dir_all(dir)?;
     }
@@ -132,7 +172,7 @@ fn append(file: &Path, seen: &Seen, again: bool) -> std::io::Result<()> {
         .write(true)
         .truncate(again)
         .open(file)?;
-    f.write_all(seen.line().as_bytes())
+    f.write_all(line.as_bytes())
 }
 
 /// `$XDG_CACHE_HOME/leaktracer/no-probes`, else `~/.cache/leaktracer/no-probes`.
@@ -158,25 +198,36 @@ mod tests {
         let names = ["malloc", "c10::alloc_cpu"];
         let mut looked = Looked::at(Some(cache.clone()));
         assert!(!looked.defines_none(&lib, &names));
-        looked.remember_none(&lib, &names);
+        let key = looked.remember_none(&lib, &names).unwrap();
         assert!(looked.defines_none(&lib, &names));
+        assert_eq!(looked.remember_none(&lib, &names), None, "known already");
         // Kept for the next session; not for other names.
         let next = Looked::at(Some(cache.clone()));
         assert!(next.defines_none(&lib, &names));
         assert!(!next.defines_none(&lib, &["malloc"]));
         assert_eq!(std::fs::read_to_string(&cache).unwrap().lines().count(), 1);
+        // Told to the kernel side by device and inode, while it is as it was, for those names.
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lib).unwrap());
+        assert_eq!(key.ino, ino);
+        assert_eq!(next.with_paths().unchanged(|_| names.to_vec()), [key]);
+        assert!(next.with_paths().unchanged(|_| vec!["malloc"]).is_empty());
         // The file rewritten (a new inode, size and time): looked at again.
         std::fs::remove_file(&lib).unwrap();
         std::fs::write(&lib, b"other code").unwrap();
         assert!(!Looked::at(Some(cache.clone())).defines_none(&lib, &names));
-        // A line that does not parse is skipped, the others read.
+        assert!(next.with_paths().unchanged(|_| names.to_vec()).is_empty());
+        // A line that does not parse is skipped, the others read; a line without a path (as
+        // earlier versions kept them) still tells, but is not told to the kernel side.
         let mut text = std::fs::read_to_string(&cache).unwrap();
-        text.insert_str(0, "garbage 1 2\n");
+        let pathless = text.split(" /").next().unwrap().to_string();
+        text.insert_str(0, &format!("garbage 1 2\n{pathless}\n"));
         std::fs::write(&cache, text).unwrap();
         let mut again = Looked::at(Some(cache.clone()));
         assert_eq!(again.none.len(), 1);
         again.remember_none(&lib, &names);
-        assert!(Looked::at(Some(cache)).defines_none(&lib, &names));
+        assert!(Looked::at(Some(cache.clone())).defines_none(&lib, &names));
+        std::fs::write(&cache, format!("{pathless}\n")).unwrap();
+        assert!(Looked::at(Some(cache)).with_paths().0.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

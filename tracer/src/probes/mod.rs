@@ -6,6 +6,7 @@ mod channels;
 pub mod cost;
 pub mod elf;
 pub mod frames;
+mod known;
 mod layers;
 mod load;
 mod looked;
@@ -138,6 +139,8 @@ pub struct Probes {
     checked: std::collections::HashSet<PathBuf>,
     /// Files looked at in earlier runs that define none of the probed functions.
     looked: looked::Looked,
+    /// Those files, as the kernel side knows them.
+    known: known::KnownFiles,
     /// The function whose entries mark training steps (`--step-symbol`).
     step_symbol: Option<String>,
     /// `--no-heap`: the malloc family and PyTorch's CPU allocator are not probed.
@@ -257,6 +260,8 @@ impl Probes {
     /// and the programs `first` loaded with the tracepoints' (see load.rs).
     pub fn load_with_ring(mode: Mode, ring_bytes: u32, first: &[&str]) -> Result<Self, Error> {
         check_environment()?;
+        let looked = looked::Looked::open();
+        let finding = (mode == Mode::Full).then(|| known::find(looked.with_paths()));
         let tracefs = tracefs::ensure_mounted()?;
         let off = |cat, name, field, default| {
             tracefs::field_offset(&tracefs, cat, name, field).unwrap_or(default)
@@ -303,7 +308,8 @@ impl Probes {
             libraries: Vec::new(),
             failures: Vec::new(),
             checked: Default::default(),
-            looked: looked::Looked::open(),
+            looked,
+            known: Default::default(),
             step_symbol: None,
             no_heap: false,
             heap_sampling: 0,
@@ -314,6 +320,9 @@ impl Probes {
         };
         if mode == Mode::Full {
             probes.attach_tracepoints(first)?;
+        }
+        if let Some(finding) = finding {
+            probes.tell_known_files(&finding);
         }
         Ok(probes)
     }
@@ -365,12 +374,7 @@ impl Probes {
         if !self.checked.insert(path.to_path_buf()) {
             return Ok(());
         }
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let markers: Vec<&str> = PROBE_SETS
-            .iter()
-            .filter(|set| set.file_prefix.is_none_or(|p| name.starts_with(p)))
-            .map(|set| set.marker)
-            .collect();
+        let markers = known::markers_for(path);
         let step = self.step_symbol.is_some();
         if !step && self.looked.defines_none(path, &markers) {
             tracing::debug!(path = %path.display(), "looked at before: nothing to probe");
@@ -391,8 +395,12 @@ impl Probes {
         };
         let mut roles = Vec::new();
         let defined = elf.defines(&markers);
-        if !step && !defined.contains(&true) {
-            self.looked.remember_none(path, &markers);
+        if !step
+            && !defined.contains(&true)
+            && let Some(key) = self.looked.remember_none(path, &markers)
+            && let Err(e) = self.know_file(key)
+        {
+            tracing::debug!(path = %path.display(), "not told to the kernel side: {e}");
         }
         for &set in PROBE_SETS {
             let heap = set.heap();
@@ -529,6 +537,9 @@ impl Probes {
     /// whichever traced file defines it.
     pub fn set_step_symbol(&mut self, symbol: &str) {
         self.step_symbol = Some(symbol.to_string());
+        if let Err(e) = self.forget_known_files() {
+            tracing::warn!("libraries without probes still known to the kernel side: {e}");
+        }
     }
 
     /// Leaves the heap-level probes out (the malloc family, c10::alloc_cpu): only device memory

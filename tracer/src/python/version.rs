@@ -350,31 +350,10 @@ fn task_fsbase() -> Result<u64, PythonError> {
     static FOUND: OnceLock<Result<u64, PythonError>> = OnceLock::new();
     FOUND
         .get_or_init(|| {
-            let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux").map_err(|e| {
-                PythonError::Unsupported(format!("kernel BTF (/sys/kernel/btf/vmlinux): {e}"))
-            })?;
-            let member = |ty: &btf_rs::Type, name: &str| -> Option<(u64, btf_rs::Type)> {
-                let btf_rs::Type::Struct(s) = ty else {
-                    return None;
-                };
-                let m = s
-                    .members
-                    .iter()
-                    .find(|m| btf.resolve_name(*m).is_ok_and(|n| n == name))?;
-                Some((
-                    u64::from(m.bit_offset()) / 8,
-                    btf.resolve_chained_type(m).ok()?,
-                ))
-            };
-            btf.resolve_types_by_name("task_struct")
-                .ok()
-                .into_iter()
-                .flatten()
-                .find_map(|task| {
-                    let (thread, ty) = member(&task, "thread")?;
-                    let (fsbase, _) = member(&ty, "fsbase")?;
-                    Some(thread + fsbase)
-                })
+            let types =
+                crate::kernel_types::KernelTypes::open().map_err(PythonError::Unsupported)?;
+            types
+                .offset("task_struct", &["thread", "fsbase"])
                 .ok_or_else(|| {
                     PythonError::Unsupported("kernel BTF: no task_struct.thread.fsbase".into())
                 })
