@@ -174,29 +174,32 @@ impl Ledger {
             p.heap_kept_ns = p.heap_kept_ns.max(p.latest_made(Kind::Heap));
             if p.heap_retraced {
                 (p.heap_retraced, p.heap_again) = (false, p.heap_again + 1);
+                p.heap_aside.clear();
             }
         }
     }
 
     /// `pid`'s malloc family is traced again, its pages having grown since it was taken out:
     /// its heap blocks of the stacks `keep` picks (its leak's, likely held still) stay as they
-    /// were; the others, whose frees went unseen meanwhile, are forgotten. A block kept whose
-    /// free was not seen goes when a new block takes its address. Until it is taken out again,
-    /// the window before stands (`heap_as_of_s`).
+    /// were; the others, whose frees went unseen meanwhile, are set aside (forgotten once this
+    /// window decides, back where it does not). A block kept whose free was not seen goes when
+    /// a new block takes its address. Until it is taken out again, the window before stands
+    /// (`heap_as_of_s`).
     pub fn heap_traced_again(&mut self, pid: u32, keep: impl Fn(Option<StackId>) -> bool) {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
         p.heap_retraced = true;
         p.displaced.clear();
-        p.forget_but(Kind::Heap, keep);
+        p.set_heap_aside(keep);
     }
 
     /// `pid`'s malloc family, traced again, was still undecided when the run ended: the window
-    /// before stands.
+    /// before stands, and its heap is as it was then.
     pub fn heap_window_undecided(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.heap_retraced = false;
+            p.heap_aside_back();
         }
     }
 

@@ -125,6 +125,9 @@ pub struct Process {
     /// and taken out again; and whether it is traced again now.
     pub heap_again: u32,
     pub heap_retraced: bool,
+    /// Its heap blocks set aside when its malloc family was traced again (their frees went
+    /// unseen while it was out), until that window decides: put back where it decides nothing.
+    pub heap_aside: Vec<(u64, Block)>,
     /// Per thread, its frees of an address with no block since its last allocation: counted as
     /// unmatched until it exits, when they were its allocator's own (`thread_exit_frees`).
     pub tail_frees: std::collections::HashMap<u32, u64>,
@@ -360,6 +363,34 @@ impl Process {
     pub fn forget_but(&mut self, kind: Kind, keep: impl Fn(Option<StackId>) -> bool) {
         self.heap
             .retain(|_, b| Kind::of(b.origin.func) != kind || keep(b.origin.stack));
+    }
+
+    /// Its malloc family is traced again: its heap blocks that `keep` does not pick are set
+    /// aside.
+    pub fn set_heap_aside(&mut self, keep: impl Fn(Option<StackId>) -> bool) {
+        let aside = self
+            .heap
+            .iter()
+            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Heap && !keep(b.origin.stack));
+        let addrs: Vec<u64> = aside.map(|(&a, _)| a).collect();
+        let heap = &mut self.heap;
+        self.heap_aside = addrs
+            .into_iter()
+            .filter_map(|a| Some((a, heap.remove(&a)?)))
+            .collect();
+    }
+
+    /// The window traced again decided nothing: its heap is as it was before that window (the
+    /// blocks made since go, those set aside come back).
+    pub fn heap_aside_back(&mut self) {
+        let before = self.heap_kept_ns;
+        self.heap
+            .retain(|_, b| Kind::of(b.origin.func) != Kind::Heap || b.origin.ts_ns <= before);
+        for (addr, b) in std::mem::take(&mut self.heap_aside) {
+            if self.heap.get(&addr).is_none() {
+                self.heap.insert(addr, b);
+            }
+        }
     }
 
     /// Gives the pages of [`Process::last_growth`] the stack of the tensor at [addr, addr + size)

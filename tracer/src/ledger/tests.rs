@@ -704,6 +704,37 @@ fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
     );
 }
 
+/// Traced again just before the run ends, the window undecided: the heap is as it was when the
+/// malloc family was taken out (the blocks set aside back, those made since gone), not emptied
+/// of every block but its leak's.
+#[test]
+fn a_heap_traced_again_and_undecided_at_the_end_is_as_it_was_when_taken_out() {
+    let mut l = ledger(vec![
+        alloc(AllocFn::Malloc, 0x5000, 64, 1),
+        alloc(AllocFn::Malloc, 0x7000, 32, 2),
+    ]);
+    l.heap_taken_out(PID, 1.0, true);
+    l.heap_traced_again(PID, |s| s == Some(StackId::new(1)));
+    assert_eq!(outstanding(&l, Kind::Heap), (64, 1));
+    let later = Input::Event(Event {
+        ts_ns: 5,
+        stack: Some(StackId::new(3)),
+        ..ev(
+            AllocFn::Malloc,
+            What::Alloc {
+                addr: 0x9000,
+                size: 16,
+            },
+        )
+    });
+    l.apply(later);
+    assert_eq!(outstanding(&l, Kind::Heap), (80, 2));
+    l.heap_window_undecided(PID);
+    assert_eq!(outstanding(&l, Kind::Heap), (96, 2));
+    assert!(l.procs[&PID].heap.get(&0x7000).is_some());
+    assert!(l.procs[&PID].heap_aside.is_empty());
+}
+
 /// An accumulator grown by copying (`acc = torch.cat([acc, x])`: the new tensor made, the old
 /// one freed) is caught by a sample holding both; the least it held since the sample before
 /// is one copy. Only heap-level kinds are told so.
