@@ -21,7 +21,7 @@ use crate::{error::Error, kernel_types::KernelTypes};
 const FIND_AT_MOST: Duration = Duration::from_millis(200);
 
 /// What the kernel side needs to know the cached libraries, once found.
-pub type Found = Result<(FileOffsets, Vec<FileKey>), String>;
+type Found = Result<(FileOffsets, Vec<FileKey>), String>;
 
 /// The kernel side's knowledge of libraries without probes, owned by [`Probes`].
 #[derive(Default)]
