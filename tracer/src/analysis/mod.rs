@@ -12,7 +12,7 @@ mod tensors;
 pub mod verdict;
 
 use heap::Total;
-use tensors::Judged;
+use tensors::{Clock, Judged};
 
 use rustc_hash::FxHashMap;
 
@@ -280,7 +280,7 @@ impl Analysis {
         if key.kind == Kind::Object {
             return self.judge_objects(key, warmup_s);
         }
-        let (from, evidence) = self.judged(key, warmup_s, classify)?;
+        let (from, evidence) = self.judged(key, warmup_s, judge_whole)?;
         self.long_enough(key, from > warmup_s, evidence)
             .and_then(|e| self.explain(key, e, from))
     }
@@ -288,19 +288,18 @@ impl Analysis {
     /// `key`'s evidence by `how` (a verdict of a series from a point on), on the series where
     /// [`Analysis::judged_from`] says, with where it was judged from; or as its tensors were
     /// judged when they were kept.
-    fn judged(
-        &self,
-        key: &GroupKey,
-        warmup_s: f64,
-        how: fn(&Series, f64) -> Option<Evidence>,
-    ) -> Option<(f64, Evidence)> {
+    fn judged(&self, key: &GroupKey, warmup_s: f64, how: Judge) -> Option<(f64, Evidence)> {
         match self.judged_from(key, warmup_s) {
             Judged::From(from) => {
                 let series = self.as_judged(key, &self.groups.get(key)?.series);
-                Some((from, self.at_untraced_pace(key, how(&series, from)?)))
+                Some((
+                    from,
+                    self.at_untraced_pace(key, how(&series, from, Clock::Own)?),
+                ))
             }
             Judged::Chain(series, from, chain) => {
-                let e = chain.moved_on_chain(how(series?, from)?, from);
+                let e = how(series?, from, Clock::Chain(chain))?;
+                let e = chain.moved_on_chain(e, from);
                 Some((warmup_s, chain.on_series_axis(e)))
             }
             Judged::Kept(e) => Some((warmup_s, e?.clone())),
@@ -427,8 +426,8 @@ impl Analysis {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        classify(&same_span(&s.tensors, pages), span_start(pages, warmup_s))
-            .is_some_and(|t| t.growth_bytes.saturating_mul(2) >= pages.growth_bytes)
+        grew_over(&same_span(&s.tensors, pages), span_start(pages, warmup_s))
+            .is_some_and(|t| t.saturating_mul(2) >= pages.growth_bytes)
     }
 
     /// What a page-level stack's own tensors (the pages were grown for them, see
@@ -508,7 +507,7 @@ impl Analysis {
             .filter(|(k, _)| !outstanding.contains(k) && !self.under_objects(k, warmup_s))
             .filter(|(k, _)| !self.made_by_import(k))
             .filter_map(|(k, _)| {
-                let (from, e) = self.judged(k, warmup_s, judge_released)?;
+                let (from, e) = self.judged(k, warmup_s, released_on)?;
                 let e = self.long_enough(k, from > warmup_s, e)?;
                 let moved = || {
                     k.kind == Kind::Brk
@@ -683,17 +682,40 @@ fn span_start(stack: &Evidence, warmup_s: f64) -> f64 {
         .map_or(warmup_s, |w| w.t0_s.max(warmup_s))
 }
 
+/// What a process's series grew by from `from` on: as its verdict reads it, or where its points
+/// are too coarse to fill a verdict's windows, from the least of its first point to the least of
+/// its last. A process's series sampled for 20 s has a point every fifth of a second, and a
+/// stack's of the last second has twenty: its tensors, traced again for that second, grew 6 MiB
+/// over five points while the stack's pages grew 2.3 MiB.
+fn grew_over(series: &Series, from: f64) -> Option<i64> {
+    if let Some(e) = classify(series, from) {
+        return Some(e.growth_bytes);
+    }
+    let mut since = series.points().iter().filter(|p| p.t0 >= from);
+    let first = since.next()?;
+    let last = since.last()?;
+    Some(last.min as i64 - first.min as i64)
+}
+
 /// A process's series over a stack's evidence: up to the end of its last window (a stack judged
 /// on what it held before a teardown is compared with its process before that teardown too).
 fn same_span(process: &Series, stack: &Evidence) -> Series {
     process.until(stack.windows.last().map_or(f64::INFINITY, |w| w.t1_s))
 }
 
+/// A verdict of a series from a point on its axis, its spans read on the run's clock.
+type Judge = fn(&Series, f64, Clock<'_>) -> Option<Evidence>;
+
+/// The verdict of the whole series from `from` on.
+fn judge_whole(series: &Series, from: f64, _: Clock<'_>) -> Option<Evidence> {
+    classify(series, from)
+}
+
 /// The verdict of a series at the end of a run: on what it held before a fall at the end
 /// ([`judge_released`]) when it ends below the floor of the last window before the fall, else on
 /// the whole series.
-fn judge_at_end(series: &Series, from: f64) -> Option<Evidence> {
-    let held = judge_released(series, from)?;
+fn judge_at_end(series: &Series, from: f64, clock: Clock<'_>) -> Option<Evidence> {
+    let held = released_on(series, from, clock)?;
     let floor = held.windows.last().map_or(0, |w| w.floor);
     if series.last().unwrap_or(0) < floor {
         Some(held)
@@ -706,9 +728,17 @@ fn judge_at_end(series: &Series, from: f64) -> Option<Evidence> {
 /// fall came at the end (teardown), else on the whole series (memory released mid-run, long
 /// before the end, is not a leak at exit).
 fn judge_released(series: &Series, warmup_s: f64) -> Option<Evidence> {
+    released_on(series, warmup_s, Clock::Own)
+}
+
+/// As [`judge_released`], how long it held and how long since its fall read on the run's
+/// `clock`: a chain of tensors traced again a second before the end, whose teardown freed what
+/// its leak kept, fell at the end of a run of 16 s, not a quarter of the 4 s the chain's spans
+/// cover before its end.
+fn released_on(series: &Series, warmup_s: f64, clock: Clock<'_>) -> Option<Evidence> {
     let held = series.before_fall();
-    let after = series.span() - held.span();
-    if after <= held.span() / verdict::WINDOWS as f64 {
+    let after = clock.span(series) - clock.span(&held);
+    if after <= clock.span(&held) / verdict::WINDOWS as f64 {
         classify(&held, warmup_s)
     } else {
         classify(series, warmup_s)

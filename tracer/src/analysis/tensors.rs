@@ -132,14 +132,16 @@ impl Chain {
 
     /// `e`, judged on the chain's axis, with its windows put on the series' axis.
     pub(super) fn on_series_axis(&self, mut e: Evidence) -> Evidence {
-        let at = |t: f64| {
-            let i = self.starts.partition_point(|s| s.0 <= t).saturating_sub(1);
-            self.starts.get(i).map_or(t, |&(c, x)| x + (t - c))
-        };
         for w in &mut e.windows {
-            (w.t0_s, w.t1_s) = (at(w.t0_s), at(w.t1_s));
+            (w.t0_s, w.t1_s) = (self.at(w.t0_s), self.at(w.t1_s));
         }
         e
+    }
+
+    /// `t` on the chain's axis, on the series' axis.
+    fn at(&self, t: f64) -> f64 {
+        let i = self.starts.partition_point(|s| s.0 <= t).saturating_sub(1);
+        self.starts.get(i).map_or(t, |&(c, x)| x + (t - c))
     }
 
     /// Whether a stack judged a leak on the chain holds more at the end of the open span than
@@ -188,6 +190,27 @@ pub enum TakenOut {
     Kept,
     /// Until when (on the series' axis) the stopped leak stands.
     Stopped(f64),
+}
+
+/// The run's clock for a series being judged: its own axis, or a chain's, which leaves out the
+/// stretches its tensors were not traced in (the program ran on through them).
+#[derive(Clone, Copy)]
+pub(super) enum Clock<'a> {
+    Own,
+    Chain(&'a Chain),
+}
+
+impl Clock<'_> {
+    /// The seconds `s` covers on the run's clock.
+    pub(super) fn span(self, s: &Series) -> f64 {
+        let (Some(first), Some(last)) = (s.points().first(), s.points().last()) else {
+            return 0.0;
+        };
+        match self {
+            Clock::Own => last.t1 - first.t0,
+            Clock::Chain(c) => c.at(last.t1) - c.at(first.t0),
+        }
+    }
 }
 
 /// Where a group is judged from: on its series from a point on the series' axis (infinite:

@@ -136,3 +136,71 @@ fn a_heap_top_that_came_back_below_its_reach_does_not_call_for_the_malloc_family
     let beyond = analysis.pages_beyond_tensors(Some(1), 0.0, 1.0, 1 << 20);
     assert_eq!(beyond, vec![kept, mapped]);
 }
+
+/// `--tensors auto`: a leak's tensors traced from 2 s to 8 s (1 MiB more a sample, every half
+/// second), kept as they were, and traced again at 20 s, where they grow for a second more, then
+/// are freed by the program's teardown; the run ends `tail` seconds after. On the chain's axis
+/// the spans cover 7 s, on the run's clock 19 s: the fall 2.5 s before the end is the teardown
+/// of a leak (reported, released), and one 9 s before it, memory given back while the program
+/// ran on (not a leak at its exit).
+#[test]
+fn a_chain_of_tensors_freed_at_teardown_soon_after_they_were_traced_again_is_a_released_leak() {
+    const M: u64 = 1 << 20;
+    let run = |tail: f64| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let logits = key(1, Kind::Tensor);
+        let mut a = Analysis::default();
+        let sample = |a: &mut Analysis, i: u64, held: u64| {
+            a.sample(i as f64 / 2.0, &ledger, &[(logits, held)]);
+        };
+        a.tensors_traced_from(1, 2.0);
+        for i in 4..=16u64 {
+            sample(&mut a, i, (i - 3) * M);
+        }
+        a.tensors_taken_out(1, 8.0, TakenOut::Kept);
+        for i in 17..40u64 {
+            sample(&mut a, i, 13 * M);
+        }
+        a.tensors_traced_from(1, 20.0);
+        let end = 42 + (tail * 2.0) as u64;
+        for i in 40..=end {
+            sample(&mut a, i, if i < 42 { (i - 26) * M } else { 0 });
+        }
+        let leaks = a.released_leaks(&Default::default(), 0.0);
+        leaks
+            .iter()
+            .any(|(k, e)| *k == logits && e.verdict == Verdict::Leak)
+    };
+    assert!(run(2.5), "freed at teardown");
+    assert!(!run(9.0), "given back while the program ran on");
+}
+
+/// A process's tensors, sampled every 50 ms since its start, grow by 8 MiB a second from 20 s
+/// on, and a mapping of its, new at 20.8 s, by 2.5 MiB a second: over the mapping's second its
+/// tensors' series has points of a fifth of a second, too coarse for four windows of their own,
+/// and still its tensors grew by more than half what the pages did. Those pages are not beyond
+/// its tensors; with its tensors held, they are.
+#[test]
+fn pages_under_tensors_whose_series_is_coarser_than_theirs_are_not_beyond_them() {
+    const M: f64 = (1 << 20) as f64;
+    let run = |rate: f64| {
+        let mut ledger = Ledger::default();
+        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+        let (tensors, pages) = (key(1, Kind::Tensor), key(2, Kind::Mmap));
+        let mut a = Analysis::default();
+        for i in 0..=437u64 {
+            let t = i as f64 * 0.05;
+            let mut groups = vec![(tensors, (8.0 * M + (t - 20.0).max(0.0) * rate) as u64)];
+            if t >= 20.8 {
+                groups.push((pages, (8.0 * M + (t - 20.8) * 2.5 * M) as u64));
+            }
+            a.sample(t, &ledger, &groups);
+        }
+        let coarse = classify(&a.procs[&1].tensors.until(21.9), 20.8);
+        assert!(coarse.is_none(), "too coarse for windows: {coarse:?}");
+        a.pages_beyond_tensors(Some(1), 20.8, 0.5, 1 << 20)
+    };
+    assert_eq!(run(8.0 * M), Vec::<GroupKey>::new(), "under its tensors");
+    assert_eq!(run(0.0), [key(2, Kind::Mmap)], "beyond its tensors");
+}
