@@ -693,7 +693,7 @@ fn grew_over(series: &Series, from: f64) -> Option<i64> {
     }
     let mut since = series.points().iter().filter(|p| p.t0 >= from);
     let first = since.next()?;
-    let last = since.last()?;
+    let last = since.next_back()?;
     Some(last.min as i64 - first.min as i64)
 }
 
