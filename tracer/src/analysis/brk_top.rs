@@ -1,7 +1,7 @@
 //! A brk stack judged against its process's whole brk heap: the heap's top floats as glibc grows
 //! and trims it, and whichever allocation moved it last holds the pages above.
 
-use super::{Analysis, Evidence, classify, holds, same_span, span_start};
+use super::{Analysis, Evidence, ends_over, holds, same_span, span_start};
 
 impl Analysis {
     /// Whether its process's brk heap, all its stacks together, holds while a brk stack grows
@@ -25,11 +25,8 @@ impl Analysis {
         let Some(s) = self.procs.get(&pid) else {
             return false;
         };
-        let heap = classify(&same_span(&s.pages, stack), span_start(stack, warmup_s));
-        let Some((first, last)) = heap
-            .as_ref()
-            .and_then(|h| h.windows.first().zip(h.windows.last()))
-        else {
+        let heap = same_span(&s.pages, stack);
+        let Some((first, last)) = ends_over(&heap, span_start(stack, warmup_s)) else {
             return false;
         };
         last.peak.saturating_sub(first.peak).saturating_mul(2) < stack.growth_bytes.unsigned_abs()

@@ -27,6 +27,7 @@ use crate::{
     model::{GroupKey, Kind, StackId},
 };
 use series::Series;
+use verdict::Window;
 
 /// Bytes a group must hold once before it gets a series: a Python program's start-up leaves a
 /// quarter of a million stacks of a few small objects each (every import line), and a series for
@@ -582,8 +583,8 @@ fn retained_for_their_tensors(series: &Series, t: &Evidence, e: &Evidence, warmu
 /// Whether a process's `series` moved by less than half a stack's growth over the stack's span,
 /// up or down: the process held what the stack gained.
 pub(super) fn holds(series: &Series, stack: &Evidence, warmup_s: f64) -> bool {
-    classify(&same_span(series, stack), span_start(stack, warmup_s)).is_some_and(|p| {
-        p.growth_bytes.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
+    grew_over(&same_span(series, stack), span_start(stack, warmup_s)).is_some_and(|grew| {
+        grew.unsigned_abs().saturating_mul(2) < stack.growth_bytes.unsigned_abs()
     })
 }
 
@@ -682,19 +683,32 @@ fn span_start(stack: &Evidence, warmup_s: f64) -> f64 {
         .map_or(warmup_s, |w| w.t0_s.max(warmup_s))
 }
 
-/// What a process's series grew by from `from` on: as its verdict reads it, or where its points
-/// are too coarse to fill a verdict's windows, from the least of its first point to the least of
-/// its last. A process's series sampled for 20 s has a point every fifth of a second, and a
-/// stack's of the last second has twenty: its tensors, traced again for that second, grew 6 MiB
-/// over five points while the stack's pages grew 2.3 MiB.
+/// What a process's series grew by from `from` on, by the floors of [`ends_over`].
 fn grew_over(series: &Series, from: f64) -> Option<i64> {
+    let (first, last) = ends_over(series, from)?;
+    Some(last.floor as i64 - first.floor as i64)
+}
+
+/// The first and last windows of a process's series from `from` on, as its verdict reads them;
+/// where its points are too coarse to fill a verdict's windows, its first and last points. A
+/// process's series sampled for 20 s has a point every fifth of a second, and a stack's of the
+/// last second twenty: its tensors, traced again for that second, grew 6 MiB over five points
+/// while the stack's pages grew 2.3 MiB, and a comparison that gave up there asked for its malloc
+/// family.
+pub(super) fn ends_over(series: &Series, from: f64) -> Option<(Window, Window)> {
     if let Some(e) = classify(series, from) {
-        return Some(e.growth_bytes);
+        return e.windows.first().cloned().zip(e.windows.last().cloned());
     }
+    let window = |p: &series::Point| Window {
+        t0_s: p.t0,
+        t1_s: p.t1,
+        floor: p.min,
+        peak: p.max,
+    };
     let mut since = series.points().iter().filter(|p| p.t0 >= from);
     let first = since.next()?;
     let last = since.next_back()?;
-    Some(last.min as i64 - first.min as i64)
+    Some((window(first), window(last)))
 }
 
 /// A process's series over a stack's evidence: up to the end of its last window (a stack judged

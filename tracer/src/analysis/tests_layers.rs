@@ -204,3 +204,35 @@ fn pages_under_tensors_whose_series_is_coarser_than_theirs_are_not_beyond_them()
     assert_eq!(run(8.0 * M), Vec::<GroupKey>::new(), "under its tensors");
     assert_eq!(run(0.0), [key(2, Kind::Mmap)], "beyond its tensors");
 }
+
+/// A process's series sampled every 50 ms for 22 s (a point every fifth of a second by then)
+/// that held at 100 MiB, and a stack of its that grew by 4 MiB over the last second: the process
+/// held what the stack gained, told by its first and last points where its points are too few
+/// for windows; had it grown with the stack, it did not hold.
+#[test]
+fn a_process_series_too_coarse_for_windows_still_tells_whether_it_held() {
+    const M: u64 = 1 << 20;
+    let process = |rate: u64| {
+        let mut s = Series::default();
+        for i in 0..=437u64 {
+            let t = i as f64 * 0.05;
+            s.push(
+                t,
+                100 * M + ((t - 20.8).max(0.0) * (rate * M) as f64) as u64,
+            );
+        }
+        s
+    };
+    let mut stack = Series::default();
+    for i in 0..=21u64 {
+        stack.push(20.8 + i as f64 * 0.05, 20 * M + i * M / 5);
+    }
+    let grew = classify(&stack, 20.8).unwrap();
+    assert_eq!(grew.verdict, Verdict::Leak);
+    assert!(
+        classify(&process(0).until(21.9), 20.8).is_none(),
+        "too coarse"
+    );
+    assert!(holds(&process(0), &grew, 20.8));
+    assert!(!holds(&process(4), &grew, 20.8));
+}
