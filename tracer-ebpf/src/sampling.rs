@@ -17,9 +17,12 @@ use crate::shared::count;
 #[map]
 pub static HEAP_SAMPLING: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Sampled blocks still allocated.
+/// Sampled blocks still allocated. Their entries are allocated as they are inserted
+/// (`BPF_F_NO_PREALLOC`): all 262,144 made at once took 7 ms of every start (2.5 ms now, for
+/// the buckets), where most runs sample nothing.
 #[map]
-static SAMPLED: HashMap<SampledKey, u64> = HashMap::with_max_entries(MAX_SAMPLED, 0);
+static SAMPLED: HashMap<SampledKey, u64> =
+    HashMap::with_max_entries(MAX_SAMPLED, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 /// The sampling interval; 0 when every allocation is recorded.
 #[inline(always)]
