@@ -5,6 +5,7 @@ mod attach;
 mod channels;
 pub mod cost;
 pub mod elf;
+mod finalize;
 pub mod frames;
 mod known;
 mod layers;
@@ -156,10 +157,9 @@ pub struct Probes {
     layers: layers::HeapLayers,
     /// `--heap auto`: CPython's object allocator, sampled in a window per process.
     objects: objects::ObjectLayer,
+    /// Interpreters' exits to mark once the thread held for their mapping is let go.
+    finalize: finalize::Finalize,
 }
-
-/// CPython's exit: exit handlers, then the modules' clearing.
-const FINALIZE: &str = "Py_FinalizeEx";
 
 impl Probes {
     /// Ends tracing without waiting for the kernel to unregister the uprobes. Each unregistration
@@ -317,6 +317,7 @@ impl Probes {
             heap_deferred: None,
             layers: Default::default(),
             objects: Default::default(),
+            finalize: Default::default(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints(first)?;
@@ -418,7 +419,7 @@ impl Probes {
                     if self.objects.on {
                         self.objects.found.push(path.to_path_buf());
                     }
-                    self.attach_finalize(path, &elf);
+                    self.mark_finalize(path, &elf, timing == Timing::AtMap);
                     continue;
                 }
                 if heap && let Some(deferred) = &mut self.heap_deferred {
@@ -466,28 +467,6 @@ impl Probes {
             });
         }
         Ok(())
-    }
-
-    /// Marks the start of each traced interpreter's exit: `Py_FinalizeEx` in `path`, an
-    /// interpreter (its process is judged on what it held then). Without it (not found, or not
-    /// attached: said in the log), the teardown is judged with the rest.
-    fn attach_finalize(&mut self, path: &Path, elf: &elf::ElfFile) {
-        let Some(f) = elf.function(FINALIZE) else {
-            tracing::warn!(library = %path.display(), "no {FINALIZE}: the interpreter's exit is not marked");
-            return;
-        };
-        let at = std::iter::once((f.file_offset, None));
-        if let Err(e) = self.attach_points(path, "py_finalize_enter", at, UProbeScope::AllProcesses)
-        {
-            tracing::warn!(library = %path.display(), error = %e, "the interpreter's exit is not marked");
-            return;
-        }
-        self.attached.push(AttachedFn {
-            function: FINALIZE.into(),
-            library: path.to_path_buf(),
-            offset: 0,
-            reason: "the interpreter's exit begins (judged before it)".into(),
-        });
     }
 
     /// Probes every file with code that `pid` maps now.

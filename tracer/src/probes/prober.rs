@@ -167,13 +167,21 @@ fn serve(
             info.send_replace(Arc::new(info_of(&probes)));
         }
         probes.detach_if_due();
+        if probes
+            .finalize_due()
+            .is_some_and(|due| due <= std::time::Instant::now())
+        {
+            probes.attach_after_release();
+        }
         if probes.preload_due() && last_request.elapsed() >= PRELOAD_IDLE {
             probes.preload_layers();
         }
-        // Waits for a request, or until the heap probes are due to be detached (layers.rs), or
-        // the layers' programs to be loaded.
+        // Waits for a request, or until the heap probes are due to be detached (layers.rs), the
+        // layers' programs to be loaded, or the exits found while threads were held to be marked
+        // (finalize.rs).
         let preload = probes.preload_due().then(|| last_request + PRELOAD_IDLE);
-        let req = match [probes.detach_due(), preload].into_iter().flatten().min() {
+        let due = [probes.detach_due(), preload, probes.finalize_due()];
+        let req = match due.into_iter().flatten().min() {
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
         };
@@ -222,6 +230,7 @@ fn handle(
         ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
         ProbeRequest::Release { ours, done } => {
             let _ = done.send(ours);
+            probes.attach_after_release();
         }
         ProbeRequest::EngageHeap { tgid, after_s } => {
             probes.engage_heap(tgid, after_s);
