@@ -680,16 +680,28 @@ fn a_program_that_runs_on_after_finalizing_its_interpreter_is_judged_whole() {
 /// but it did not grow in the new span.
 #[test]
 fn a_cache_kept_at_its_confirming_sample_and_holding_since_did_not_grow_when_traced_again() {
+    const M: u64 = 1 << 20;
+    // It holds its 13 MiB from then on.
+    let a = kept_then_traced_again(key(1, Kind::Tensor), (40..48u64).map(|i| (i, 13 * M)));
+    assert!(a.tensors_leak(1).is_some(), "a leak on its chain");
+    assert!(!a.tensors_grew(1), "it held in this span");
+}
+
+/// `--tensors auto`: the tensor stack `at` of process 1 sampled every half second: traced from
+/// 2 s, 1 MiB more each sample; kept after the sample at 8 s, at 13 MiB, which it holds while
+/// untraced; traced again at 20 s, then sampled as `after` says (the sample's index, 40 at 20 s,
+/// and what it holds).
+pub(super) fn kept_then_traced_again(
+    at: GroupKey,
+    after: impl Iterator<Item = (u64, u64)>,
+) -> Analysis {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-    let cache = key(1, Kind::Tensor);
     let mut a = Analysis::default();
     const M: u64 = 1 << 20;
     let sample = |a: &mut Analysis, i: u64, held: u64| {
-        a.sample(i as f64 / 2.0, &ledger, &[(cache, held)]);
+        a.sample(i as f64 / 2.0, &ledger, &[(at, held)]);
     };
-    // Samples every half second: traced from 2 s, 1 MiB more each sample; kept after the
-    // sample at 8 s, at 13 MiB, which it holds from then on.
     a.tensors_traced_from(1, 2.0);
     for i in 4..=16u64 {
         sample(&mut a, i, (i - 3) * M);
@@ -699,11 +711,10 @@ fn a_cache_kept_at_its_confirming_sample_and_holding_since_did_not_grow_when_tra
         sample(&mut a, i, 13 * M);
     }
     a.tensors_traced_from(1, 20.0);
-    for i in 40..48u64 {
-        sample(&mut a, i, 13 * M);
+    for (i, held) in after {
+        sample(&mut a, i, held);
     }
-    assert!(a.tensors_leak(1).is_some(), "a leak on its chain");
-    assert!(!a.tensors_grew(1), "it held in this span");
+    a
 }
 
 /// `--tensors auto`: an accumulator grown by copying (`acc = torch.cat([acc, x])`, one block

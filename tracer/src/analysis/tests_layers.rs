@@ -1,7 +1,7 @@
 //! Which page-level stacks call for a process's next layer under `--heap auto`: its tensors,
 //! its malloc family.
 
-use super::tests::key;
+use super::tests::{kept_then_traced_again, key};
 use super::*;
 
 /// The analysis after 20 samples a second apart of a training job's process whose `stacks`
@@ -147,26 +147,10 @@ fn a_heap_top_that_came_back_below_its_reach_does_not_call_for_the_malloc_family
 fn a_chain_of_tensors_freed_at_teardown_soon_after_they_were_traced_again_is_a_released_leak() {
     const M: u64 = 1 << 20;
     let run = |tail: f64| {
-        let mut ledger = Ledger::default();
-        ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
         let logits = key(1, Kind::Tensor);
-        let mut a = Analysis::default();
-        let sample = |a: &mut Analysis, i: u64, held: u64| {
-            a.sample(i as f64 / 2.0, &ledger, &[(logits, held)]);
-        };
-        a.tensors_traced_from(1, 2.0);
-        for i in 4..=16u64 {
-            sample(&mut a, i, (i - 3) * M);
-        }
-        a.tensors_taken_out(1, 8.0, TakenOut::Kept);
-        for i in 17..40u64 {
-            sample(&mut a, i, 13 * M);
-        }
-        a.tensors_traced_from(1, 20.0);
         let end = 42 + (tail * 2.0) as u64;
-        for i in 40..=end {
-            sample(&mut a, i, if i < 42 { (i - 26) * M } else { 0 });
-        }
+        let after = (40..=end).map(|i| (i, if i < 42 { (i - 26) * M } else { 0 }));
+        let a = kept_then_traced_again(logits, after);
         let leaks = a.released_leaks(&Default::default(), 0.0);
         leaks
             .iter()
