@@ -34,6 +34,11 @@ use crate::{
     symbolize::Symbolizer,
 };
 
+/// When the symbols of the stacks held are first looked up, if no report has done so: off the
+/// end's path, where a short job's final report found none cached (`import torch`'s took 35–48 ms,
+/// most of it inflating libc's separate debug files; 3.5–5 ms once warmed).
+const WARM_SYMBOLS_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// `--ui`: where the latest report is published for the API, and the totals over time.
 type LiveReport = (watch::Sender<Option<Arc<Published>>>, Timeline);
 
@@ -252,6 +257,9 @@ impl Owner {
                 _ => 0.0,
             }));
         tokio::pin!(heap_sleep);
+        let warm = tokio::time::sleep(WARM_SYMBOLS_AFTER);
+        tokio::pin!(warm);
+        let mut warmed = false;
         let code = loop {
             tokio::select! {
                 Some(batch) = inbox.batches.recv() => {
@@ -260,6 +268,10 @@ impl Owner {
                 }
                 () = &mut heap_sleep, if matches!(self.heap_after, Some(HeapAfter::Seconds(_))) => {
                     self.start_heap()
+                }
+                () = &mut warm, if !warmed => {
+                    warmed = true;
+                    self.warm_symbols();
                 }
                 () = inbox.ticks.sample.due() => {
                     let wall = Instant::now();
@@ -331,6 +343,17 @@ impl Owner {
         self.close_object_windows(x);
         self.engage_layers(at_s, x);
         cost
+    }
+
+    /// Looks up the symbols of the stacks a report would list now, and forgets the report: the
+    /// symbolizer keeps them (see [`WARM_SYMBOLS_AFTER`]).
+    fn warm_symbols(&mut self) {
+        let t = Instant::now();
+        let _ = self.report(self.config.top, false);
+        tracing::debug!(
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "symbols looked up ahead"
+        );
     }
 
     fn report(&mut self, top: usize, final_report: bool) -> report::Report {
