@@ -359,25 +359,28 @@ impl Process {
     }
 
     /// Forgets its outstanding blocks of `kind` (heap blocks or CPU tensors) but those of the
-    /// stacks `keep` picks.
-    pub fn forget_but(&mut self, kind: Kind, keep: impl Fn(Option<StackId>) -> bool) {
-        self.heap
-            .retain(|_, b| Kind::of(b.origin.func) != kind || keep(b.origin.stack));
+    /// stacks `keep` picks, and gives them.
+    pub fn forget_but(
+        &mut self,
+        kind: Kind,
+        keep: impl Fn(Option<StackId>) -> bool,
+    ) -> Vec<(u64, Block)> {
+        let gone = self
+            .heap
+            .iter()
+            .filter(|(_, b)| Kind::of(b.origin.func) == kind && !keep(b.origin.stack));
+        let addrs: Vec<u64> = gone.map(|(&a, _)| a).collect();
+        let heap = &mut self.heap;
+        addrs
+            .into_iter()
+            .filter_map(|a| Some((a, heap.remove(&a)?)))
+            .collect()
     }
 
     /// Its malloc family is traced again: its heap blocks that `keep` does not pick are set
     /// aside.
     pub fn set_heap_aside(&mut self, keep: impl Fn(Option<StackId>) -> bool) {
-        let aside = self
-            .heap
-            .iter()
-            .filter(|(_, b)| Kind::of(b.origin.func) == Kind::Heap && !keep(b.origin.stack));
-        let addrs: Vec<u64> = aside.map(|(&a, _)| a).collect();
-        let heap = &mut self.heap;
-        self.heap_aside = addrs
-            .into_iter()
-            .filter_map(|a| Some((a, heap.remove(&a)?)))
-            .collect();
+        self.heap_aside = self.forget_but(Kind::Heap, keep);
     }
 
     /// The window traced again decided nothing: its heap is as it was before that window (the
