@@ -1,6 +1,7 @@
 //! `run`: the command's exit status comes back, periodic reports come before the final one,
-//! `free` is probed past its single-stepped first instruction, and a library known to hold
-//! nothing to probe is mapped without a stop.
+//! `free` is probed past its single-stepped first instruction, a library known to hold nothing
+//! to probe is mapped without a stop, and a Python job's CUDA runtime known from an earlier run is
+//! probed before it is mapped.
 
 use std::time::{Duration, Instant};
 
@@ -117,6 +118,58 @@ fn a_library_known_to_hold_nothing_to_probe_is_mapped_without_a_stop() {
     std::fs::write(&plain, code).unwrap();
     let (held, _, log) = run();
     assert_eq!(held, Some(true), "{log}");
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
+/// A Python job's CUDA runtime, probed at its mapping in one session, is probed before it is
+/// mapped in the next (known from the first: the kernel writes a registered probe's breakpoints
+/// into the mapping itself): its mapping is not stopped for, and the allocations right after its
+/// load are all seen, at their line, as in the first.
+#[test]
+fn a_python_jobs_cuda_runtime_known_from_an_earlier_run_is_probed_before_it_is_mapped() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let runtime = std::fs::canonicalize(fixture::fake_cuda().join("libcudart.so.13")).unwrap();
+    let cache = fixture::target_dir().join("ahead-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let (py, script) = (crate::python::python(), crate::python::script("cuda_leak"));
+    let leak = crate::python::line("cuda_leak", "# LEAK");
+    // Whether the runtime's mapping stopped the thread, its probing time, and the device bytes
+    // and blocks kept at the leaking line.
+    let run = || -> (Option<bool>, String, (u64, u64)) {
+        let env = [
+            ("XDG_CACHE_HOME", cache.to_str().unwrap()),
+            ("RUST_LOG", "tracer::probes=debug"),
+            ("NO_COLOR", "1"),
+        ];
+        let argv = [
+            py.as_str(),
+            script.to_str().unwrap(),
+            runtime.to_str().unwrap(),
+        ];
+        let t = fixture::trace_with_env(&["--no-store"], &argv, &env).expect("leaktracer run");
+        let log = String::from_utf8_lossy(&t.output.stderr).to_string();
+        assert_eq!(t.output.status.code(), Some(0), "{log}");
+        let looked = format!("library={} held=", runtime.display());
+        let held = log
+            .lines()
+            .filter(|l| l.contains("code looked at"))
+            .find_map(|l| l.split(&looked).nth(1))
+            .map(|rest| rest.starts_with("true"));
+        let r = t.last();
+        let when = r.library("libcudart.so.13")["timing"]["when"].to_string();
+        let kept = r.sum(|s| {
+            s["kind"] == "device"
+                && crate::python::python_top(s)
+                    .is_some_and(|(f, _, at)| f == "cache_activations" && at == leak)
+        });
+        (held, when, kept)
+    };
+    let five = (5 * (2 << 20), 5);
+    assert_eq!(run(), (Some(true), "\"at_map\"".into(), five));
+    assert_eq!(run(), (Some(false), "\"ahead\"".into(), five));
     std::fs::remove_dir_all(&cache).unwrap();
 }
 

@@ -1,8 +1,9 @@
 //! The start of each traced interpreter's exit, marked: `Py_FinalizeEx` probed in every CPython
 //! found (its process is judged on what it held then). The probe matters at the exit alone, so a
-//! thread held for its library's mapping is let go first and the probe goes in after: its attach
-//! waits for an RCU grace period (11–25 ms at a Python job's start), which the job no longer
-//! waits with it.
+//! thread held for its library's mapping is let go first and the probe goes in once the prober
+//! has had no request for a moment (prober.rs, `QUIET`): its attach waits for an RCU grace period
+//! (11–25 ms at a Python job's start), which the job no longer waits with it, nor, held for its
+//! libc's mapping right after, behind it.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,8 +17,8 @@ use super::{AttachedFn, Probes, elf};
 /// CPython's exit: exit handlers, then the modules' clearing.
 const FINALIZE: &str = "Py_FinalizeEx";
 
-/// How long a probe found while a thread was held waits for that thread to be let go, at most.
-const AFTER_RELEASE_AT_MOST: Duration = Duration::from_millis(20);
+/// How long a probe found while a thread was held waits for a quiet moment, at most.
+const AT_MOST: Duration = Duration::from_millis(200);
 
 /// Exits to mark once the threads held for their libraries are let go, owned by [`Probes`].
 #[derive(Default)]
@@ -60,8 +61,8 @@ impl Probes {
         });
     }
 
-    /// Marks the exits found while threads were held: after their release, or once they have
-    /// waited [`AFTER_RELEASE_AT_MOST`] for it.
+    /// Marks the exits found while threads were held: once the prober is idle, or once they
+    /// have waited [`AT_MOST`] for it.
     pub fn attach_after_release(&mut self) {
         self.finalize.since = None;
         for (path, offset) in std::mem::take(&mut self.finalize.due) {
@@ -69,8 +70,9 @@ impl Probes {
         }
     }
 
-    /// When the exits found while threads were held are marked, whether or not they were let go.
+    /// When the exits found while threads were held are marked, whether or not the prober is
+    /// idle by then.
     pub fn finalize_due(&self) -> Option<Instant> {
-        self.finalize.since.map(|s| s + AFTER_RELEASE_AT_MOST)
+        self.finalize.since.map(|s| s + AT_MOST)
     }
 }

@@ -27,7 +27,7 @@ type Found = Result<(FileOffsets, Vec<FileKey>), String>;
 #[derive(Default)]
 pub(super) struct KnownFiles {
     /// The kernel side reads descriptors' inodes (its offsets are set).
-    told: bool,
+    pub(super) told: bool,
 }
 
 /// The probe sets' marker functions looked for in a file of this name.
@@ -65,7 +65,11 @@ pub(super) fn find(cached: WithPaths) -> mpsc::Receiver<Found> {
             let offsets = KernelTypes::open().and_then(|t| {
                 file_offsets(&t).ok_or_else(|| "no file → inode path in its BTF".into())
             });
-            let _ = tx.send(offsets.map(|o| (o, cached.unchanged(markers_for))));
+            let keys = |o| {
+                let still = cached.unchanged(markers_for).into_iter();
+                (o, still.map(|(key, _)| key).collect())
+            };
+            let _ = tx.send(offsets.map(keys));
         });
     if let Err(e) = spawned {
         tracing::info!("every library's mapping is held for: {e}");

@@ -108,6 +108,9 @@ impl Probes {
     /// starts, as under `--heap full` (attaching it for every process takes about a second).
     pub fn launching(&mut self, python: bool) {
         self.layers.python_expected = python;
+        if python {
+            self.plan_ahead();
+        }
         if self.layers.on && !python {
             self.heap_everywhere();
         }

@@ -1,11 +1,14 @@
-//! Libraries looked at in earlier runs that define none of the functions leaktracer probes, by
-//! file (device, inode, size, modification time) and the names looked for: a process that maps
-//! one is not held while the library's tables are searched again. A Trainer job's import waited
-//! 0.26 s on such looks, most of it on libraries that hold none (libtorch_cpu's 76 MB of names
-//! took 44 ms to search, libtorch_cuda's 37, libtriton's 26). Kept a line a library in
-//! `$XDG_CACHE_HOME/leaktracer/no-probes` (else `~/.cache/leaktracer/no-probes`), appended, with
-//! its path: the files still as they were are told to the kernel side at the start of a session
-//! (known.rs), so that a thread mapping one is not even stopped.
+//! Libraries looked at in earlier runs, by file (device, inode, size, modification time) and the
+//! names looked for, kept a line a library under `$XDG_CACHE_HOME/leaktracer/` (else
+//! `~/.cache/leaktracer/`), appended, with its path. Two such lists:
+//! - `no-probes`: those that define none of the functions leaktracer probes. A process that maps
+//!   one is not held while the library's tables are searched again (a Trainer job's import waited
+//!   0.26 s on such looks, most of it on libraries that hold none: libtorch_cpu's 76 MB of names
+//!   took 44 ms to search, libtorch_cuda's 37, libtriton's 26). The files still as they were are
+//!   told to the kernel side at the start of a session (known.rs), so that a thread mapping one
+//!   is not even stopped.
+//! - `probed-ahead`: those whose probes a Python job's import needs at once, probed before it
+//!   maps them (ahead.rs).
 
 use std::{
     collections::HashMap,
@@ -97,11 +100,11 @@ fn names_key(names: &[&str]) -> u64 {
     h
 }
 
-/// The libraries known to define none of the names looked for (with their paths, where known),
-/// and where they are kept.
+/// Libraries found so for the names looked for (with their paths, where known), and where they
+/// are kept.
 pub struct Looked {
     file: Option<PathBuf>,
-    none: HashMap<Seen, Option<PathBuf>>,
+    files: HashMap<Seen, Option<PathBuf>>,
 }
 
 /// The libraries of a [`Looked`] whose paths are known, to be checked again off the prober's
@@ -109,52 +112,60 @@ pub struct Looked {
 pub struct WithPaths(Vec<(Seen, PathBuf)>);
 
 impl WithPaths {
-    /// The kernel's names of those still as they were, for the names `names_of` gives a path.
-    pub fn unchanged(&self, names_of: impl Fn(&Path) -> Vec<&'static str>) -> Vec<FileKey> {
+    /// Those still as they were, for the names `names_of` gives a path: the kernel's name of
+    /// each, and its path.
+    pub fn unchanged(
+        &self,
+        names_of: impl Fn(&Path) -> Vec<&'static str>,
+    ) -> Vec<(FileKey, PathBuf)> {
         let same = |(seen, path): &&(Seen, PathBuf)| Seen::of(path, &names_of(path)) == Some(*seen);
-        self.0.iter().filter(same).map(|(s, _)| s.key()).collect()
+        let still = self.0.iter().filter(same);
+        still.map(|(s, path)| (s.key(), path.clone())).collect()
     }
 }
 
 impl Looked {
-    /// The user's cache, read.
-    pub fn open() -> Self {
-        Self::at(default_file())
+    /// The user's list `name`, read.
+    pub fn open(name: &str) -> Self {
+        Self::at(cache_dir().map(|d| d.join(name)))
     }
 
     /// The cache kept in `file` (none: kept in memory alone), read.
     pub fn at(file: Option<PathBuf>) -> Self {
         let text = file.as_ref().and_then(|f| fs::read_to_string(f).ok());
-        let none = text
+        let files = text
             .iter()
             .flat_map(|t| t.lines())
             .filter_map(Seen::parse)
             .collect();
-        Self { file, none }
+        Self { file, files }
     }
 
-    /// Whether `path`, as it is now, was looked at for `names` and defines none of them.
-    pub fn defines_none(&self, path: &Path, names: &[&str]) -> bool {
-        Seen::of(path, names).is_some_and(|s| self.none.contains_key(&s))
+    /// Whether `path`, as it is now, was found so for `names`.
+    pub fn knows(&self, path: &Path, names: &[&str]) -> bool {
+        Seen::of(path, names).is_some_and(|s| self.files.contains_key(&s))
     }
 
     /// The libraries whose paths are known.
     pub fn with_paths(&self) -> WithPaths {
-        let known = self.none.iter().filter_map(|(s, p)| Some((*s, p.clone()?)));
+        let known = self
+            .files
+            .iter()
+            .filter_map(|(s, p)| Some((*s, p.clone()?)));
         WithPaths(known.collect())
     }
 
-    /// `path`, as it is now, defines none of `names`; the kernel's name of the file when it was
+    /// `path`, as it is now, was found so for `names`; the kernel's name of the file when it was
     /// not known before.
-    pub fn remember_none(&mut self, path: &Path, names: &[&str]) -> Option<FileKey> {
+    pub fn remember(&mut self, path: &Path, names: &[&str]) -> Option<FileKey> {
         let seen = Seen::of(path, names)?;
-        if self.none.insert(seen, Some(path.to_path_buf())).is_some() {
+        if self.files.insert(seen, Some(path.to_path_buf())).is_some() {
             return None;
         }
         if let Some(file) = &self.file
-            && let Err(e) = append(file, &seen.line(path), self.none.len() > MAX_LINES)
+            && let Err(e) = append(file, &seen.line(path), self.files.len() > MAX_LINES)
         {
-            tracing::debug!(file = %file.display(), error = %e, "libraries without probes not kept");
+            tracing::debug!(file = %file.display(), error = %e, "libraries looked at not kept");
         }
         Some(seen.key())
     }
@@ -175,13 +186,13 @@ fn append(file: &Path, line: &str, again: bool) -> std::io::Result<()> {
     f.write_all(line.as_bytes())
 }
 
-/// `$XDG_CACHE_HOME/leaktracer/no-probes`, else `~/.cache/leaktracer/no-probes`.
-fn default_file() -> Option<PathBuf> {
+/// `$XDG_CACHE_HOME/leaktracer`, else `~/.cache/leaktracer`.
+fn cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("leaktracer/no-probes"))
+    Some(base.join("leaktracer"))
 }
 
 #[cfg(test)]
@@ -197,24 +208,27 @@ mod tests {
         std::fs::write(&lib, b"code").unwrap();
         let names = ["malloc", "c10::alloc_cpu"];
         let mut looked = Looked::at(Some(cache.clone()));
-        assert!(!looked.defines_none(&lib, &names));
-        let key = looked.remember_none(&lib, &names).unwrap();
-        assert!(looked.defines_none(&lib, &names));
-        assert_eq!(looked.remember_none(&lib, &names), None, "known already");
+        assert!(!looked.knows(&lib, &names));
+        let key = looked.remember(&lib, &names).unwrap();
+        assert!(looked.knows(&lib, &names));
+        assert_eq!(looked.remember(&lib, &names), None, "known already");
         // Kept for the next session; not for other names.
         let next = Looked::at(Some(cache.clone()));
-        assert!(next.defines_none(&lib, &names));
-        assert!(!next.defines_none(&lib, &["malloc"]));
+        assert!(next.knows(&lib, &names));
+        assert!(!next.knows(&lib, &["malloc"]));
         assert_eq!(std::fs::read_to_string(&cache).unwrap().lines().count(), 1);
         // Told to the kernel side by device and inode, while it is as it was, for those names.
         let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lib).unwrap());
         assert_eq!(key.ino, ino);
-        assert_eq!(next.with_paths().unchanged(|_| names.to_vec()), [key]);
+        assert_eq!(
+            next.with_paths().unchanged(|_| names.to_vec()),
+            [(key, lib.clone())]
+        );
         assert!(next.with_paths().unchanged(|_| vec!["malloc"]).is_empty());
         // The file rewritten (a new inode, size and time): looked at again.
         std::fs::remove_file(&lib).unwrap();
         std::fs::write(&lib, b"other code").unwrap();
-        assert!(!Looked::at(Some(cache.clone())).defines_none(&lib, &names));
+        assert!(!Looked::at(Some(cache.clone())).knows(&lib, &names));
         assert!(next.with_paths().unchanged(|_| names.to_vec()).is_empty());
         // A line that does not parse is skipped, the others read; a line without a path (as
         // earlier versions kept them) still tells, but is not told to the kernel side.
@@ -223,9 +237,9 @@ mod tests {
         text.insert_str(0, &format!("garbage 1 2\n{pathless}\n"));
         std::fs::write(&cache, text).unwrap();
         let mut again = Looked::at(Some(cache.clone()));
-        assert_eq!(again.none.len(), 1);
-        again.remember_none(&lib, &names);
-        assert!(Looked::at(Some(cache.clone())).defines_none(&lib, &names));
+        assert_eq!(again.files.len(), 1);
+        again.remember(&lib, &names);
+        assert!(Looked::at(Some(cache.clone())).knows(&lib, &names));
         std::fs::write(&cache, format!("{pathless}\n")).unwrap();
         assert!(Looked::at(Some(cache)).with_paths().0.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,6 +1,7 @@
 //! Loading the eBPF object, attaching its programs, and owning the links for the tracer's
 //! lifetime. Also the checks that turn a missing privilege or kernel feature into a clear error.
 
+mod ahead;
 mod attach;
 mod channels;
 pub mod cost;
@@ -70,6 +71,9 @@ pub enum Timing {
     AlreadyLoaded,
     /// Mapped while traced; the mapping thread was stopped until the probes were in: nothing missed.
     AtMap,
+    /// Probed for every process before a traced one mapped it (known from earlier runs to have
+    /// probes a Python job's import needs): nothing missed, and the mapping thread not stopped.
+    Ahead,
     /// Mapped while traced, probed `late_ms` after (the process could not be held): calls in that
     /// window are not seen.
     Late { late_ms: f64 },
@@ -159,6 +163,8 @@ pub struct Probes {
     objects: objects::ObjectLayer,
     /// Interpreters' exits to mark once the thread held for their mapping is let go.
     finalize: finalize::Finalize,
+    /// Libraries probed before a traced process maps them.
+    ahead: ahead::Ahead,
 }
 
 impl Probes {
@@ -260,7 +266,7 @@ impl Probes {
     /// and the programs `first` loaded with the tracepoints' (see load.rs).
     pub fn load_with_ring(mode: Mode, ring_bytes: u32, first: &[&str]) -> Result<Self, Error> {
         check_environment()?;
-        let looked = looked::Looked::open();
+        let looked = looked::Looked::open("no-probes");
         let finding = (mode == Mode::Full).then(|| known::find(looked.with_paths()));
         let tracefs = tracefs::ensure_mounted()?;
         let off = |cat, name, field, default| {
@@ -318,6 +324,7 @@ impl Probes {
             layers: Default::default(),
             objects: Default::default(),
             finalize: Default::default(),
+            ahead: ahead::Ahead::open(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints(first)?;
@@ -372,12 +379,15 @@ impl Probes {
         {
             self.walk_python(pid);
         }
+        if timing != Timing::BeforeStart {
+            self.adopt_ahead(path, pid);
+        }
         if !self.checked.insert(path.to_path_buf()) {
             return Ok(());
         }
         let markers = known::markers_for(path);
         let step = self.step_symbol.is_some();
-        if !step && self.looked.defines_none(path, &markers) {
+        if !step && self.looked.knows(path, &markers) {
             tracing::debug!(path = %path.display(), "looked at before: nothing to probe");
             return Ok(());
         }
@@ -398,7 +408,7 @@ impl Probes {
         let defined = elf.defines(&markers);
         if !step
             && !defined.contains(&true)
-            && let Some(key) = self.looked.remember_none(path, &markers)
+            && let Some(key) = self.looked.remember(path, &markers)
             && let Err(e) = self.know_file(key)
         {
             tracing::debug!(path = %path.display(), "not told to the kernel side: {e}");
@@ -457,6 +467,7 @@ impl Probes {
             });
             roles.push("step".into());
         }
+        self.remember_ahead(path, (&markers, &defined), &roles, timing);
         if !roles.is_empty() {
             tracing::info!(library = %path.display(), ?roles, ?timing, "probed");
             self.libraries.push(Library {

@@ -139,6 +139,13 @@ fn info_of(probes: &Probes) -> ProbesInfo {
 /// libraries a job maps as it imports come as requests, some holding the mapping thread.
 const PRELOAD_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// How long the prober waits without a request before the work it puts off while a job may be
+/// held for a mapping: the interpreters' exits' probes (finalize.rs) and the libraries probed
+/// ahead (ahead.rs), whose registrations wait for an RCU grace period (11–25 ms after a quiet
+/// spell). A Python job's start maps its interpreter, libc and libm within a few milliseconds,
+/// each held for; then it runs for tens of milliseconds before its imports map more.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(8);
+
 fn serve(
     mut probes: Probes,
     rx: &mpsc::Receiver<ProbeRequest>,
@@ -167,20 +174,24 @@ fn serve(
             info.send_replace(Arc::new(info_of(&probes)));
         }
         probes.detach_if_due();
-        if probes
-            .finalize_due()
-            .is_some_and(|due| due <= std::time::Instant::now())
-        {
+        let quiet = last_request + QUIET;
+        let finalize = probes.finalize_due().map(|at_most| at_most.min(quiet));
+        let ahead = probes.ahead_due().then_some(quiet);
+        let now = std::time::Instant::now();
+        if finalize.is_some_and(|due| due <= now) {
             probes.attach_after_release();
+        }
+        if ahead.is_some_and(|due| due <= now) {
+            probes.attach_ahead();
         }
         if probes.preload_due() && last_request.elapsed() >= PRELOAD_IDLE {
             probes.preload_layers();
         }
         // Waits for a request, or until the heap probes are due to be detached (layers.rs), the
-        // layers' programs to be loaded, or the exits found while threads were held to be marked
-        // (finalize.rs).
+        // layers' programs to be loaded, the exits found while threads were held to be marked
+        // (finalize.rs) or libraries to be probed ahead (ahead.rs).
         let preload = probes.preload_due().then(|| last_request + PRELOAD_IDLE);
-        let due = [probes.detach_due(), preload, probes.finalize_due()];
+        let due = [probes.detach_due(), preload, finalize, ahead];
         let req = match due.into_iter().flatten().min() {
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
@@ -230,7 +241,6 @@ fn handle(
         ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
         ProbeRequest::Release { ours, done } => {
             let _ = done.send(ours);
-            probes.attach_after_release();
         }
         ProbeRequest::EngageHeap { tgid, after_s } => {
             probes.engage_heap(tgid, after_s);

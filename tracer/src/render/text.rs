@@ -479,6 +479,7 @@ fn libraries(s: &mut String, r: &Report) {
     {
         let when = match lib.timing {
             Timing::BeforeStart | Timing::AtMap => "probed when mapped, nothing missed".to_string(),
+            Timing::Ahead => "probed before it was mapped, nothing missed".into(),
             Timing::AlreadyLoaded => "already loaded: calls before the attach not seen".into(),
             Timing::Late { late_ms } => {
                 format!("probed {late_ms:.1} ms after it was mapped: calls in between not seen")
