@@ -66,6 +66,16 @@ fn free_is_not_probed_on_a_single_stepped_instruction() {
     );
 }
 
+/// Whether the prober's log (`tracer::probes=debug`) says the mapping of `library` held its
+/// thread; `None` where it never looked at it.
+fn held_for(log: &str, library: &std::path::Path) -> Option<bool> {
+    let looked = format!("library={} held=", library.display());
+    log.lines()
+        .filter(|l| l.contains("code looked at"))
+        .find_map(|l| l.split(&looked).nth(1))
+        .map(|rest| rest.starts_with("true"))
+}
+
 /// A library looked at in an earlier session and found to hold nothing to probe is mapped without
 /// a stop in the next (the kernel side knows it by device and inode); rewritten in place, it is
 /// stopped for and looked at again. A library with probes loaded after it is still stopped for,
@@ -98,12 +108,7 @@ fn a_library_known_to_hold_nothing_to_probe_is_mapped_without_a_stop() {
             .unwrap();
         let log = String::from_utf8_lossy(&o.stderr).to_string();
         assert_eq!(o.status.code(), Some(0), "{log}");
-        let looked = format!("library={} held=", plain.display());
-        let held = log
-            .lines()
-            .filter(|l| l.contains("code looked at"))
-            .find_map(|l| l.split(&looked).nth(1))
-            .map(|rest| rest.starts_with("true"));
+        let held = held_for(&log, &plain);
         let text = std::fs::read_to_string(&out).unwrap();
         let r = tests::report::Report::parse(text.lines().last().unwrap()).unwrap();
         let when = r.library("libcudart.so.13")["timing"]["when"].to_string();
@@ -152,12 +157,7 @@ fn a_python_jobs_cuda_runtime_known_from_an_earlier_run_is_probed_before_it_is_m
         let t = fixture::trace_with_env(&["--no-store"], &argv, &env).expect("leaktracer run");
         let log = String::from_utf8_lossy(&t.output.stderr).to_string();
         assert_eq!(t.output.status.code(), Some(0), "{log}");
-        let looked = format!("library={} held=", runtime.display());
-        let held = log
-            .lines()
-            .filter(|l| l.contains("code looked at"))
-            .find_map(|l| l.split(&looked).nth(1))
-            .map(|rest| rest.starts_with("true"));
+        let held = held_for(&log, &runtime);
         let r = t.last();
         let when = r.library("libcudart.so.13")["timing"]["when"].to_string();
         let kept = r.sum(|s| {
