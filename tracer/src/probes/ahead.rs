@@ -20,7 +20,7 @@ use super::{
     AttachedFn, Library, Mode, Probes, Timing, elf,
     known::markers_for,
     looked::Looked,
-    sets::{PROBE_SETS, ProbeSet},
+    sets::{ProbeSet, defined_sets},
 };
 
 /// The probe sets probed ahead: those a Python command's processes get at the mapping whatever
@@ -51,13 +51,7 @@ impl Ahead {
 /// The sets `path` defines (`defined`: whether it defines each of `markers`), when all of them
 /// are probed ahead.
 fn ahead_sets(markers: &[&str], defined: &[bool]) -> Option<Vec<&'static ProbeSet>> {
-    let found = |set: &&&ProbeSet| {
-        markers
-            .iter()
-            .zip(defined)
-            .any(|(&m, &d)| d && m == set.marker)
-    };
-    let sets: Vec<&'static ProbeSet> = PROBE_SETS.iter().filter(found).copied().collect();
+    let sets: Vec<&'static ProbeSet> = defined_sets(markers, defined).collect();
     let all_ahead = sets.iter().all(|s| AHEAD_ROLES.contains(&s.role));
     (all_ahead && !sets.is_empty()).then_some(sets)
 }
@@ -159,7 +153,7 @@ impl Probes {
 
 #[cfg(test)]
 mod tests {
-    use super::{PROBE_SETS, ahead_sets};
+    use super::{super::sets::PROBE_SETS, ahead_sets};
 
     #[test]
     fn a_library_is_probed_ahead_only_when_every_set_it_defines_is() {

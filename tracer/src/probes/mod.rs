@@ -37,7 +37,7 @@ pub use channels::{KernelChannels, KernelCounters};
 pub use ring::Ring;
 
 use crate::{error::Error, model::HeapUnwind};
-use sets::{HEAP, OBJECTS, PROBE_SETS, ProbeSet, TRACEPOINTS};
+use sets::{HEAP, OBJECTS, ProbeSet, TRACEPOINTS};
 
 /// A program's link: what detaches it.
 type AttachedLink = (&'static str, UProbeLinkId);
@@ -413,45 +413,39 @@ impl Probes {
         {
             tracing::debug!(path = %path.display(), "not told to the kernel side: {e}");
         }
-        for &set in PROBE_SETS {
+        for set in sets::defined_sets(&markers, &defined) {
             let heap = set.heap();
             if self.no_heap && heap {
                 continue;
             }
-            let found = markers
-                .iter()
-                .zip(&defined)
-                .any(|(&m, &d)| d && m == set.marker);
-            if found {
-                if set.role == OBJECTS.role {
-                    // Only ever attached for one process, in its window; the interpreter's
-                    // exit is marked in every mode.
-                    if self.objects.on {
-                        self.objects.found.push(path.to_path_buf());
-                    }
-                    self.mark_finalize(path, &elf, timing == Timing::AtMap);
-                    continue;
+            if set.role == OBJECTS.role {
+                // Only ever attached for one process, in its window; the interpreter's
+                // exit is marked in every mode.
+                if self.objects.on {
+                    self.objects.found.push(path.to_path_buf());
                 }
-                if heap && let Some(deferred) = &mut self.heap_deferred {
-                    deferred.push((path.to_path_buf(), set, lib_pid));
-                    continue;
-                }
-                if self.layers.holds_back(set) {
-                    let waiting = (path.to_path_buf(), set, lib_pid, timing);
-                    self.layers.waiting.push(waiting);
-                    continue;
-                }
-                let attached = if heap {
-                    self.attach_switch_out()
-                } else {
-                    Ok(())
-                };
-                match attached
-                    .and_then(|()| self.attach_set(path, &elf, set, UProbeScope::AllProcesses))
-                {
-                    Ok(_) => roles.push(set.role.into()),
-                    Err(e) => self.not_probed(path, set.role, &e),
-                }
+                self.mark_finalize(path, &elf, timing == Timing::AtMap);
+                continue;
+            }
+            if heap && let Some(deferred) = &mut self.heap_deferred {
+                deferred.push((path.to_path_buf(), set, lib_pid));
+                continue;
+            }
+            if self.layers.holds_back(set) {
+                let waiting = (path.to_path_buf(), set, lib_pid, timing);
+                self.layers.waiting.push(waiting);
+                continue;
+            }
+            let attached = if heap {
+                self.attach_switch_out()
+            } else {
+                Ok(())
+            };
+            match attached
+                .and_then(|()| self.attach_set(path, &elf, set, UProbeScope::AllProcesses))
+            {
+                Ok(_) => roles.push(set.role.into()),
+                Err(e) => self.not_probed(path, set.role, &e),
             }
         }
         if let Some(step) = self.step_symbol.clone()

@@ -275,6 +275,21 @@ pub(super) const PROBE_SETS: &[&ProbeSet] = &[
     &OBJECTS,
 ];
 
+/// The sets a file defines: those whose marker it defines (`defined`: whether it defines each of
+/// `markers`), in [`PROBE_SETS`]' order.
+pub(super) fn defined_sets<'a>(
+    markers: &'a [&str],
+    defined: &'a [bool],
+) -> impl Iterator<Item = &'static ProbeSet> + 'a {
+    let found = move |set: &&&ProbeSet| {
+        markers
+            .iter()
+            .zip(defined)
+            .any(|(&m, &d)| d && m == set.marker)
+    };
+    PROBE_SETS.iter().filter(found).copied()
+}
+
 /// (program, category, tracepoint)
 pub(super) const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("mmap_exit", "syscalls", "sys_exit_mmap"),
