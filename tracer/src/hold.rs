@@ -28,6 +28,23 @@ pub enum HoldReason {
     Exit,
     /// The thread got a SIGSTOP, maybe sent for new code.
     Stop,
+    /// A traced process forked or vforked the process `tid` (the parent's process is `tgid`):
+    /// the child has not run yet, and does not until this is answered. Only while
+    /// [`hold_forks`] is on: native processes traced whole are traced through probes of their
+    /// own, which a child must have before its first instruction.
+    Fork,
+}
+
+/// Whether new processes wait at their parent's fork until the session has seen them.
+static HOLD_FORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds new processes at their parent's fork ([`HoldReason::Fork`]), or no longer.
+pub fn hold_forks(on: bool) {
+    HOLD_FORKS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn forks_held() -> bool {
+    HOLD_FORKS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A request to ingest and the session: act on the held thread, then answer whether the stop was
@@ -212,9 +229,13 @@ fn serve(
 ) {
     let mut exit_tx = Some(exit_tx);
     let mut stopping: Option<std::time::Instant> = None;
+    // New tracees whose first stop came before their parent's fork or clone event: they wait
+    // for it, where forks are held.
+    let mut early = std::collections::HashSet::new();
     loop {
         if stopping.is_none() && stop.try_recv().is_ok() {
             stopping = Some(std::time::Instant::now());
+            resume_all(&mut early);
         }
         // With no tracee left, no stop can come.
         if stopping.is_some_and(|t| t.elapsed() > STOPPING || tracees.is_empty()) {
@@ -240,6 +261,8 @@ fn serve(
         let pid = pid as u32;
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
             tracees.remove(&pid);
+            // A parent gone before its fork's event stop (killed): its child goes on.
+            resume_all(&mut early);
             if pid == root
                 && let Some(tx) = exit_tx.take()
             {
@@ -248,16 +271,47 @@ fn serve(
             continue;
         }
         if libc::WIFSTOPPED(status) {
-            tracees.insert(pid);
-            tracees.extend(on_stop(pid, status, requests));
+            let first = tracees.insert(pid);
+            if first
+                && stopping.is_none()
+                && forks_held()
+                && event_of(status) == libc::PTRACE_EVENT_STOP
+            {
+                early.insert(pid);
+                continue;
+            }
+            if let Some(new) = on_stop(pid, status, requests) {
+                tracees.insert(new);
+                if early.remove(&new) {
+                    resume(new, libc::PTRACE_CONT, 0);
+                }
+            }
         }
+    }
+}
+
+/// The ptrace event of a stop's status (0 for a signal-delivery stop).
+fn event_of(status: i32) -> i32 {
+    (status >> 16) & 0xff
+}
+
+/// Resumes a tracee in ptrace-stop.
+fn resume(tid: u32, request: libc::c_uint, sig: i32) {
+    // SAFETY: resuming a tracee in ptrace-stop; no memory arguments.
+    unsafe { libc::ptrace(request, tid as libc::pid_t, 0, sig as libc::c_long) };
+}
+
+/// Resumes the new tracees waiting for their parent's event.
+fn resume_all(early: &mut std::collections::HashSet<u32>) {
+    for tid in early.drain() {
+        resume(tid, libc::PTRACE_CONT, 0);
     }
 }
 
 /// Handles one ptrace stop and resumes the tracee. Returns the new tracee of a clone, fork or
 /// vfork event.
 fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) -> Option<u32> {
-    let event = (status >> 16) & 0xff;
+    let event = event_of(status);
     let sig = libc::WSTOPSIG(status);
     let (request, data) = match event {
         libc::PTRACE_EVENT_EXIT => {
@@ -290,8 +344,16 @@ fn on_stop(tid: u32, status: i32, requests: &mpsc::Sender<HoldRequest>) -> Optio
     )
     .then(|| event_message(tid))
     .flatten();
-    // SAFETY: resuming a tracee in ptrace-stop.
-    unsafe { libc::ptrace(request, tid as libc::pid_t, 0, data as libc::c_long) };
+    // A forked child runs once its own first stop is resumed, after this: the session has seen
+    // it by then.
+    if let Some(child) = new
+        && forks_held()
+        && matches!(event, libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK)
+    {
+        let parent = crate::procfs::tgid_of(tid).unwrap_or(tid);
+        ask(child, parent, HoldReason::Fork, requests);
+    }
+    resume(tid, request, data);
     new
 }
 

@@ -83,9 +83,14 @@ pub async fn run(
             }
             Some(req) = holds.recv() => {
                 crate::fault::at("hold");
-                if req.reason == HoldReason::Exit {
+                match req.reason {
                     // Stopped at exit with its memory intact: capture, then drain.
-                    decoder.maps.refresh(req.tgid);
+                    HoldReason::Exit => decoder.maps.refresh(req.tgid),
+                    HoldReason::Fork => {
+                        let (parent, child) = (req.tgid, req.tid);
+                        let _ = probe.send(ProbeRequest::Forked { parent, child });
+                    }
+                    HoldReason::Stop => {}
                 }
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
                 let chunks = copier.take_all();
@@ -445,7 +450,17 @@ impl Decoder {
                 self.call_stacks.retain(|_, (t, _, _)| *t != ev.tgid);
                 self.maps.refresh(ev.tgid);
             }
-            EventKind::Fork => return self.maps.inherit(ev.tgid, ev.aux as u32),
+            EventKind::Fork => {
+                // Where forks are not held (`serve`), the child is seen here, running.
+                if let Some(probe) = &self.probe {
+                    let child = ev.aux as u32;
+                    let _ = probe.send(ProbeRequest::Forked {
+                        parent: ev.tgid,
+                        child,
+                    });
+                }
+                return self.maps.inherit(ev.tgid, ev.aux as u32);
+            }
             // `--heap-after N` with steps: the thread is stopped at step N until the heap
             // probes are in (asked before its release, which the prober answers after).
             EventKind::Step if held => {

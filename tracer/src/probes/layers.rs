@@ -7,15 +7,17 @@
 //! CPU training loop tens of thousands of tensors a second, each a probe trap or two, while a
 //! correct job's pages hold.
 //!
-//! Where the layers' probes are attached decides who pays their traps:
-//! - In a tree without Python processes (a C program, or the shell that execs the interpreter), for
-//!   every process, filtered in the kernel, from before the native process runs, as under
-//!   `--heap full`. Forked children are covered from their first instruction.
+//! Every process pays the traps of the probes in its address space, so each layer's probes are
+//! attached for the processes that need them alone, never for every process: a program
+//! allocating beside a traced one ran 19 times slower while a native command was traced, when
+//! the malloc family was attached for every process.
+//! - In a tree without Python processes (a C program, or the shell that execs the interpreter),
+//!   each native process is traced whole through links of its own: the launched command's from
+//!   before its exec, a forked child's from its first instruction (its parent's fork is held
+//!   until they are in: `hold::hold_forks`), an exec'd one's kept.
 //! - Once a Python process is traced, every process is layered like it, native ones too (the
 //!   `ldconfig` that importing torch runs, a shell script around the training job, a worker
-//!   binary): each layer for a process's own address space once its pages grow. The links
-//!   for every process are then detached, as they are once no native process has been traced
-//!   for [`NATIVE_GONE_S`].
+//!   binary): each layer for a process's own address space once its pages grow.
 //!
 //! A process whose malloc family is untraced has [`TRACED_NO_HEAP`]: the probes, where they fire,
 //! record nothing for it, and its tensors' frees come from `c10::free_cpu`. One whose tensors are
@@ -25,7 +27,7 @@ use std::{
     collections::{HashMap, HashSet},
     num::NonZeroU32,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use aya::programs::{UProbe, uprobe::UProbeScope};
@@ -35,9 +37,6 @@ use super::{
     AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program,
     sets::{HEAP, ProbeSet, TORCH_CPU},
 };
-
-/// How long the malloc family stays attached for every process after the last native one is gone.
-const NATIVE_GONE_S: f64 = 2.0;
 
 /// A malloc family found: library, set, the process seen mapping it (0: leaktracer's own) and
 /// when it was found.
@@ -50,23 +49,21 @@ pub(super) struct HeapLayers {
     pub(super) on: bool,
     /// CPU tensors are a layer too (`--tensors auto`).
     pub(super) tensors: bool,
-    /// The malloc family is attached for every process (a native process is traced).
-    pub(super) everywhere: bool,
-    /// Malloc families found and not attached for every process now.
+    /// Native processes are traced whole (no Python process is traced, nor expected).
+    pub(super) whole: bool,
+    /// The layers' libraries found: malloc families, PyTorch's CPU allocators.
     pub(super) waiting: Vec<Found>,
-    /// Malloc families attached for every process, and their links.
-    attached: Vec<Found>,
-    links: Vec<AttachedLink>,
+    /// Native processes traced whole, with the links attached for each alone.
+    whole_links: HashMap<u32, Vec<AttachedLink>>,
     /// Layered processes whose malloc family is traced now, with the links attached for them
-    /// alone (none while the malloc family is attached for every process).
+    /// alone.
     pub(super) engaged: HashMap<u32, Vec<AttachedLink>>,
     /// Layered processes whose CPU tensors are traced now, with the links attached for them
-    /// alone (none while the layer's probes are attached for every process).
+    /// alone (none for a native process traced whole).
     pub(super) tensors_engaged: HashMap<u32, Vec<AttachedLink>>,
-    /// Native and Python processes traced now, and since when there are no native ones.
+    /// Native and Python processes traced now.
     natives: HashSet<u32>,
     pythons: HashSet<u32>,
-    none_since: Option<Instant>,
     /// The launched command runs a Python interpreter in the end, through native wrappers
     /// (`env`, a script's `#!/usr/bin/env python3`): they are layered as if it were traced.
     python_expected: bool,
@@ -76,23 +73,17 @@ pub(super) struct HeapLayers {
 }
 
 impl HeapLayers {
-    /// Whether `set`, found now, waits instead of being attached: a layer's, while its probes
-    /// are not attached for every process.
+    /// Whether `set`, found now, is a layer's: attached for processes one by one, never for
+    /// every process.
     pub(super) fn holds_back(&self, set: &ProbeSet) -> bool {
         let layer = set.role == HEAP.role || (self.tensors && set.role == TORCH_CPU.role);
-        self.on && !self.everywhere && layer
+        self.on && layer
     }
 
     /// The traced flags of a process none of whose layers is traced.
     fn untraced(&self, flags: u32) -> u32 {
         let tensors = if self.tensors { TRACED_NO_TENSORS } else { 0 };
         (flags | TRACED_NO_HEAP | tensors) & !TRACED_HEAP_LOCAL
-    }
-
-    /// When the malloc family attached for every process is to be detached, if it is.
-    pub(super) fn detach_due(&self) -> Option<Instant> {
-        let since = self.none_since.filter(|_| self.everywhere)?;
-        Some(since + Duration::from_secs_f64(NATIVE_GONE_S))
     }
 }
 
@@ -103,84 +94,109 @@ impl Probes {
         self.layers.tensors = tensors;
     }
 
-    /// A command is about to be launched (`python`: one that runs a Python interpreter in the
-    /// end): unless it is a Python one, the malloc family goes into every process now, before it
-    /// starts, as under `--heap full` (attaching it for every process takes about a second).
-    pub fn launching(&mut self, python: bool) {
+    /// A command is about to be launched as `root`, held before its exec (`python`: one that
+    /// runs a Python interpreter in the end): unless it is a Python one, its malloc family is
+    /// traced whole from now on, as under `--heap full`.
+    pub fn launching(&mut self, python: bool, root: u32) {
         self.layers.python_expected = python;
         if python {
             self.plan_ahead();
         }
         if self.layers.on && !python {
-            self.heap_everywhere();
+            self.layers.natives.insert(root);
+            self.trace_whole(root);
         }
     }
 
     /// Sets the malloc family's layer of `pid`, which has just exec'd or started to be traced,
     /// while it is still held: untraced for a Python interpreter, and for anything else once a
-    /// Python process is traced; otherwise traced by probes for every process (see the module's
-    /// text). Returns the traced flags to set.
+    /// Python process is traced; otherwise traced whole, by links of its own, kept through an
+    /// exec (see the module's text). Returns the traced flags to set.
     pub(super) fn layer_flags(&mut self, pid: u32, flags: u32, python: bool) -> u32 {
         if !self.layers.on {
             return flags;
         }
-        // An exec leaves the address space the process's own probes were attached to.
-        self.layers.engaged.remove(&pid);
-        self.layers.tensors_engaged.remove(&pid);
+        // Links for a process follow it through its exec; layers' links for its old address
+        // space go.
+        let whole = self.layers.whole_links.remove(&pid);
         self.process_gone(pid);
         let untraced = self.layers.untraced(flags);
         if python {
+            self.detach_links(whole.unwrap_or_default());
             self.layers.pythons.insert(pid);
             self.layers.python_expected = false;
             self.localize_natives();
             return untraced;
         }
         self.layers.natives.insert(pid);
-        self.layers.none_since = None;
         if !self.layers.pythons.is_empty() || self.layers.python_expected {
+            self.detach_links(whole.unwrap_or_default());
             return untraced;
         }
-        self.heap_everywhere();
+        match whole {
+            Some(links) => {
+                self.layers.whole_links.insert(pid, links);
+            }
+            None => self.trace_whole(pid),
+        }
         flags & !(TRACED_NO_HEAP | TRACED_HEAP_LOCAL | TRACED_NO_TENSORS)
     }
 
-    /// `pid` has exited (or exec'd): when it was the last native process, the malloc family
-    /// attached for every process is detached [`NATIVE_GONE_S`] later.
-    pub fn process_gone(&mut self, pid: u32) {
-        self.objects_gone(pid);
-        self.layers.engaged.remove(&pid);
-        self.layers.tensors_engaged.remove(&pid);
-        self.layers.pythons.remove(&pid);
-        if self.layers.natives.remove(&pid) && self.layers.natives.is_empty() {
-            self.layers.none_since = Some(Instant::now());
-        }
-    }
-
-    /// A Python process is traced: the native ones are layered like it, and the probes for every
-    /// process go now.
-    fn localize_natives(&mut self) {
-        if !self.layers.everywhere {
+    /// `parent` forked `child` (held, where forks are held): a child of a process traced whole
+    /// is traced whole too, from its first instruction. Its pages hold its parent's breakpoints,
+    /// but the kernel runs a process's probes only for the processes they were attached for.
+    pub fn forked(&mut self, parent: u32, child: u32) {
+        let l = &self.layers;
+        if !l.whole || !l.whole_links.contains_key(&parent) || l.whole_links.contains_key(&child) {
             return;
         }
-        for pid in self.layers.natives.clone() {
+        self.layers.natives.insert(child);
+        self.trace_whole(child);
+    }
+
+    /// `pid` has exited (or exec'd): the links attached for it alone go.
+    pub fn process_gone(&mut self, pid: u32) {
+        self.objects_gone(pid);
+        for links in [
+            self.layers.engaged.remove(&pid),
+            self.layers.tensors_engaged.remove(&pid),
+            self.layers.whole_links.remove(&pid),
+        ] {
+            self.detach_links(links.unwrap_or_default());
+        }
+        self.layers.pythons.remove(&pid);
+        self.layers.natives.remove(&pid);
+    }
+
+    /// A Python process is traced: the native ones are layered like it, their own links gone.
+    fn localize_natives(&mut self) {
+        if !self.layers.whole {
+            return;
+        }
+        self.layers.whole = false;
+        crate::hold::hold_forks(false);
+        for (pid, links) in std::mem::take(&mut self.layers.whole_links) {
             if let Ok(flags) = self.traced.get(&pid, 0) {
                 let flags = self.layers.untraced(flags);
                 let _ = self.traced.insert(&pid, &flags, BPF_EXIST);
             }
+            self.layers.tensors_engaged.remove(&pid);
+            self.detach_links(links);
         }
-        let due = Duration::from_secs_f64(NATIVE_GONE_S);
-        self.layers.none_since = Instant::now().checked_sub(due);
-        self.detach_if_due();
+        tracing::info!("heap probes out: a Python process is traced");
+        if let Err(e) = self.settings_changed() {
+            tracing::warn!("native processes' heap still traced: {e}");
+        }
     }
 
     /// The processes whose malloc family is traced whole, not as a layer: the native ones while
-    /// its probes are attached for every process and no Python process is traced.
+    /// no Python process is traced.
     pub fn heap_whole(&self) -> Vec<u32> {
         let l = &self.layers;
-        if !l.on || !l.everywhere || !l.pythons.is_empty() {
+        if !l.on || !l.whole || !l.pythons.is_empty() {
             return Vec::new();
         }
-        let mut pids: Vec<u32> = l.natives.iter().copied().collect();
+        let mut pids: Vec<u32> = l.whole_links.keys().copied().collect();
         pids.sort_unstable();
         pids
     }
@@ -216,71 +232,60 @@ impl Probes {
         }
     }
 
-    /// When [`Probes::detach_if_due`] has work, if ever.
-    pub fn detach_due(&self) -> Option<Instant> {
-        self.layers.detach_due()
-    }
-
-    /// Detaches the malloc family attached for every process once no native process has been
-    /// traced for [`NATIVE_GONE_S`]. Python processes engaged meanwhile keep it, for their own
-    /// address spaces.
-    pub fn detach_if_due(&mut self) {
-        if self.detach_due().is_none_or(|due| Instant::now() < due) {
+    /// Traces the malloc family of the native process `pid` whole, with PyTorch's CPU allocator
+    /// where tensors are a layer: every layer's library found so far, attached for its address
+    /// space alone, while it is held (before its exec, at its fork or exec).
+    fn trace_whole(&mut self, pid: u32) {
+        if self.layers.whole_links.contains_key(&pid) {
             return;
         }
-        let links = std::mem::take(&mut self.layers.links);
-        self.detach_links(links);
-        self.layers.everywhere = false;
-        self.layers.none_since = None;
-        self.layers.waiting = std::mem::take(&mut self.layers.attached);
-        tracing::info!("heap probes out: no native process traced");
-        let engaged: Vec<u32> = self.layers.tensors_engaged.keys().copied().collect();
-        for pid in engaged {
-            if let Some(links) = self.attach_local(pid, None, &TORCH_CPU) {
-                self.layers.tensors_engaged.insert(pid, links);
-            }
+        if !self.layers.whole {
+            self.layers.whole = true;
+            crate::hold::hold_forks(true);
         }
-        let engaged: Vec<u32> = self.layers.engaged.keys().copied().collect();
-        for pid in engaged {
-            let flags = self.traced.get(&pid, 0).unwrap_or(0);
-            if let Some(links) = self.attach_local(pid, None, &HEAP) {
-                self.layers.engaged.insert(pid, links);
-                let _ = self
-                    .traced
-                    .insert(&pid, &(flags | TRACED_HEAP_LOCAL), BPF_EXIST);
-            }
+        self.layers.whole_links.insert(pid, Vec::new());
+        for found in self.layers.waiting.clone() {
+            self.attach_whole(pid, found);
         }
-        let _ = self.settings_changed();
     }
 
-    /// Attaches the waiting malloc families for every process, once.
-    fn heap_everywhere(&mut self) {
-        if self.layers.everywhere {
+    /// Attaches a layer's library `found` for the native process `pid` traced whole, and lists it
+    /// as probed once.
+    fn attach_whole(&mut self, pid: u32, found: Found) {
+        let (path, set, lib_pid, timing) = found;
+        let Some(one) = NonZeroU32::new(pid) else {
             return;
+        };
+        let links = match self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
+            Ok(links) => links,
+            Err(e) => return self.not_probed(&path, set.role, &e),
+        };
+        self.layers
+            .whole_links
+            .entry(pid)
+            .or_default()
+            .extend(links);
+        tracing::debug!(pid, library = %path.display(), "heap traced whole, for the process alone");
+        let listed = self.libraries.iter().any(|l| l.path == path);
+        if !listed {
+            tracing::info!(library = %path.display(), role = set.role, "heap probes in");
+            self.libraries.push(Library {
+                path,
+                roles: vec![set.role.into()],
+                timing,
+                pid: lib_pid,
+            });
         }
-        self.layers.everywhere = true;
-        for (path, set, pid, timing) in std::mem::take(&mut self.layers.waiting) {
-            match self.attach_heap_set(&path, set, UProbeScope::AllProcesses) {
-                Ok(links) => self.layers.links.extend(links),
-                Err(e) => {
-                    self.not_probed(&path, set.role, &e);
-                    continue;
-                }
-            }
-            tracing::info!(library = %path.display(), "heap probes in for every process");
-            if !self
-                .libraries
-                .iter()
-                .any(|l| l.path == path && l.pid == pid)
-            {
-                self.libraries.push(Library {
-                    path: path.clone(),
-                    roles: vec![set.role.into()],
-                    timing,
-                    pid,
-                });
-            }
-            self.layers.attached.push((path, set, pid, timing));
+    }
+
+    /// A layer's library found now: waiting for the processes whose layer is engaged, attached
+    /// at once for those traced whole.
+    pub(super) fn layer_found(&mut self, found: Found) {
+        self.layers.waiting.push(found.clone());
+        let mut pids: Vec<u32> = self.layers.whole_links.keys().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            self.attach_whole(pid, found.clone());
         }
     }
 
@@ -299,15 +304,10 @@ impl Probes {
         if flags & TRACED_NO_HEAP == 0 {
             return;
         }
-        let mut new = flags & !TRACED_NO_HEAP;
-        let mut links = Vec::new();
-        if !self.layers.everywhere {
-            let Some(local) = self.attach_local(pid, Some(after_s), &HEAP) else {
-                return;
-            };
-            links = local;
-            new |= TRACED_HEAP_LOCAL;
-        }
+        let new = (flags & !TRACED_NO_HEAP) | TRACED_HEAP_LOCAL;
+        let Some(links) = self.attach_local(pid, Some(after_s), &HEAP) else {
+            return;
+        };
         if self.traced.insert(&pid, &new, BPF_EXIST).is_err() {
             return; // exited meanwhile
         }
@@ -335,7 +335,7 @@ impl Probes {
         if !maps.is_some_and(|m| m.maps_any(&libraries)) {
             return false;
         }
-        let links = if self.layers.everywhere {
+        let links = if self.layers.whole_links.contains_key(&pid) {
             for path in libraries {
                 let roles = vec![TORCH_CPU.role.into()];
                 let timing = Timing::Engaged { after_s };
@@ -376,7 +376,7 @@ impl Probes {
     /// The libraries with PyTorch's CPU allocator found so far, held back as a layer.
     pub fn tensor_libraries(&self) -> Vec<PathBuf> {
         let layers = &self.layers;
-        let found = layers.waiting.iter().chain(&layers.attached);
+        let found = layers.waiting.iter();
         found
             .filter(|w| w.1.role == TORCH_CPU.role)
             .map(|w| w.0.clone())
@@ -446,7 +446,7 @@ impl Probes {
     ) -> Option<Vec<AttachedLink>> {
         let one = NonZeroU32::new(pid)?;
         let layers = &self.layers;
-        let found = layers.waiting.iter().chain(&layers.attached);
+        let found = layers.waiting.iter();
         let waiting: Vec<(PathBuf, &'static ProbeSet)> = found
             .filter(|w| w.1.role == layer.role)
             .map(|w| (w.0.clone(), w.1))

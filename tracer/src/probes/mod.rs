@@ -432,8 +432,7 @@ impl Probes {
                 continue;
             }
             if self.layers.holds_back(set) {
-                let waiting = (path.to_path_buf(), set, lib_pid, timing);
-                self.layers.waiting.push(waiting);
+                self.layer_found((path.to_path_buf(), set, lib_pid, timing));
                 continue;
             }
             let attached = if heap {

@@ -33,6 +33,9 @@ pub enum ProbeRequest {
     Exec { tgid: u32 },
     /// `tgid` has exited.
     Exit { tgid: u32 },
+    /// The process `parent` forked `child` (held until the next [`ProbeRequest::Release`], where
+    /// forks are held).
+    Forked { parent: u32, child: u32 },
     /// Heap records of `tgid` whose allocator returns to `ip` are to copy `bytes` of stack.
     CopyHint { tgid: u32, ip: u64, bytes: u32 },
     /// Everything asked before is done: the held thread may go on. `ours` says whether its
@@ -173,7 +176,6 @@ fn serve(
             told = now;
             info.send_replace(Arc::new(info_of(&probes)));
         }
-        probes.detach_if_due();
         let quiet = last_request + QUIET;
         let finalize = probes.finalize_due().map(|at_most| at_most.min(quiet));
         let ahead = probes.ahead_due().then_some(quiet);
@@ -187,11 +189,11 @@ fn serve(
         if probes.preload_due() && last_request.elapsed() >= PRELOAD_IDLE {
             probes.preload_layers();
         }
-        // Waits for a request, or until the heap probes are due to be detached (layers.rs), the
-        // layers' programs to be loaded, the exits found while threads were held to be marked
-        // (finalize.rs) or libraries to be probed ahead (ahead.rs).
+        // Waits for a request, or until the layers' programs are due to be loaded, the exits
+        // found while threads were held to be marked (finalize.rs) or libraries to be probed
+        // ahead (ahead.rs).
         let preload = probes.preload_due().then(|| last_request + PRELOAD_IDLE);
-        let due = [probes.detach_due(), preload, finalize, ahead];
+        let due = [preload, finalize, ahead];
         let req = match due.into_iter().flatten().min() {
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
             Some(due) => rx.recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
@@ -238,6 +240,7 @@ fn handle(
         }
         ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
         ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
+        ProbeRequest::Forked { parent, child } => probes.forked(parent, child),
         ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
         ProbeRequest::Release { ours, done } => {
             let _ = done.send(ours);

@@ -54,8 +54,8 @@ pub fn run(target: Target, config: Config) -> Result<Outcome, Error> {
         // Everything else it maps is probed as it maps it (ingest announces new code).
         Target::Launch(_) | Target::Serve { .. } => {
             probes.attach_code_of(std::process::id(), Timing::BeforeStart)?;
-            if matches!(root, Root::Held(_)) {
-                probes.launching(python);
+            if let Root::Held(child) = &root {
+                probes.launching(python, child.pid());
             }
         }
         Target::Attach { pid, .. } => {
