@@ -76,6 +76,17 @@ fn execed_child_starts_fresh() {
 /// beside `leaktracer run -- sleep 30` when the probes were attached for every process).
 #[test]
 fn a_native_commands_malloc_family_is_probed_in_its_processes_alone() {
+    probed_in_its_processes_alone(&[]);
+}
+
+/// The same under `--heap full`, whose malloc family is traced whole for every traced process.
+#[test]
+fn under_heap_full_the_malloc_family_is_probed_in_the_traced_processes_alone() {
+    probed_in_its_processes_alone(&["--heap", "full"]);
+}
+
+/// Traces `probed fork` (`leaktracer run EXTRA`) beside an untraced `probed watch`.
+fn probed_in_its_processes_alone(extra: &[&str]) {
     use std::{
         io::{BufRead, BufReader},
         process::{Command, Stdio},
@@ -94,7 +105,7 @@ fn a_native_commands_malloc_family_is_probed_in_its_processes_alone() {
     let mut seen = BufReader::new(beside.stdout.take().expect("piped stdout")).lines();
     let ready = seen.next().expect("a line").expect("its output");
     assert_eq!(ready, "ready");
-    let t = fixture::trace(&[], &[bin.to_str().unwrap(), "fork"]).expect("leaktracer run");
+    let t = fixture::trace(extra, &[bin.to_str().unwrap(), "fork"]).expect("leaktracer run");
     drop(beside.stdin.take()); // its end of watching
     let verdict = seen.next().expect("a line").expect("its output");
     beside.wait().expect("the process beside ends");

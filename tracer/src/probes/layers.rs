@@ -49,11 +49,21 @@ pub(super) struct HeapLayers {
     pub(super) on: bool,
     /// CPU tensors are a layer too (`--tensors auto`).
     pub(super) tensors: bool,
-    /// Native processes are traced whole (no Python process is traced, nor expected).
+    /// `--heap full` or `sampled`: every traced process's malloc family (and PyTorch's CPU
+    /// allocator) is traced whole, none as a layer.
+    pub(super) every: bool,
+    /// Processes are traced whole now: under `--heap auto`, native ones while no Python process
+    /// is traced, nor expected.
     pub(super) whole: bool,
+    /// The session holds its processes at their forks (`run`, `check`, `attach`): each process
+    /// traced whole is traced through links of its own. Otherwise (`serve`, which may adopt
+    /// hundreds) through links for every process, while one is.
+    pub(super) own_links: bool,
+    /// Those links for every process.
+    everywhere: Option<Vec<AttachedLink>>,
     /// The layers' libraries found: malloc families, PyTorch's CPU allocators.
     pub(super) waiting: Vec<Found>,
-    /// Native processes traced whole, with the links attached for each alone.
+    /// Processes traced whole, with the links attached for each alone.
     whole_links: HashMap<u32, Vec<AttachedLink>>,
     /// Layered processes whose malloc family is traced now, with the links attached for them
     /// alone.
@@ -73,11 +83,11 @@ pub(super) struct HeapLayers {
 }
 
 impl HeapLayers {
-    /// Whether `set`, found now, is a layer's: attached for processes one by one, never for
-    /// every process.
+    /// Whether `set`, found now, is a layer's or one traced whole: attached for the processes
+    /// that need it, not at once for every process.
     pub(super) fn holds_back(&self, set: &ProbeSet) -> bool {
         let layer = set.role == HEAP.role || (self.tensors && set.role == TORCH_CPU.role);
-        self.on && layer
+        (self.on && layer) || (self.every && set.heap())
     }
 
     /// The traced flags of a process none of whose layers is traced.
@@ -94,15 +104,25 @@ impl Probes {
         self.layers.tensors = tensors;
     }
 
+    /// `--heap full` and `sampled`: every traced process's malloc family is traced whole.
+    pub fn heap_whole_always(&mut self) {
+        self.layers.every = true;
+    }
+
+    /// The session holds its processes at their forks (see [`HeapLayers::own_links`]).
+    pub fn hold_processes(&mut self) {
+        self.layers.own_links = true;
+    }
+
     /// A command is about to be launched as `root`, held before its exec (`python`: one that
-    /// runs a Python interpreter in the end): unless it is a Python one, its malloc family is
-    /// traced whole from now on, as under `--heap full`.
+    /// runs a Python interpreter in the end): its malloc family is traced whole from now on
+    /// under `--heap full` and `sampled`, and under `--heap auto` unless it is a Python one.
     pub fn launching(&mut self, python: bool, root: u32) {
         self.layers.python_expected = python;
         if python {
             self.plan_ahead();
         }
-        if self.layers.on && !python {
+        if (self.layers.on && !python) || self.layers.every {
             self.layers.natives.insert(root);
             self.trace_whole(root);
         }
@@ -113,6 +133,10 @@ impl Probes {
     /// Python process is traced; otherwise traced whole, by links of its own, kept through an
     /// exec (see the module's text). Returns the traced flags to set.
     pub(super) fn layer_flags(&mut self, pid: u32, flags: u32, python: bool) -> u32 {
+        if self.layers.every {
+            self.trace_whole(pid);
+            return flags;
+        }
         if !self.layers.on {
             return flags;
         }
@@ -175,6 +199,8 @@ impl Probes {
         }
         self.layers.whole = false;
         crate::hold::hold_forks(false);
+        let everywhere = self.layers.everywhere.take();
+        self.detach_links(everywhere.unwrap_or_default());
         for (pid, links) in std::mem::take(&mut self.layers.whole_links) {
             if let Ok(flags) = self.traced.get(&pid, 0) {
                 let flags = self.layers.untraced(flags);
@@ -232,40 +258,50 @@ impl Probes {
         }
     }
 
-    /// Traces the malloc family of the native process `pid` whole, with PyTorch's CPU allocator
-    /// where tensors are a layer: every layer's library found so far, attached for its address
-    /// space alone, while it is held (before its exec, at its fork or exec).
+    /// Traces the malloc family of the process `pid` whole, with PyTorch's CPU allocator where
+    /// tensors are a layer: every layer's library found so far, attached for its address space
+    /// alone while it is held (before its exec, at its fork or exec), or for every process.
     fn trace_whole(&mut self, pid: u32) {
         if self.layers.whole_links.contains_key(&pid) {
             return;
         }
         if !self.layers.whole {
             self.layers.whole = true;
-            crate::hold::hold_forks(true);
+            crate::hold::hold_forks(self.layers.own_links);
         }
         self.layers.whole_links.insert(pid, Vec::new());
+        let scope = if self.layers.own_links {
+            Some(pid)
+        } else if self.layers.everywhere.is_none() {
+            self.layers.everywhere = Some(Vec::new());
+            None
+        } else {
+            return;
+        };
         for found in self.layers.waiting.clone() {
-            self.attach_whole(pid, found);
+            self.attach_whole(scope, found);
         }
     }
 
-    /// Attaches a layer's library `found` for the native process `pid` traced whole, and lists it
-    /// as probed once.
-    fn attach_whole(&mut self, pid: u32, found: Found) {
+    /// Attaches a library `found` traced whole for the process `pid` alone, or for every
+    /// process, and lists it as probed once.
+    fn attach_whole(&mut self, pid: Option<u32>, found: Found) {
         let (path, set, lib_pid, timing) = found;
-        let Some(one) = NonZeroU32::new(pid) else {
-            return;
+        let scope = match pid.map(NonZeroU32::new) {
+            Some(Some(one)) => UProbeScope::OneProcess(one),
+            Some(None) => return,
+            None => UProbeScope::AllProcesses,
         };
-        let links = match self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
+        let links = match self.attach_heap_set(&path, set, scope) {
             Ok(links) => links,
             Err(e) => return self.not_probed(&path, set.role, &e),
         };
-        self.layers
-            .whole_links
-            .entry(pid)
-            .or_default()
-            .extend(links);
-        tracing::debug!(pid, library = %path.display(), "heap traced whole, for the process alone");
+        let held = match pid {
+            Some(pid) => self.layers.whole_links.entry(pid).or_default(),
+            None => self.layers.everywhere.get_or_insert_default(),
+        };
+        held.extend(links);
+        tracing::debug!(?pid, library = %path.display(), "heap traced whole");
         let listed = self.libraries.iter().any(|l| l.path == path);
         if !listed {
             tracing::info!(library = %path.display(), role = set.role, "heap probes in");
@@ -278,14 +314,20 @@ impl Probes {
         }
     }
 
-    /// A layer's library found now: waiting for the processes whose layer is engaged, attached
-    /// at once for those traced whole.
+    /// A library found now that is a layer's or traced whole: waiting for the processes whose
+    /// layer is engaged, attached at once for those traced whole.
     pub(super) fn layer_found(&mut self, found: Found) {
         self.layers.waiting.push(found.clone());
+        if self.layers.everywhere.is_some() {
+            self.attach_whole(None, found.clone());
+        }
+        if !self.layers.own_links {
+            return;
+        }
         let mut pids: Vec<u32> = self.layers.whole_links.keys().copied().collect();
         pids.sort_unstable();
         for pid in pids {
-            self.attach_whole(pid, found.clone());
+            self.attach_whole(Some(pid), found.clone());
         }
     }
 

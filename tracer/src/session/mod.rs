@@ -94,12 +94,19 @@ fn load_probes(config: &Config, target: &Target, python: bool) -> Result<Probes,
         HeapMode::Sampled => {
             probes.sample_heap(config.heap.sample_bytes.unwrap_or_default())?;
             probes.window_objects();
+            probes.heap_whole_always();
         }
-        HeapMode::Full => probes.window_objects(),
+        HeapMode::Full => {
+            probes.window_objects();
+            probes.heap_whole_always();
+        }
         HeapMode::Auto => {
             probes.layer_heap(config.heap.tensors == TensorsMode::Auto);
             probes.window_objects();
         }
+    }
+    if !matches!(target, Target::Serve { .. }) {
+        probes.hold_processes();
     }
     if !config.python_stacks {
         probes.skip_python();
