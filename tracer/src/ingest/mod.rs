@@ -83,14 +83,16 @@ pub async fn run(
             }
             Some(req) = holds.recv() => {
                 crate::fault::at("hold");
-                match req.reason {
+                if req.reason == HoldReason::Fork {
+                    // Nothing to drain first: the child's probes are all its fork waits for.
+                    let (parent, child) = (req.tgid, req.tid);
+                    let _ = probe.send(ProbeRequest::Forked { parent, child });
+                    let _ = probe.send(ProbeRequest::Release { ours: false, done: req.done });
+                    continue;
+                }
+                if req.reason == HoldReason::Exit {
                     // Stopped at exit with its memory intact: capture, then drain.
-                    HoldReason::Exit => decoder.maps.refresh(req.tgid),
-                    HoldReason::Fork => {
-                        let (parent, child) = (req.tgid, req.tid);
-                        let _ = probe.send(ProbeRequest::Forked { parent, child });
-                    }
-                    HoldReason::Stop => {}
+                    decoder.maps.refresh(req.tgid);
                 }
                 // A stop for new code: its mapping event is in the ring, sent before the signal.
                 let chunks = copier.take_all();
