@@ -262,7 +262,7 @@ fn serve(
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
             tracees.remove(&pid);
             // A parent gone before its fork's event stop (killed): its child goes on.
-            resume_all(&mut early);
+            resume_orphans(&mut early, &tracees);
             if pid == root
                 && let Some(tx) = exit_tx.take()
             {
@@ -304,6 +304,23 @@ fn resume(tid: u32, request: libc::c_uint, sig: i32) {
 /// Resumes the new tracees waiting for their parent's event.
 fn resume_all(early: &mut std::collections::HashSet<u32>) {
     for tid in early.drain() {
+        resume(tid, libc::PTRACE_CONT, 0);
+    }
+}
+
+/// Resumes the new tracees waiting for the event of a parent that is no longer traced (they
+/// were handed to another when it died).
+fn resume_orphans(
+    early: &mut std::collections::HashSet<u32>,
+    tracees: &std::collections::HashSet<u32>,
+) {
+    let orphans: Vec<u32> = early
+        .iter()
+        .copied()
+        .filter(|&t| crate::procfs::ppid_of(t).is_none_or(|p| !tracees.contains(&p)))
+        .collect();
+    for tid in orphans {
+        early.remove(&tid);
         resume(tid, libc::PTRACE_CONT, 0);
     }
 }

@@ -170,6 +170,11 @@ pub fn tgid_of(tid: u32) -> Option<u32> {
     status_field(&tid.to_string(), "Tgid")?.parse().ok()
 }
 
+/// The parent process of `pid` (or of a thread's process).
+pub fn ppid_of(pid: u32) -> Option<u32> {
+    status_field(&pid.to_string(), "PPid")?.parse().ok()
+}
+
 /// A size field of this process's status in bytes (VmRSS, VmHWM, RssAnon…), 0 if absent.
 pub fn own_status_bytes(name: &str) -> u64 {
     status_field("self", name)
