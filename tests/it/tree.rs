@@ -72,7 +72,7 @@ fn execed_child_starts_fresh() {
 /// A native command's malloc family is probed in the command's own processes alone: in the
 /// command and in the child it forks, from the child's first call (its parent's fork is held
 /// until the child's probes are in), and not in a process beside them, which would pay a trap
-/// for each of its calls while the command is traced (an allocating program ran 19 times slower
+/// for each of its calls while the command is traced (an allocating program ran 18 times slower
 /// beside `leaktracer run -- sleep 30` when the probes were attached for every process).
 #[test]
 fn a_native_commands_malloc_family_is_probed_in_its_processes_alone() {

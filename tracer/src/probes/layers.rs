@@ -9,7 +9,7 @@
 //!
 //! Every process pays the traps of the probes in its address space, so each layer's probes are
 //! attached for the processes that need them alone, never for every process: a program
-//! allocating beside a traced one ran 19 times slower while a native command was traced, when
+//! allocating beside a traced one ran 18 times slower while a native command was traced, when
 //! the malloc family was attached for every process.
 //! - In a tree without Python processes (a C program, or the shell that execs the interpreter),
 //!   each native process is traced whole through links of its own: the launched command's from
