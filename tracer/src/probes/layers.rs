@@ -165,18 +165,16 @@ impl Probes {
         // space go.
         let whole = self.layers.whole_links.remove(&pid);
         self.process_gone(pid);
-        let untraced = self.layers.untraced(flags);
         if python {
-            self.detach_links(whole.unwrap_or_default());
             self.layers.pythons.insert(pid);
             self.layers.python_expected = false;
             self.localize_natives();
-            return untraced;
+        } else {
+            self.layers.natives.insert(pid);
         }
-        self.layers.natives.insert(pid);
         if !self.layers.pythons.is_empty() || self.layers.python_expected {
             self.detach_links(whole.unwrap_or_default());
-            return untraced;
+            return self.layers.untraced(flags);
         }
         match whole {
             Some(links) => {
