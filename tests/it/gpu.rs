@@ -421,3 +421,58 @@ fn a_library_that_cannot_be_probed_is_named_and_the_check_does_not_pass() {
         "{out}"
     );
 }
+
+/// The CUDA runtime's probes are in the traced command's processes alone: in the command and in
+/// the child it forks, from the child's first call (its parent's fork is held until the child's
+/// probes are in), and not in a process beside them that maps the same runtime. The child's
+/// device block it keeps is its own.
+#[test]
+fn the_cuda_runtime_is_probed_in_the_traced_processes_alone() {
+    cuda_probed_in_the_traced_processes_alone(&[]);
+}
+
+/// The same under `--heap off`, where no process's malloc family is traced: the runtime's and
+/// the driver's links are all the links of its own a process has.
+#[test]
+fn without_the_heap_the_cuda_runtime_is_probed_in_the_traced_processes_alone() {
+    cuda_probed_in_the_traced_processes_alone(&["--heap", "off"]);
+}
+
+/// `leaktracer run EXTRA -- probed fork-cuda RUNTIME` beside `probed watch RUNTIME`.
+fn cuda_probed_in_the_traced_processes_alone(extra: &[&str]) {
+    let runtime = fixture::fake_cuda().join("libcudart.so.13");
+    let runtime_arg = runtime.to_str().unwrap();
+    let mode = ["fork-cuda", runtime_arg];
+    let Some(r) = crate::tree::probed_in_its_processes_alone(extra, &mode, Some(&runtime), &[])
+    else {
+        return;
+    };
+    let root = r.root_pid();
+    let child = r.child_of(root)["pid"].as_u64().unwrap();
+    let device = |pid: u64| r.sum(|s| s["pid"] == pid && s["kind"] == "device");
+    assert_eq!(
+        device(child),
+        (1 << 20, 1),
+        "the child's first call is seen"
+    );
+    assert_eq!(device(root), (0, 0));
+}
+
+/// A library on the loader's path named as NVML's that lacks `nvmlShutdown` (here the stand-in
+/// the PyTorch tests give their scripts) is taken as no NVML, said so in the report; nothing
+/// panics, and device memory is accounted as without one.
+#[test]
+fn an_nvml_without_its_shutdown_is_no_nvml() {
+    fixture::torch_cuda(); // builds the stand-in libnvidia-ml.so.1 beside the runtime
+    let dir = fixture::fake_cuda();
+    let path = [("LD_LIBRARY_PATH", dir.to_str().unwrap())];
+    let Some(t) = trace_gpu_env("runtime", &path) else {
+        return;
+    };
+    let r = t.last();
+    let nvml = &r.0["gpu"]["nvml"];
+    assert_eq!(nvml["available"], false, "{nvml}");
+    let reason = nvml["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("nvmlShutdown"), "{nvml}");
+    assert_eq!(r.site("device", 0, "leak_device"), (3 << 20, 3));
+}

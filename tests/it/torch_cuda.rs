@@ -136,3 +136,63 @@ fn a_loop_that_keeps_nothing_on_the_device_passes_the_check() {
     assert_eq!(oracle_at(&figures, input), (64 * 256 * 4, 1), "{figures}");
     every_line_as_the_oracle(&r, &figures, &out);
 }
+
+/// PyTorch's caching allocator (`libc10_cuda.so`) is probed in the traced job alone: a process
+/// beside it that maps the same library never carries its probes, through two runs of the job
+/// (the second probes it before its mapping, as the first remembered it), and each run traces
+/// the validation leak's blocks with PyTorch's bytes (two a step, 64 × 256 and 64 × 512 floats).
+#[test]
+fn the_caching_allocator_is_probed_in_the_traced_job_alone() {
+    use std::{
+        io::{BufRead, BufReader},
+        process::Stdio,
+    };
+    if !fixture::bpf_available() {
+        return;
+    }
+    let env = fixture::torch_cuda();
+    let vars: Vec<(&str, &str)> = env.iter().filter_map(|v| v.split_once('=')).collect();
+    let library = std::fs::canonicalize(fixture::pydeps().join("torch/lib/libc10_cuda.so"))
+        .expect("the wheel's caching allocator");
+    let mut beside = Command::new(fixture::build("probed"))
+        .arg("watch")
+        .arg(&library)
+        .envs(vars)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the process beside");
+    let mut seen = BufReader::new(beside.stdout.take().expect("piped stdout")).lines();
+    assert_eq!(seen.next().expect("a line").expect("its output"), "ready");
+    let mut all: Vec<&str> = env.iter().map(String::as_str).collect();
+    all.push("DEVICE=cuda");
+    let kept = line("train_loop", "predictions.append");
+    let mut timings = Vec::new();
+    for run in ["first", "second"] {
+        let args = ["validation", "20", "abrupt"];
+        let (o, r) = check_torch_at(run, &script("train_loop"), &all, &[], &args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            blocks_at(&r, kept),
+            (20 * 64 * (256 + 512) * 4, 40),
+            "{out}"
+        );
+        let libraries = r.0["libraries"].as_array().cloned().unwrap_or_default();
+        let c10 = libraries
+            .iter()
+            .find(|l| l["path"] == library.to_str().unwrap());
+        timings.push(c10.map(|l| l["timing"]["when"].clone()));
+    }
+    drop(beside.stdin.take()); // its end of watching
+    let verdict = seen.next().expect("a line").expect("its output");
+    beside.wait().expect("the process beside ends");
+    assert_eq!(
+        timings[1],
+        Some(Value::from("ahead")),
+        "the second run probes it before its mapping: {timings:?}"
+    );
+    assert_eq!(
+        verdict, "untouched",
+        "a process beside the job carries none of its probes"
+    );
+}

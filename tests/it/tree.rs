@@ -76,28 +76,38 @@ fn execed_child_starts_fresh() {
 /// beside `leaktracer run -- sleep 30` when the probes were attached for every process).
 #[test]
 fn a_native_commands_malloc_family_is_probed_in_its_processes_alone() {
-    probed_in_its_processes_alone(&[]);
+    probed_in_its_processes_alone(&[], &["fork"], None, &[]);
 }
 
 /// The same under `--heap full`, whose malloc family is traced whole for every traced process.
 #[test]
 fn under_heap_full_the_malloc_family_is_probed_in_the_traced_processes_alone() {
-    probed_in_its_processes_alone(&["--heap", "full"]);
+    probed_in_its_processes_alone(&["--heap", "full"], &["fork"], None, &[]);
 }
 
-/// Traces `probed fork` (`leaktracer run EXTRA`) beside an untraced `probed watch`.
-fn probed_in_its_processes_alone(extra: &[&str]) {
+/// Traces `probed MODE…` (`leaktracer run EXTRA`, `env` added to the command's environment)
+/// beside an untraced `probed watch WATCHED` (default libc), with the same environment: the
+/// command and the child it forks say their function is probed, the process beside that no
+/// code of the library it watches ever was. The report.
+pub fn probed_in_its_processes_alone(
+    extra: &[&str],
+    mode: &[&str],
+    watched: Option<&std::path::Path>,
+    env: &[(&str, &str)],
+) -> Option<tests::report::Report> {
     use std::{
         io::{BufRead, BufReader},
         process::{Command, Stdio},
     };
     if !fixture::bpf_available() {
-        return;
+        return None;
     }
     let _x = fixture::exclusive();
     let bin = fixture::build("probed");
     let mut beside = Command::new(&bin)
         .arg("watch")
+        .args(watched)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -105,7 +115,9 @@ fn probed_in_its_processes_alone(extra: &[&str]) {
     let mut seen = BufReader::new(beside.stdout.take().expect("piped stdout")).lines();
     let ready = seen.next().expect("a line").expect("its output");
     assert_eq!(ready, "ready");
-    let t = fixture::trace(extra, &[bin.to_str().unwrap(), "fork"]).expect("leaktracer run");
+    let mut argv = vec![bin.to_str().unwrap()];
+    argv.extend(mode);
+    let t = fixture::trace_with_env(extra, &argv, env).expect("leaktracer run");
     drop(beside.stdin.take()); // its end of watching
     let verdict = seen.next().expect("a line").expect("its output");
     beside.wait().expect("the process beside ends");
@@ -129,4 +141,5 @@ fn probed_in_its_processes_alone(extra: &[&str]) {
         verdict, "untouched",
         "a process beside the traced command carries none of its probes"
     );
+    Some(r.clone())
 }

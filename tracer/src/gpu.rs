@@ -81,7 +81,7 @@ impl Sample {
 
 impl GpuView {
     pub fn open() -> Self {
-        let nvml = Nvml::init().map_err(|e| e.to_string());
+        let nvml = shuts_down().and_then(|()| Nvml::init().map_err(|e| e.to_string()));
         if let Err(e) = &nvml {
             tracing::info!(reason = %e, "NVML unavailable: device memory is not reconciled");
         }
@@ -139,6 +139,30 @@ impl GpuView {
                 ..Sample::default()
             },
         }
+    }
+}
+
+/// NVML's library, where the loader finds one, defines `nvmlShutdown`: nvml-wrapper looks up
+/// every other function before it calls it, but calls that one unchecked when it lets go, and
+/// panics where it is missing (a stand-in or partial stub on the loader's path). Such a library
+/// is taken as no NVML.
+fn shuts_down() -> Result<(), String> {
+    const LIBRARY: &std::ffi::CStr = c"libnvidia-ml.so.1";
+    // SAFETY: dlopen of the library nvml-wrapper loads next; its handle is closed below.
+    let handle = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Ok(()); // nvml-wrapper says why
+    }
+    // SAFETY: a symbol looked up in the handle just opened, then the handle closed.
+    let found = unsafe {
+        let f = libc::dlsym(handle, c"nvmlShutdown".as_ptr());
+        libc::dlclose(handle);
+        !f.is_null()
+    };
+    if found {
+        Ok(())
+    } else {
+        Err("libnvidia-ml.so.1 has no nvmlShutdown: not NVML's library".into())
     }
 }
 

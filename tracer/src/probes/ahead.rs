@@ -13,7 +13,6 @@
 
 use std::{borrow::Cow, path::Path, path::PathBuf};
 
-use aya::programs::uprobe::UProbeScope;
 use tracer_common::FileKey;
 
 use super::{
@@ -112,8 +111,8 @@ impl Probes {
         };
         let mut roles = Vec::new();
         for set in sets {
-            match self.attach_set(path, &elf, set, UProbeScope::AllProcesses) {
-                Ok(_) => roles.push(set.role.into()),
+            match self.attach_first(path, &elf, set, 0) {
+                Ok(()) => roles.push(set.role.into()),
                 Err(e) => self.not_probed(path, set.role, &e),
             }
         }

@@ -2,7 +2,7 @@
 //! call, on its first emulated instruction, or on the function its table holds), and one link per
 //! program, entries before returns.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aya::programs::uprobe::UProbeScope;
 
@@ -17,15 +17,45 @@ fn probe_at_entry() -> bool {
     std::env::var("LEAKTRACER_PROBE_AT_ENTRY").is_ok_and(|v| v == "1")
 }
 
+/// A probe set placed in one library: each program with its points (program, file offset,
+/// cookie), entries before returns. Attached once for every process, or once for each traced
+/// process (own.rs).
+#[derive(Clone)]
+pub(super) struct PlacedSet {
+    pub(super) library: PathBuf,
+    pub(super) role: &'static str,
+    progs: Vec<&'static str>,
+    points: Vec<(&'static str, u64, Option<u64>)>,
+}
+
 impl Probes {
+    /// Attaches `set` in `library` for `scope`, listing its functions as probed if it goes in.
     pub(super) fn attach_set(
         &mut self,
         library: &Path,
         elf: &elf::ElfFile,
-        set: &ProbeSet,
+        set: &'static ProbeSet,
         scope: UProbeScope,
     ) -> Result<Vec<AttachedLink>, Error> {
         let listed = self.attached.len();
+        let placed = self.place_set(library, elf, set, scope);
+        let attached = self.attach_placed(&placed, scope);
+        if attached.is_err() {
+            // Not probed: the report does not list its functions as probed.
+            self.attached.truncate(listed);
+        }
+        attached
+    }
+
+    /// Where each function of `set` in `library` is probed (for `scope`), its functions listed
+    /// as probed.
+    pub(super) fn place_set(
+        &mut self,
+        library: &Path,
+        elf: &elf::ElfFile,
+        set: &'static ProbeSet,
+        scope: UProbeScope,
+    ) -> PlacedSet {
         let mut seen_addrs = Vec::new();
         // (program, file offset, cookie)
         let mut points: Vec<(&'static str, u64, Option<u64>)> = Vec::new();
@@ -84,12 +114,27 @@ impl Probes {
         let is_return = |prog: &str| set.fns.iter().any(|f| f.ret == Some(prog));
         progs.sort_unstable_by_key(|p| (is_return(p), *p));
         progs.dedup();
-        let attached = self.attach_programs(library, &progs, &points, scope);
-        if attached.is_err() {
-            // Not probed: the report does not list its functions as probed.
-            self.attached.truncate(listed);
+        PlacedSet {
+            library: library.to_path_buf(),
+            role: set.role,
+            progs,
+            points,
         }
-        attached
+    }
+
+    /// Attaches a set `placed` for `scope`, all of it or none.
+    pub(super) fn attach_placed(
+        &mut self,
+        placed: &PlacedSet,
+        scope: UProbeScope,
+    ) -> Result<Vec<AttachedLink>, Error> {
+        let PlacedSet {
+            library,
+            progs,
+            points,
+            ..
+        } = placed;
+        self.attach_programs(library, progs, points, scope)
     }
 
     /// Attaches each of `progs` at its `points` (program, file offset, cookie), all or none: a

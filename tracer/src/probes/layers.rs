@@ -139,6 +139,7 @@ impl Probes {
     /// runs a Python interpreter in the end): its malloc family is traced whole from now on
     /// under `--heap full` and `sampled`, and under `--heap auto` unless it is a Python one.
     pub fn launching(&mut self, python: bool, root: u32) {
+        self.own_process(root);
         self.layers.python_expected = python;
         if python {
             self.plan_ahead();
@@ -189,6 +190,7 @@ impl Probes {
     /// is traced whole too, from its first instruction. Its pages hold its parent's breakpoints,
     /// but the kernel runs a process's probes only for the processes they were attached for.
     pub fn forked(&mut self, parent: u32, child: u32) {
+        self.own_forked(parent, child);
         let l = &self.layers;
         if !l.whole || !l.whole_links.contains_key(&parent) || l.whole_links.contains_key(&child) {
             return;
@@ -201,19 +203,30 @@ impl Probes {
     /// at the end, or with others once many are left ([`retired_most`]; each unregistration
     /// waits for a grace period: detached at once, the last process's links held the session's
     /// end 46 ms).
-    pub fn process_gone(&mut self, pid: u32) {
+    fn process_gone(&mut self, pid: u32) {
         self.objects_gone(pid);
         self.layers.engaged.remove(&pid);
         self.layers.tensors_engaged.remove(&pid);
         if let Some(links) = self.layers.whole_links.remove(&pid) {
-            self.layers.retired.extend(links);
+            self.retire(links);
         }
+        self.layers.pythons.remove(&pid);
+        self.layers.natives.remove(&pid);
+    }
+
+    /// `pid` has exited: its links go (see [`Probes::process_gone`]).
+    pub fn exited(&mut self, pid: u32) {
+        self.own_gone(pid);
+        self.process_gone(pid);
+    }
+
+    /// Links of a process gone, detached with others once many are left.
+    pub(super) fn retire(&mut self, links: Vec<AttachedLink>) {
+        self.layers.retired.extend(links);
         if self.layers.retired.len() >= retired_most() {
             let retired = std::mem::take(&mut self.layers.retired);
             self.detach_links(retired);
         }
-        self.layers.pythons.remove(&pid);
-        self.layers.natives.remove(&pid);
     }
 
     /// A Python process is traced: the native ones are layered like it, their own links gone.
@@ -222,7 +235,7 @@ impl Probes {
             return;
         }
         self.layers.whole = false;
-        crate::hold::hold_forks(false);
+        self.hold_forks_as_needed();
         let everywhere = self.layers.everywhere.take();
         self.detach_links(everywhere.unwrap_or_default());
         for (pid, links) in std::mem::take(&mut self.layers.whole_links) {
@@ -291,7 +304,7 @@ impl Probes {
         }
         if !self.layers.whole {
             self.layers.whole = true;
-            crate::hold::hold_forks(self.layers.own_links);
+            self.hold_forks_as_needed();
         }
         self.layers.whole_links.insert(pid, Vec::new());
         let scope = if self.layers.own_links {

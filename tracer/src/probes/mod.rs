@@ -13,6 +13,7 @@ mod layers;
 mod load;
 mod looked;
 mod objects;
+mod own;
 pub mod placement;
 pub mod prober;
 mod ring;
@@ -71,8 +72,9 @@ pub enum Timing {
     AlreadyLoaded,
     /// Mapped while traced; the mapping thread was stopped until the probes were in: nothing missed.
     AtMap,
-    /// Probed for every process before a traced one mapped it (known from earlier runs to have
-    /// probes a Python job's import needs): nothing missed, and the mapping thread not stopped.
+    /// Probed before a traced process mapped it (known from earlier runs to have probes a
+    /// Python job's import needs), for each traced process: nothing missed, and the mapping
+    /// thread not stopped.
     Ahead,
     /// Mapped while traced, probed `late_ms` after (the process could not be held): calls in that
     /// window are not seen.
@@ -165,6 +167,8 @@ pub struct Probes {
     finalize: finalize::Finalize,
     /// Libraries probed before a traced process maps them.
     ahead: ahead::Ahead,
+    /// The first layer's sets attached for each traced process alone.
+    own: own::OwnLinks,
 }
 
 impl Probes {
@@ -325,6 +329,7 @@ impl Probes {
             objects: Default::default(),
             finalize: Default::default(),
             ahead: ahead::Ahead::open(),
+            own: own::OwnLinks::default(),
         };
         if mode == Mode::Full {
             probes.attach_tracepoints(first)?;
@@ -440,10 +445,8 @@ impl Probes {
             } else {
                 Ok(())
             };
-            match attached
-                .and_then(|()| self.attach_set(path, &elf, set, UProbeScope::AllProcesses))
-            {
-                Ok(_) => roles.push(set.role.into()),
+            match attached.and_then(|()| self.attach_first(path, &elf, set, lib_pid)) {
+                Ok(()) => roles.push(set.role.into()),
                 Err(e) => self.not_probed(path, set.role, &e),
             }
         }
@@ -577,7 +580,7 @@ impl Probes {
                 .map_err(|e| Error::Other(e.into()))
                 .and_then(|elf| {
                     self.attach_switch_out()?; // every set held back is a heap set
-                    self.attach_set(&path, &elf, set, UProbeScope::AllProcesses)
+                    self.attach_first(&path, &elf, set, pid)
                 });
             if let Err(e) = attached {
                 self.not_probed(&path, set.role, &e);
@@ -629,6 +632,7 @@ impl Probes {
         self.traced
             .insert(&pid, &flags, 0)
             .map_err(|e| anyhow::anyhow!("adding pid {pid} to the traced map: {e}"))?;
+        self.own_process(pid);
         self.choose_unwind(pid);
         Ok(())
     }

@@ -239,7 +239,7 @@ fn handle(
             tracing::debug!(library = %path, held, ms, "code looked at");
         }
         ProbeRequest::Exec { tgid } => probes.choose_unwind(tgid),
-        ProbeRequest::Exit { tgid } => probes.process_gone(tgid),
+        ProbeRequest::Exit { tgid } => probes.exited(tgid),
         ProbeRequest::Forked { parent, child } => probes.forked(parent, child),
         ProbeRequest::CopyHint { tgid, ip, bytes } => probes.hint_copy(tgid, ip, bytes),
         ProbeRequest::Release { ours, done } => {
