@@ -143,10 +143,6 @@ fn a_loop_that_keeps_nothing_on_the_device_passes_the_check() {
 /// the validation leak's blocks with PyTorch's bytes (two a step, 64 × 256 and 64 × 512 floats).
 #[test]
 fn the_caching_allocator_is_probed_in_the_traced_job_alone() {
-    use std::{
-        io::{BufRead, BufReader},
-        process::Stdio,
-    };
     if !fixture::bpf_available() {
         return;
     }
@@ -154,16 +150,7 @@ fn the_caching_allocator_is_probed_in_the_traced_job_alone() {
     let vars: Vec<(&str, &str)> = env.iter().filter_map(|v| v.split_once('=')).collect();
     let library = std::fs::canonicalize(fixture::pydeps().join("torch/lib/libc10_cuda.so"))
         .expect("the wheel's caching allocator");
-    let mut beside = Command::new(fixture::build("probed"))
-        .arg("watch")
-        .arg(&library)
-        .envs(vars)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the process beside");
-    let mut seen = BufReader::new(beside.stdout.take().expect("piped stdout")).lines();
-    assert_eq!(seen.next().expect("a line").expect("its output"), "ready");
+    let beside = fixture::probed_beside(Some(&library), &vars);
     let mut all: Vec<&str> = env.iter().map(String::as_str).collect();
     all.push("DEVICE=cuda");
     let kept = line("train_loop", "predictions.append");
@@ -183,9 +170,7 @@ fn the_caching_allocator_is_probed_in_the_traced_job_alone() {
             .find(|l| l["path"] == library.to_str().unwrap());
         timings.push(c10.map(|l| l["timing"]["when"].clone()));
     }
-    drop(beside.stdin.take()); // its end of watching
-    let verdict = seen.next().expect("a line").expect("its output");
-    beside.wait().expect("the process beside ends");
+    let verdict = beside.verdict();
     assert_eq!(
         timings[1],
         Some(Value::from("ahead")),

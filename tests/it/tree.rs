@@ -95,32 +95,16 @@ pub fn probed_in_its_processes_alone(
     watched: Option<&std::path::Path>,
     env: &[(&str, &str)],
 ) -> Option<tests::report::Report> {
-    use std::{
-        io::{BufRead, BufReader},
-        process::{Command, Stdio},
-    };
     if !fixture::bpf_available() {
         return None;
     }
     let _x = fixture::exclusive();
     let bin = fixture::build("probed");
-    let mut beside = Command::new(&bin)
-        .arg("watch")
-        .args(watched)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the process beside");
-    let mut seen = BufReader::new(beside.stdout.take().expect("piped stdout")).lines();
-    let ready = seen.next().expect("a line").expect("its output");
-    assert_eq!(ready, "ready");
+    let beside = fixture::probed_beside(watched, env);
     let mut argv = vec![bin.to_str().unwrap()];
     argv.extend(mode);
     let t = fixture::trace_with_env(extra, &argv, env).expect("leaktracer run");
-    drop(beside.stdin.take()); // its end of watching
-    let verdict = seen.next().expect("a line").expect("its output");
-    beside.wait().expect("the process beside ends");
+    let verdict = beside.verdict();
     let out = String::from_utf8_lossy(&t.output.stdout);
     let said: Vec<(u64, &str)> = out
         .lines()

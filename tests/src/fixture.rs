@@ -3,7 +3,7 @@
 use std::{
     io::{BufRead, BufReader, Lines},
     path::{Path, PathBuf},
-    process::{Child, ChildStderr, Command, Output, Stdio},
+    process::{Child, ChildStderr, ChildStdout, Command, Output, Stdio},
     sync::{Mutex, MutexGuard, OnceLock},
 };
 
@@ -530,4 +530,39 @@ pub fn http_get(url: &str, path: &str) -> (String, String) {
         head.lines().next().unwrap_or("").to_string(),
         body.to_string(),
     )
+}
+
+/// `probed watch [LIBRARY]` (tests/fixtures/probed.c) running beside a traced command: whether a
+/// process that is not traced ever carries a probe in the library's code.
+pub struct Beside {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+/// Starts `probed watch LIBRARY` (default libc) with `env` added, once it has mapped the library.
+pub fn probed_beside(library: Option<&Path>, env: &[(&str, &str)]) -> Beside {
+    let mut child = Command::new(build("probed"))
+        .arg("watch")
+        .args(library)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the process beside");
+    let out = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(out).lines();
+    let ready = lines.next().and_then(Result::ok);
+    assert_eq!(ready.as_deref(), Some("ready"), "the process beside");
+    Beside { child, lines }
+}
+
+impl Beside {
+    /// Ends its watch: "probed" if the library's code ever differed from its file, else
+    /// "untouched".
+    pub fn verdict(mut self) -> String {
+        drop(self.child.stdin.take());
+        let verdict = self.lines.next().and_then(Result::ok).unwrap_or_default();
+        self.child.wait().expect("the process beside ends");
+        verdict
+    }
 }

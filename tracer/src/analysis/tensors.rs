@@ -573,16 +573,17 @@ impl Analysis {
         (rate > 0.0).then_some(rate)
     }
 
-    /// The stacks judged a leak when `pid`'s tensors were last kept.
-    pub fn kept_leak_stacks(&self, pid: u32) -> Vec<Option<crate::model::StackId>> {
+    /// The stacks judged a leak when `pid`'s tensors were last kept, and those held and rising
+    /// then ([`held_rising`]): their tensors are likely held still.
+    pub fn kept_held_stacks(&self, pid: u32) -> Vec<Option<crate::model::StackId>> {
         let Some(kept) = self.last_kept(pid) else {
             return Vec::new();
         };
-        let leaks = kept
+        let held = kept
             .stacks
             .iter()
-            .filter(|(_, e)| e.verdict == Verdict::Leak);
-        leaks.map(|(k, _)| k.stack).collect()
+            .filter(|(_, e)| e.verdict == Verdict::Leak || held_rising(e));
+        held.map(|(k, _)| k.stack).collect()
     }
 
     /// Whether `pid`'s tensors had stopped growing when they were last kept.
@@ -599,4 +600,16 @@ impl Analysis {
             .map(|(_, t)| t.series.last().unwrap_or(0) as i64)
             .sum()
     }
+}
+
+/// Whether a stack's tensors, not judged a leak when they were kept, were held and rising all
+/// the same: every window's floor at least the one before, the last above the first. A job's
+/// smaller leak beside a larger one (its validation logits, 40 KiB an epoch, beside the 1 MiB
+/// activations their graphs hold) may not be confirmed by the time the larger one is, and its
+/// tensors are as likely held still as the leak's. A step's temporaries (floors of nothing) and
+/// what swung are not.
+fn held_rising(e: &Evidence) -> bool {
+    let floors: Vec<u64> = e.windows.iter().map(|w| w.floor).collect();
+    let tol = super::verdict::tolerance(&floors);
+    e.growth_bytes > tol as i64 && floors.windows(2).all(|w| w[1] + tol >= w[0])
 }

@@ -220,3 +220,36 @@ fn a_process_series_too_coarse_for_windows_still_tells_whether_it_held() {
     assert!(holds(&process(0), &grew, 20.8));
     assert!(!holds(&process(4), &grew, 20.8));
 }
+
+/// `--tensors auto`: a job's tensors kept as they were once its larger leak was confirmed, then
+/// traced again. The tensors of every stack that held and rose stay: its leak's, and a smaller
+/// one's that filled its last window flat (a bounded cache by its floors: an attached job's
+/// validation logits, 40 KiB an epoch, beside the 1 MiB a step its graphs hold, whose stack was
+/// forgotten at each retrace and missed its report in a third of the runs). A step's
+/// temporaries (floors of nothing) go.
+#[test]
+fn tensors_traced_again_keep_every_held_rising_stack_not_a_steps() {
+    let (leak, logits, step) = (
+        key(1, Kind::Tensor),
+        key(2, Kind::Tensor),
+        key(3, Kind::Tensor),
+    );
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut a = Analysis::default();
+    const M: u64 = 1 << 20;
+    a.tensors_traced_from(1, 2.0);
+    for i in 4..=16u64 {
+        let held = [
+            (leak, (i - 3) * M),
+            (logits, (i.min(10) - 3) * 40 << 10),
+            (step, if i % 2 == 0 { M } else { 0 }),
+        ];
+        a.sample(i as f64 / 2.0, &ledger, &held);
+    }
+    a.tensors_taken_out(1, 8.0, TakenOut::Kept);
+    let kept = a.kept_held_stacks(1);
+    assert!(kept.contains(&leak.stack), "{kept:?}");
+    assert!(kept.contains(&logits.stack), "{kept:?}");
+    assert!(!kept.contains(&step.stack), "{kept:?}");
+}

@@ -418,11 +418,16 @@ impl Owner {
         if t.asked_s.is_finite() && (t.on || t.off_x.is_none()) {
             return;
         }
-        // Those of the leak kept stay: frees of theirs seen from now on release them (see
-        // `Ledger::keep_tensors`).
+        // Those of the leak kept, and of the stacks held and rising beside it, stay: frees of
+        // theirs seen from now on release them (see `Ledger::keep_tensors`).
         if t.again_s.take().is_some() {
-            let leaks = self.analysis.kept_leak_stacks(tgid);
-            self.ledger.forget_tensors_but(tgid, |s| leaks.contains(&s));
+            let held = self.analysis.kept_held_stacks(tgid);
+            tracing::debug!(
+                tgid,
+                stacks = held.len(),
+                "tensors traced again: those held stay"
+            );
+            self.ledger.forget_tensors_but(tgid, |s| held.contains(&s));
         }
         (t.asked_s, t.off_x) = (at_s, None);
         self.ledger.layer_asked(tgid);
