@@ -242,7 +242,7 @@ fn tensors_traced_again_keep_every_held_rising_stack_not_a_steps() {
     for i in 4..=16u64 {
         let held = [
             (leak, (i - 3) * M),
-            (logits, (i.min(10) - 3) * 40 << 10),
+            (logits, ((i.min(10) - 3) * 40) << 10),
             (step, if i % 2 == 0 { M } else { 0 }),
         ];
         a.sample(i as f64 / 2.0, &ledger, &held);
