@@ -145,6 +145,9 @@ impl Ledger {
     /// stays told.
     pub fn tensors_traced(&mut self, pid: u32, at_s: f64) {
         if let Some(p) = self.procs.get_mut(&pid) {
+            if let Some(held) = p.tensors_held_on_trace.take() {
+                p.forget_kept_tensors_but(|s| held.contains(&s));
+            }
             p.tensor_layer = Some(TensorLayer::Traced);
             p.tensors_since_s = Some(at_s);
         }
@@ -220,6 +223,16 @@ impl Ledger {
         (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::TakenOut), None);
         p.tensors_since_s = None;
         self.forget_tensors_but(pid, |_| false);
+    }
+
+    /// `pid`'s CPU tensors kept as they were are asked for again: once they are traced, those
+    /// kept at stacks other than `held` are forgotten ([`Ledger::forget_tensors_but`]). Not
+    /// before: a process that ends first (a retrace asked for just before the end) is reported
+    /// with its tensors as they were kept.
+    pub fn forget_tensors_when_traced(&mut self, pid: u32, held: Vec<Option<StackId>>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.tensors_held_on_trace = Some(held);
+        }
     }
 
     /// Forgets `pid`'s outstanding CPU tensors but those at the stacks `leaks` picks: traced

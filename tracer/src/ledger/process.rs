@@ -107,6 +107,9 @@ pub struct Process {
     /// (`Ledger::keep_tensors`): a new block at the address of one of them replaces it, as its
     /// free was not seen.
     pub tensors_kept_ns: u64,
+    /// Traced again after they were kept: the stacks whose kept tensors stay once the tensors are
+    /// traced (`Ledger::forget_tensors_when_traced`).
+    pub tensors_held_on_trace: Option<Vec<Option<StackId>>>,
     /// When its malloc family was taken out once its leak was confirmed (seconds traced,
     /// `--heap auto`): its heap blocks are as they were then.
     pub heap_as_of_s: Option<f64>,
@@ -375,6 +378,17 @@ impl Process {
             .into_iter()
             .filter_map(|a| Some((a, heap.remove(&a)?)))
             .collect()
+    }
+
+    /// Its CPU tensors kept as they were (made up to `tensors_kept_ns`) whose stacks `keep` does
+    /// not pick are forgotten; those made since stay.
+    pub fn forget_kept_tensors_but(&mut self, keep: impl Fn(Option<StackId>) -> bool) {
+        let kept_ns = self.tensors_kept_ns;
+        self.heap.retain(|_, b| {
+            Kind::of(b.origin.func) != Kind::Tensor
+                || b.origin.ts_ns > kept_ns
+                || keep(b.origin.stack)
+        });
     }
 
     /// Its malloc family is traced again: its heap blocks that `keep` does not pick are set

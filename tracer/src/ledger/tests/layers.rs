@@ -154,3 +154,36 @@ fn a_kept_large_tensor_whose_pages_were_unmapped_goes() {
     assert_eq!(outstanding(&l, Kind::Tensor), (512, 1));
     assert_eq!(l.procs[&PID].mismatches, Mismatches::default());
 }
+
+/// Tensors kept as they were and asked for again: the kept ones of other stacks than the held
+/// ones are forgotten once they are traced, not at the asking (a process that ends before is
+/// reported with its tensors as they were kept), and tensors made since stay whatever their
+/// stack.
+#[test]
+fn kept_tensors_asked_for_again_are_forgotten_once_traced() {
+    let tensor = |addr, stack, ts_ns| {
+        Input::Event(Event {
+            ts_ns,
+            stack: Some(StackId::new(stack)),
+            ..ev(AllocFn::C10AllocCpu, What::Alloc { addr, size: 4096 })
+        })
+    };
+    let mut l = ledger(vec![tensor(0x5000, 4, 10), tensor(0x6000, 5, 11)]);
+    l.keep_tensors(PID, 1.0);
+    l.forget_tensors_when_traced(PID, vec![Some(StackId::new(4))]);
+    assert_eq!(
+        outstanding(&l, Kind::Tensor),
+        (8192, 2),
+        "asked for, not traced yet"
+    );
+    l.apply(tensor(0x7000, 5, 30)); // made once traced, before the session saw them traced
+    l.tensors_traced(PID, 2.0);
+    assert_eq!(
+        outstanding(&l, Kind::Tensor),
+        (8192, 2),
+        "the held stack's and the new one"
+    );
+    l.apply(free(0x7000));
+    l.apply(free(0x5000));
+    assert_eq!(outstanding(&l, Kind::Tensor), (0, 0));
+}

@@ -418,8 +418,9 @@ impl Owner {
         if t.asked_s.is_finite() && (t.on || t.off_x.is_none()) {
             return;
         }
-        // Those of the leak kept, and of the stacks held and rising beside it, stay: frees of
-        // theirs seen from now on release them (see `Ledger::keep_tensors`).
+        // Once they are traced, those of the leak kept, and of the stacks held and rising
+        // beside it, stay: frees of theirs seen from then on release them (see
+        // `Ledger::keep_tensors`).
         if t.again_s.take().is_some() {
             let held = self.analysis.kept_held_stacks(tgid);
             tracing::debug!(
@@ -427,7 +428,7 @@ impl Owner {
                 stacks = held.len(),
                 "tensors traced again: those held stay"
             );
-            self.ledger.forget_tensors_but(tgid, |s| held.contains(&s));
+            self.ledger.forget_tensors_when_traced(tgid, held);
         }
         (t.asked_s, t.off_x) = (at_s, None);
         self.ledger.layer_asked(tgid);
