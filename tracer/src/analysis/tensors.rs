@@ -70,26 +70,43 @@ pub(super) struct Chain {
 }
 
 /// A stack of a chain traced again: the least it held on the chain as the span began, and
-/// the least it held at its first sample that saw it hold anything since. It goes on by what
-/// it gained or lost since that sample: those of a leak kept as they were are still held (a
-/// list that keeps every step's tensor), but an accumulator grown by copying (`acc =
+/// the least it held over its first [`RESUME_SAMPLES`] samples that saw it hold anything since.
+/// It goes on by what it gained or lost since: those of a leak kept as they were are still
+/// held (a list that keeps every step's tensor), but an accumulator grown by copying (`acc =
 /// torch.cat([acc, x])`) holds one block, its last copy, made anew as the span began, grown by
 /// all it gained while not traced: taken as it is, the chain would jump there, and its leak
 /// read as a cache that filled in one window. (The least, not what a sample caught: such a
-/// stack holds two copies while it copies, most of the time once it is large.)
+/// stack holds two copies while it copies, most of the time once it is large. And over more
+/// than one sample: one may catch a step's temporary at the same stack, a validation pass's
+/// hidden layer of a megabyte beside logits of 40 KiB each, and the whole span would read a
+/// megabyte low.) Until then it reads where it began.
 #[derive(Clone, Copy, Debug)]
 struct Resumed {
     from: u64,
     first: Option<u64>,
+    seen: u32,
 }
 
+/// The samples a stack traced again must hold anything in before where it goes on from is
+/// settled (see [`Resumed`]).
+const RESUME_SAMPLES: u32 = 3;
+
 impl Resumed {
+    fn new(from: u64) -> Self {
+        Self {
+            from,
+            first: None,
+            seen: 0,
+        }
+    }
+
     /// `(least, bytes)` on the chain, where the stack holds them now.
     fn on_chain(&mut self, (least, bytes): (u64, u64)) -> (u64, u64) {
-        if least > 0 && self.first.is_none() {
-            self.first = Some(least);
+        if least > 0 && self.seen < RESUME_SAMPLES {
+            self.seen += 1;
+            self.first = Some(self.first.map_or(least, |f| f.min(least)));
         }
-        let Some(first) = self.first else {
+        let (Some(first), RESUME_SAMPLES) = (self.first, self.seen) else {
             return (self.from, self.from);
         };
         let at = |b: u64| (self.from + b).saturating_sub(first);
@@ -105,7 +122,7 @@ impl Chain {
             .iter()
             .filter_map(|(k, t)| Some((*k, t.series.points().last()?.min)))
             .filter(|&(_, from)| from > 0)
-            .map(|(k, from)| (k, Resumed { from, first: None }))
+            .map(|(k, from)| (k, Resumed::new(from)))
             .collect();
     }
 

@@ -253,3 +253,35 @@ fn tensors_traced_again_keep_every_held_rising_stack_not_a_steps() {
     assert!(kept.contains(&logits.stack), "{kept:?}");
     assert!(!kept.contains(&step.stack), "{kept:?}");
 }
+
+/// `--tensors auto`: validation logits, 40 KiB a sample, kept as they were and traced again at
+/// 20 s, where the first sample catches a validation pass's hidden layer of 1 MiB at their stack
+/// (a step's temporary, freed a millisecond later). Their chain goes on from where it was kept,
+/// by what they gain: still held and rising when kept again, not read a megabyte low for the
+/// whole span (nothing at its floors, and the logits forgotten at the next retrace).
+#[test]
+fn a_temporary_caught_as_tensors_are_traced_again_does_not_set_where_their_chain_goes_on() {
+    let logits = key(1, Kind::Tensor);
+    let mut ledger = Ledger::default();
+    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
+    let mut a = Analysis::default();
+    const K: u64 = 40 << 10;
+    let sample = |a: &mut Analysis, i: u64, held: u64| {
+        a.sample(i as f64 / 2.0, &ledger, &[(logits, held)]);
+    };
+    a.tensors_traced_from(1, 2.0);
+    for i in 4..=16u64 {
+        sample(&mut a, i, (i - 3) * K);
+    }
+    a.tensors_taken_out(1, 8.0, TakenOut::Kept);
+    for i in 17..40u64 {
+        sample(&mut a, i, 13 * K);
+    }
+    a.tensors_traced_from(1, 20.0);
+    sample(&mut a, 40, 13 * K + (1 << 20));
+    for i in 41..=52u64 {
+        sample(&mut a, i, (i - 27) * K);
+    }
+    a.tensors_taken_out(1, 26.0, TakenOut::Kept);
+    assert!(a.kept_held_stacks(1).contains(&logits.stack));
+}
