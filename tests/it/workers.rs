@@ -65,6 +65,20 @@ fn samples_kept_by_dataloader_workers_fail_the_check_at_the_keeping_line() {
         .collect();
     named.sort_unstable();
     assert_eq!(named, workers, "the first two leaks, one per worker: {out}");
+    // The malloc family, engaged for each worker: libc listed for each, each of its functions
+    // once as probed.
+    let libraries = r.0["libraries"].as_array().unwrap().iter();
+    let libc = libraries.filter(|l| l["roles"][0] == "libc" && l["timing"]["when"] == "engaged");
+    let mut engaged: Vec<u64> = libc.map(|l| l["pid"].as_u64().unwrap()).collect();
+    // (Listed again where it is traced again.)
+    engaged.sort_unstable();
+    engaged.dedup();
+    assert_eq!(engaged, workers, "{}", r.0["libraries"]);
+    let mut probed = std::collections::HashSet::new();
+    for p in r.0["probes"].as_array().unwrap() {
+        let at = (&p["function"], &p["library"], &p["offset"]);
+        assert!(probed.insert(at), "listed twice: {p}");
+    }
     let verdict = |s: &Value| {
         s["verdict"]["verdict"]
             .as_str()

@@ -79,7 +79,7 @@ pub(super) struct Chain {
 /// stack holds two copies while it copies, most of the time once it is large. And over more
 /// than one sample: one may catch a step's temporary at the same stack, a validation pass's
 /// hidden layer of a megabyte beside logits of 40 KiB each, and the whole span would read a
-/// megabyte low.) Until then it reads where it began.
+/// megabyte low.) Until then it reads where it began, unless it holds nothing.
 #[derive(Clone, Copy, Debug)]
 struct Resumed {
     from: u64,
@@ -106,9 +106,13 @@ impl Resumed {
             self.seen += 1;
             self.first = Some(self.first.map_or(least, |f| f.min(least)));
         }
-        let (Some(first), RESUME_SAMPLES) = (self.first, self.seen) else {
+        let Some(first) = self.first else {
             return (self.from, self.from);
         };
+        // Settling, but for a fall to nothing (the teardown freed them all).
+        if self.seen < RESUME_SAMPLES && least > 0 {
+            return (self.from, self.from);
+        }
         let at = |b: u64| (self.from + b).saturating_sub(first);
         (at(least), at(bytes))
     }
@@ -500,26 +504,40 @@ impl Analysis {
                 // tells (a quiet chain reads as a cache that filled, not as the leak it was).
                 Some(open) if open.to.is_infinite() && self.kept_leak_stopped(key.pid) => self
                     .last_kept(key.pid)
-                    .map_or(Judged::From(f64::INFINITY), |k| self.as_kept(k, key)),
+                    .map_or(Judged::From(f64::INFINITY), |k| self.as_kept(h, k, key)),
                 Some(open) if open.to.is_infinite() => {
                     let series = h.chain.stacks.get(key).map(|t| &t.series);
                     Judged::Chain(series, TENSOR_RAMP, &h.chain)
                 }
                 Some(TensorSpan {
                     kept: Some(kept), ..
-                }) => self.as_kept(kept, key),
+                }) => self.as_kept(h, kept, key),
                 _ => Judged::From(f64::INFINITY),
             },
             _ => Judged::From(warmup_s),
         }
     }
 
-    /// `key` as its tensors were judged when they were `kept`; not judged once a leak of
-    /// theirs that had stopped has been quiet for as long as it grew (a cache that filled).
-    fn as_kept<'a>(&self, kept: &'a KeptLeak, key: &GroupKey) -> Judged<'a> {
+    /// `key` as its tensors were judged when they were `kept`: on their chain, which is not
+    /// sampled while they are kept (the same evidence, and a fall at its end read as the
+    /// teardown it was where the run ends soon after: the teardown of an attached job that
+    /// freed its logits while traced again, then kept them, had them judged steady on the
+    /// evidence of the keep, and unreported); where a leak of theirs had stopped, as it was
+    /// judged when they were last kept before, and not judged once it has been quiet for as
+    /// long as it grew (a cache that filled).
+    fn as_kept<'a>(
+        &'a self,
+        h: &'a TensorHistory,
+        kept: &'a KeptLeak,
+        key: &GroupKey,
+    ) -> Judged<'a> {
         match kept.stopped {
             Some(until_x) if self.last_x >= until_x => Judged::From(f64::INFINITY),
-            _ => Judged::Kept(kept.stacks.get(key)),
+            Some(_) => Judged::Kept(kept.stacks.get(key)),
+            None => {
+                let series = h.chain.stacks.get(key).map(|t| &t.series);
+                Judged::Chain(series, TENSOR_RAMP, &h.chain)
+            }
         }
     }
 

@@ -285,3 +285,23 @@ fn a_temporary_caught_as_tensors_are_traced_again_does_not_set_where_their_chain
     a.tensors_taken_out(1, 26.0, TakenOut::Kept);
     assert!(a.kept_held_stacks(1).contains(&logits.stack));
 }
+
+/// `--tensors auto`: as above, the leak's tensors freed by the teardown a second after they were
+/// traced again, but kept as they were once more before the run ends (the keep came after the
+/// frees it saw). Still a released leak: judged on its chain, whose fall came at its end, not on
+/// the evidence of the keep (steady, its last window's floor nothing).
+#[test]
+fn tensors_kept_again_after_the_teardown_freed_them_are_a_released_leak() {
+    const M: u64 = 1 << 20;
+    let logits = key(1, Kind::Tensor);
+    let after = (40..=44).map(|i| (i, if i < 42 { (i - 26) * M } else { 0 }));
+    let mut a = kept_then_traced_again(logits, after);
+    a.tensors_taken_out(1, 22.0, TakenOut::Kept);
+    let leaks = a.released_leaks(&Default::default(), 0.0);
+    assert!(
+        leaks
+            .iter()
+            .any(|(k, e)| *k == logits && e.verdict == Verdict::Leak),
+        "{leaks:?}"
+    );
+}

@@ -18,14 +18,16 @@ fn probe_at_entry() -> bool {
 }
 
 /// A probe set placed in one library: each program with its points (program, file offset,
-/// cookie), entries before returns. Attached once for every process, or once for each traced
-/// process (own.rs).
+/// cookie), entries before returns, and its functions as the report lists them once it is in.
+/// Placed once; attached once for every process, or once for each traced process (own.rs), or
+/// for each process whose layer it is, each time it is engaged (layers.rs).
 #[derive(Clone)]
 pub(super) struct PlacedSet {
     pub(super) library: PathBuf,
     pub(super) role: &'static str,
     progs: Vec<&'static str>,
     points: Vec<(&'static str, u64, Option<u64>)>,
+    fns: Vec<AttachedFn>,
 }
 
 impl Probes {
@@ -37,20 +39,13 @@ impl Probes {
         set: &'static ProbeSet,
         scope: UProbeScope,
     ) -> Result<Vec<AttachedLink>, Error> {
-        let listed = self.attached.len();
         let placed = self.place_set(library, elf, set, scope);
-        let attached = self.attach_placed(&placed, scope);
-        if attached.is_err() {
-            // Not probed: the report does not list its functions as probed.
-            self.attached.truncate(listed);
-        }
-        attached
+        self.attach_placed(&placed, scope)
     }
 
-    /// Where each function of `set` in `library` is probed (for `scope`), its functions listed
-    /// as probed.
+    /// Where each function of `set` in `library` is probed (for `scope`).
     pub(super) fn place_set(
-        &mut self,
+        &self,
         library: &Path,
         elf: &elf::ElfFile,
         set: &'static ProbeSet,
@@ -59,6 +54,7 @@ impl Probes {
         let mut seen_addrs = Vec::new();
         // (program, file offset, cookie)
         let mut points: Vec<(&'static str, u64, Option<u64>)> = Vec::new();
+        let mut fns = Vec::new();
         let names: Vec<&str> = set.fns.iter().map(|f| f.name).collect();
         for (f, func) in set.fns.iter().zip(elf.functions(&names)) {
             let Some(func) = func else {
@@ -72,7 +68,7 @@ impl Probes {
             seen_addrs.push(func.addr);
             if let Some((offset, prog, cookie)) = self.after_call(elf, f, &func) {
                 points.push((prog, func.file_offset + offset, Some(cookie)));
-                self.attached.push(AttachedFn {
+                fns.push(AttachedFn {
                     function: f.name.into(),
                     library: library.to_path_buf(),
                     offset,
@@ -98,7 +94,7 @@ impl Probes {
                     points.push((prog, at, cookie));
                 }
             }
-            self.attached.push(AttachedFn {
+            fns.push(AttachedFn {
                 function: f.name.into(),
                 library: library.to_path_buf(),
                 offset: place.offset,
@@ -119,10 +115,12 @@ impl Probes {
             role: set.role,
             progs,
             points,
+            fns,
         }
     }
 
-    /// Attaches a set `placed` for `scope`, all of it or none.
+    /// Attaches a set `placed` for `scope`, all of it or none; its functions are listed as
+    /// probed once it is in.
     pub(super) fn attach_placed(
         &mut self,
         placed: &PlacedSet,
@@ -134,7 +132,18 @@ impl Probes {
             points,
             ..
         } = placed;
-        self.attach_programs(library, progs, points, scope)
+        let links = self.attach_programs(library, progs, points, scope)?;
+        self.list_probed(placed);
+        Ok(links)
+    }
+
+    /// Lists the functions of `placed` as probed, those not listed yet.
+    pub(super) fn list_probed(&mut self, placed: &PlacedSet) {
+        for f in &placed.fns {
+            if !self.attached.contains(f) {
+                self.attached.push(f.clone());
+            }
+        }
     }
 
     /// Attaches each of `progs` at its `points` (program, file offset, cookie), all or none: a

@@ -34,7 +34,9 @@ use aya::programs::{UProbe, uprobe::UProbeScope};
 use tracer_common::{TRACED_HEAP_LOCAL, TRACED_NO_HEAP, TRACED_NO_TENSORS};
 
 use super::{
-    AttachedLink, BPF_EXIST, Library, Probes, Timing, elf, program,
+    AttachedLink, BPF_EXIST, Library, Probes, Timing,
+    attach::PlacedSet,
+    elf, program,
     sets::{HEAP, ProbeSet, TORCH_CPU},
 };
 
@@ -57,9 +59,14 @@ fn retired_most() -> usize {
     (soft / 4).clamp(64, 2048)
 }
 
-/// A malloc family found: library, set, the process seen mapping it (0: leaktracer's own) and
-/// when it was found.
-type Found = (PathBuf, &'static ProbeSet, u32, Timing);
+/// A layer's library found (a malloc family, PyTorch's CPU allocator): its set, placed once,
+/// the process seen mapping it (0: leaktracer's own) and when it was found.
+#[derive(Clone)]
+pub(super) struct Found {
+    pub(super) placed: PlacedSet,
+    lib_pid: u32,
+    timing: Timing,
+}
 
 /// The layering's state, owned by [`Probes`].
 #[derive(Default)]
@@ -268,7 +275,7 @@ impl Probes {
     /// ahead: a layered process maps PyTorch, and they were not yet.
     pub fn preload_due(&self) -> bool {
         let l = &self.layers;
-        l.on && !l.preloaded && l.waiting.iter().any(|w| w.1.role == TORCH_CPU.role)
+        l.on && !l.preloaded && l.waiting.iter().any(|w| w.placed.role == TORCH_CPU.role)
     }
 
     /// Loads those programs (verified, not attached), once: while a training job still imports,
@@ -316,47 +323,60 @@ impl Probes {
             return;
         };
         for found in self.layers.waiting.clone() {
-            self.attach_whole(scope, found);
+            self.attach_whole(scope, &found);
         }
     }
 
     /// Attaches a library `found` traced whole for the process `pid` alone, or for every
     /// process, and lists it as probed once.
-    fn attach_whole(&mut self, pid: Option<u32>, found: Found) {
-        let (path, set, lib_pid, timing) = found;
+    fn attach_whole(&mut self, pid: Option<u32>, found: &Found) {
         let scope = match pid.map(NonZeroU32::new) {
             Some(Some(one)) => UProbeScope::OneProcess(one),
             Some(None) => return,
             None => UProbeScope::AllProcesses,
         };
-        let links = match self.attach_heap_set(&path, set, scope) {
+        let placed = &found.placed;
+        let links = match self.attach_layer(placed, scope) {
             Ok(links) => links,
-            Err(e) => return self.not_probed(&path, set.role, &e),
+            Err(e) => return self.not_probed(&placed.library, placed.role, &e),
         };
         let held = match pid {
             Some(pid) => self.layers.whole_links.entry(pid).or_default(),
             None => self.layers.everywhere.get_or_insert_default(),
         };
         held.extend(links);
+        let path = &placed.library;
         tracing::debug!(?pid, library = %path.display(), "heap traced whole");
-        let listed = self.libraries.iter().any(|l| l.path == path);
-        if !listed {
-            tracing::info!(library = %path.display(), role = set.role, "heap probes in");
+        if !self.libraries.iter().any(|l| l.path == *path) {
+            tracing::info!(library = %path.display(), role = placed.role, "heap probes in");
             self.libraries.push(Library {
-                path,
-                roles: vec![set.role.into()],
-                timing,
-                pid: lib_pid,
+                path: path.clone(),
+                roles: vec![placed.role.into()],
+                timing: found.timing,
+                pid: found.lib_pid,
             });
         }
     }
 
-    /// A library found now that is a layer's or traced whole: waiting for the processes whose
-    /// layer is engaged, attached at once for those traced whole.
-    pub(super) fn layer_found(&mut self, found: Found) {
+    /// A library `path` (`elf`) found now whose `set` is a layer's or traced whole, mapped by
+    /// `lib_pid` (0: leaktracer) at `timing`: placed, waiting for the processes whose layer is
+    /// engaged, attached at once for those traced whole.
+    pub(super) fn layer_found(
+        &mut self,
+        path: &Path,
+        elf: &elf::ElfFile,
+        set: &'static ProbeSet,
+        (lib_pid, timing): (u32, Timing),
+    ) {
+        let placed = self.place_set(path, elf, set, UProbeScope::AllProcesses);
+        let found = Found {
+            placed,
+            lib_pid,
+            timing,
+        };
         self.layers.waiting.push(found.clone());
         if self.layers.everywhere.is_some() {
-            self.attach_whole(None, found.clone());
+            self.attach_whole(None, &found);
         }
         if !self.layers.own_links {
             return;
@@ -364,7 +384,7 @@ impl Probes {
         let mut pids: Vec<u32> = self.layers.whole_links.keys().copied().collect();
         pids.sort_unstable();
         for pid in pids {
-            self.attach_whole(Some(pid), found.clone());
+            self.attach_whole(Some(pid), &found);
         }
     }
 
@@ -457,8 +477,8 @@ impl Probes {
         let layers = &self.layers;
         let found = layers.waiting.iter();
         found
-            .filter(|w| w.1.role == TORCH_CPU.role)
-            .map(|w| w.0.clone())
+            .filter(|w| w.placed.role == TORCH_CPU.role)
+            .map(|w| w.placed.library.clone())
             .collect()
     }
 
@@ -524,27 +544,26 @@ impl Probes {
         layer: &ProbeSet,
     ) -> Option<Vec<AttachedLink>> {
         let one = NonZeroU32::new(pid)?;
-        let layers = &self.layers;
-        let found = layers.waiting.iter();
-        let waiting: Vec<(PathBuf, &'static ProbeSet)> = found
-            .filter(|w| w.1.role == layer.role)
-            .map(|w| (w.0.clone(), w.1))
+        let found = self.layers.waiting.iter();
+        let waiting: Vec<PlacedSet> = found
+            .filter(|w| w.placed.role == layer.role)
+            .map(|w| w.placed.clone())
             .collect();
         let mut all = Vec::new();
-        for (path, set) in waiting {
+        for placed in waiting {
             // A process's own links go with it, where they are not detached before.
-            match self.attach_heap_set(&path, set, UProbeScope::OneProcess(one)) {
+            match self.attach_layer(&placed, UProbeScope::OneProcess(one)) {
                 Ok(links) => all.extend(links),
                 Err(e) => {
-                    self.not_probed(&path, set.role, &e);
+                    self.not_probed(&placed.library, placed.role, &e);
                     self.detach_links(all);
                     return None;
                 }
             }
             if let Some(after_s) = after_s {
                 self.libraries.push(Library {
-                    path,
-                    roles: vec![set.role.into()],
+                    path: placed.library,
+                    roles: vec![placed.role.into()],
                     timing: Timing::Engaged { after_s },
                     pid,
                 });
@@ -569,6 +588,17 @@ impl Probes {
         for link in taken {
             std::thread::spawn(move || drop(link));
         }
+    }
+
+    /// Attaches a layer's set `placed` for `scope`, with the thread switch-out program the
+    /// heap-level entries need.
+    fn attach_layer(
+        &mut self,
+        placed: &PlacedSet,
+        scope: UProbeScope,
+    ) -> Result<Vec<AttachedLink>, crate::error::Error> {
+        self.attach_switch_out()?;
+        self.attach_placed(placed, scope)
     }
 
     /// Attaches `set` in the file at `path` for `scope`, with the thread switch-out program the

@@ -54,7 +54,7 @@ pub enum Mode {
 }
 
 /// One function as probed: where, and why there.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct AttachedFn {
     pub function: String,
     pub library: PathBuf,
@@ -437,7 +437,7 @@ impl Probes {
                 continue;
             }
             if self.layers.holds_back(set) {
-                self.layer_found((path.to_path_buf(), set, lib_pid, timing));
+                self.layer_found(path, &elf, set, (lib_pid, timing));
                 continue;
             }
             let attached = if heap {
@@ -618,7 +618,11 @@ impl Probes {
             || deferred
                 .into_iter()
                 .any(|(_, set, _)| set.role == HEAP.role)
-            || self.layers.waiting.iter().any(|w| w.1.role == HEAP.role)
+            || self
+                .layers
+                .waiting
+                .iter()
+                .any(|w| w.placed.role == HEAP.role)
     }
 
     /// Adds `pid` to the kernel's traced set (its children follow automatically). `held`: user

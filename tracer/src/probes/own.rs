@@ -57,7 +57,6 @@ impl Probes {
         if lib_pid != 0 && lib_pid != std::process::id() {
             self.own.links.entry(lib_pid).or_default();
         }
-        let listed = self.attached.len();
         let placed = self.place_set(path, elf, set, UProbeScope::AllProcesses);
         let mut pids: Vec<u32> = self.own.links.keys().copied().collect();
         pids.sort_unstable();
@@ -70,9 +69,9 @@ impl Probes {
             }
         }
         if let (false, Some(e)) = (attached, failed) {
-            self.attached.truncate(listed);
             return Err(e);
         }
+        self.list_probed(&placed);
         self.own.placed.push(placed);
         self.hold_forks_as_needed();
         Ok(())
