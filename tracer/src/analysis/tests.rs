@@ -695,20 +695,28 @@ pub(super) fn kept_then_traced_again(
     at: GroupKey,
     after: impl Iterator<Item = (u64, u64)>,
 ) -> Analysis {
+    kept_then_traced_again_by(at, 1 << 20, after)
+}
+
+/// As [`kept_then_traced_again`], `unit` bytes more each sample.
+pub(super) fn kept_then_traced_again_by(
+    at: GroupKey,
+    unit: u64,
+    after: impl Iterator<Item = (u64, u64)>,
+) -> Analysis {
     let mut ledger = Ledger::default();
     ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
     let mut a = Analysis::default();
-    const M: u64 = 1 << 20;
     let sample = |a: &mut Analysis, i: u64, held: u64| {
         a.sample(i as f64 / 2.0, &ledger, &[(at, held)]);
     };
     a.tensors_traced_from(1, 2.0);
     for i in 4..=16u64 {
-        sample(&mut a, i, (i - 3) * M);
+        sample(&mut a, i, (i - 3) * unit);
     }
     a.tensors_taken_out(1, 8.0, TakenOut::Kept);
     for i in 17..40u64 {
-        sample(&mut a, i, 13 * M);
+        sample(&mut a, i, 13 * unit);
     }
     a.tensors_traced_from(1, 20.0);
     for (i, held) in after {

@@ -1,7 +1,7 @@
 //! Which page-level stacks call for a process's next layer under `--heap auto`: its tensors,
 //! its malloc family.
 
-use super::tests::{kept_then_traced_again, key};
+use super::tests::{kept_then_traced_again, kept_then_traced_again_by, key};
 use super::*;
 
 /// The analysis after 20 samples a second apart of a training job's process whose `stacks`
@@ -262,26 +262,10 @@ fn tensors_traced_again_keep_every_held_rising_stack_not_a_steps() {
 #[test]
 fn a_temporary_caught_as_tensors_are_traced_again_does_not_set_where_their_chain_goes_on() {
     let logits = key(1, Kind::Tensor);
-    let mut ledger = Ledger::default();
-    ledger.add_root(1, "python3 train.py".into(), Vec::new(), 0);
-    let mut a = Analysis::default();
     const K: u64 = 40 << 10;
-    let sample = |a: &mut Analysis, i: u64, held: u64| {
-        a.sample(i as f64 / 2.0, &ledger, &[(logits, held)]);
-    };
-    a.tensors_traced_from(1, 2.0);
-    for i in 4..=16u64 {
-        sample(&mut a, i, (i - 3) * K);
-    }
-    a.tensors_taken_out(1, 8.0, TakenOut::Kept);
-    for i in 17..40u64 {
-        sample(&mut a, i, 13 * K);
-    }
-    a.tensors_traced_from(1, 20.0);
-    sample(&mut a, 40, 13 * K + (1 << 20));
-    for i in 41..=52u64 {
-        sample(&mut a, i, (i - 27) * K);
-    }
+    let caught = std::iter::once((40, 13 * K + (1 << 20)));
+    let after = caught.chain((41..=52u64).map(|i| (i, (i - 27) * K)));
+    let mut a = kept_then_traced_again_by(logits, K, after);
     a.tensors_taken_out(1, 26.0, TakenOut::Kept);
     assert!(a.kept_held_stacks(1).contains(&logits.stack));
 }
