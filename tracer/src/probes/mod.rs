@@ -16,6 +16,7 @@ mod objects;
 mod own;
 pub mod placement;
 pub mod prober;
+mod release;
 mod ring;
 mod sets;
 pub mod tracefs;
@@ -175,8 +176,9 @@ impl Probes {
     /// Ends tracing without waiting for the kernel to unregister the uprobes. Each unregistration
     /// waits for an RCU grace period under a global lock (about 0.1 s each on this kind of machine,
     /// one after another: 6 s for a session's 60 probes). A child process inherits the
-    /// descriptors and lets go of them once this process has exited, so leaktracer ends as soon as
-    /// its report is written. Until then the old programs still run, and filter everything out.
+    /// descriptors and lets go of them once this process has exited, all at once (release.rs),
+    /// so leaktracer ends as soon as its report is written. Until then the old programs still
+    /// run, and filter everything out.
     pub fn detach_in_background(self) {
         if FOREGROUND_DETACH.load(std::sync::atomic::Ordering::Relaxed) {
             return drop(self);
@@ -187,7 +189,9 @@ impl Probes {
             return drop(self);
         }
         let [r, w] = fds;
-        // SAFETY: the child makes only async-signal-safe calls (close, read, _exit).
+        let open = release::open_fds();
+        // SAFETY: the child makes only async-signal-safe calls (close, read, those of
+        // `close_all_at_once`, _exit).
         match unsafe { libc::fork() } {
             0 => unsafe {
                 for fd in [0, 1, 2, w] {
@@ -195,6 +199,7 @@ impl Probes {
                 }
                 let mut b = 0u8;
                 libc::read(r, (&raw mut b).cast(), 1); // returns when this process is gone
+                release::close_all_at_once(&open);
                 libc::_exit(0);
             },
             pid => {
