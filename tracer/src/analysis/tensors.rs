@@ -67,6 +67,8 @@ pub(super) struct Chain {
     /// The stacks that held bytes as the open span began (traced again): where their chain
     /// went on from.
     resumed: FxHashMap<GroupKey, Resumed>,
+    /// Each stack's least on the chain less its least on the ledger, at its last sample.
+    offsets: FxHashMap<GroupKey, i64>,
 }
 
 /// A stack of a chain traced again: the least it held on the chain as the span began, and
@@ -85,6 +87,10 @@ struct Resumed {
     from: u64,
     first: Option<u64>,
     seen: u32,
+    /// The chain less the ledger at the stack's last sample before: where the ledger's `first`
+    /// puts the chain, should `from` be higher (the last sample caught a temporary, and the
+    /// whole span would read a megabyte high). Applied once, as `first` is settled.
+    off: Option<i64>,
 }
 
 /// The samples a stack traced again must hold anything in before where it goes on from is
@@ -92,11 +98,12 @@ struct Resumed {
 const RESUME_SAMPLES: u32 = 3;
 
 impl Resumed {
-    fn new(from: u64) -> Self {
+    fn new(from: u64, off: i64) -> Self {
         Self {
             from,
             first: None,
             seen: 0,
+            off: Some(off),
         }
     }
 
@@ -113,6 +120,9 @@ impl Resumed {
         if self.seen < RESUME_SAMPLES && least > 0 {
             return (self.from, self.from);
         }
+        if let Some(off) = self.off.take() {
+            self.from = self.from.min((first as i64 + off).max(0) as u64);
+        }
         let at = |b: u64| (self.from + b).saturating_sub(first);
         (at(least), at(bytes))
     }
@@ -121,21 +131,24 @@ impl Resumed {
 impl Chain {
     /// A span begins where the chain was kept: each stack holding bytes goes on from there.
     fn resume(&mut self) {
+        let offsets = &self.offsets;
         self.resumed = self
             .stacks
             .iter()
             .filter_map(|(k, t)| Some((*k, t.series.points().last()?.min)))
             .filter(|&(_, from)| from > 0)
-            .map(|(k, from)| (k, Resumed::new(from)))
+            .map(|(k, from)| (k, Resumed::new(from, offsets.get(&k).copied().unwrap_or(0))))
             .collect();
     }
 
-    /// `(least, bytes)` of `key`, as they read on the chain.
+    /// `(least, bytes)` of `key` (what it holds on the ledger), as they read on the chain.
     fn held(&mut self, key: &GroupKey, held: (u64, u64)) -> (u64, u64) {
-        match self.resumed.get_mut(key) {
+        let on = match self.resumed.get_mut(key) {
             Some(r) => r.on_chain(held),
             None => held,
-        }
+        };
+        self.offsets.insert(*key, on.0 as i64 - held.0 as i64);
+        on
     }
 
     /// A stack's evidence `e` on the chain's axis, judged from `from`, as a leak only where the
@@ -310,13 +323,16 @@ impl Analysis {
                     all += held.1;
                 }
             }
-            for (key, tracked) in chain.stacks.iter_mut() {
-                if tracked.round != chain.round {
-                    let held = match chain.resumed.get_mut(key) {
-                        Some(r) => r.on_chain((0, 0)),
-                        None => (0, 0),
-                    };
-                    let activity = super::activity(ledger, key);
+            let gone: Vec<GroupKey> = chain
+                .stacks
+                .iter()
+                .filter(|(_, tracked)| tracked.round != chain.round)
+                .map(|(k, _)| *k)
+                .collect();
+            for key in gone {
+                let held = chain.held(&key, (0, 0));
+                let activity = super::activity(ledger, &key);
+                if let Some(tracked) = chain.stacks.get_mut(&key) {
                     tracked.push(t, held, chain.round, activity);
                 }
             }

@@ -695,13 +695,14 @@ pub(super) fn kept_then_traced_again(
     at: GroupKey,
     after: impl Iterator<Item = (u64, u64)>,
 ) -> Analysis {
-    kept_then_traced_again_by(at, 1 << 20, after)
+    kept_then_traced_again_by(at, |i| (i - 3) << 20, after)
 }
 
-/// As [`kept_then_traced_again`], `unit` bytes more each sample.
+/// As [`kept_then_traced_again`], holding `before(i)` at each sample `i` of the first span
+/// (4 to 16), and `before(16)` while untraced.
 pub(super) fn kept_then_traced_again_by(
     at: GroupKey,
-    unit: u64,
+    before: impl Fn(u64) -> u64,
     after: impl Iterator<Item = (u64, u64)>,
 ) -> Analysis {
     let mut ledger = Ledger::default();
@@ -712,11 +713,11 @@ pub(super) fn kept_then_traced_again_by(
     };
     a.tensors_traced_from(1, 2.0);
     for i in 4..=16u64 {
-        sample(&mut a, i, (i - 3) * unit);
+        sample(&mut a, i, before(i));
     }
     a.tensors_taken_out(1, 8.0, TakenOut::Kept);
     for i in 17..40u64 {
-        sample(&mut a, i, 13 * unit);
+        sample(&mut a, i, before(16));
     }
     a.tensors_traced_from(1, 20.0);
     for (i, held) in after {

@@ -265,7 +265,7 @@ fn a_temporary_caught_as_tensors_are_traced_again_does_not_set_where_their_chain
     const K: u64 = 40 << 10;
     let caught = std::iter::once((40, 13 * K + (1 << 20)));
     let after = caught.chain((41..=52u64).map(|i| (i, (i - 27) * K)));
-    let mut a = kept_then_traced_again_by(logits, K, after);
+    let mut a = kept_then_traced_again_by(logits, |i| (i - 3) * K, after);
     a.tensors_taken_out(1, 26.0, TakenOut::Kept);
     assert!(a.kept_held_stacks(1).contains(&logits.stack));
 }
@@ -288,4 +288,20 @@ fn tensors_kept_again_after_the_teardown_freed_them_are_a_released_leak() {
             .any(|(k, e)| *k == logits && e.verdict == Verdict::Leak),
         "{leaks:?}"
     );
+}
+
+/// `--tensors auto`: as above, the temporary caught at the last sample before the logits were
+/// kept as they were, not the first after they were traced again. Their chain goes on from what
+/// they held, not a megabyte above it: every window's floor is whole logits.
+#[test]
+fn a_temporary_caught_as_tensors_are_kept_does_not_set_where_their_chain_goes_on() {
+    let logits = key(1, Kind::Tensor);
+    const K: u64 = 40 << 10;
+    let caught = |i: u64| (i - 3) * K + if i == 16 { 1 << 20 } else { 0 };
+    let after = (40..=52u64).map(|i| (i, (i - 27) * K));
+    let mut a = kept_then_traced_again_by(logits, caught, after);
+    a.tensors_taken_out(1, 26.0, TakenOut::Kept);
+    let e = a.judge_final(&logits, 0.0).unwrap();
+    assert_eq!(e.verdict, Verdict::Leak, "{e:?}");
+    assert!(e.windows.iter().all(|w| w.floor % K == 0), "{e:?}");
 }
