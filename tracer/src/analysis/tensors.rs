@@ -141,6 +141,12 @@ impl Chain {
             .collect();
     }
 
+    /// `key` judged on this chain, from [`TENSOR_RAMP`] on.
+    fn judged(&self, key: &GroupKey) -> Judged<'_> {
+        let series = self.stacks.get(key).map(|t| &t.series);
+        Judged::Chain(series, TENSOR_RAMP, self)
+    }
+
     /// `(least, bytes)` of `key` (what it holds on the ledger), as they read on the chain.
     fn held(&mut self, key: &GroupKey, held: (u64, u64)) -> (u64, u64) {
         let on = match self.resumed.get_mut(key) {
@@ -521,10 +527,7 @@ impl Analysis {
                 Some(open) if open.to.is_infinite() && self.kept_leak_stopped(key.pid) => self
                     .last_kept(key.pid)
                     .map_or(Judged::From(f64::INFINITY), |k| self.as_kept(h, k, key)),
-                Some(open) if open.to.is_infinite() => {
-                    let series = h.chain.stacks.get(key).map(|t| &t.series);
-                    Judged::Chain(series, TENSOR_RAMP, &h.chain)
-                }
+                Some(open) if open.to.is_infinite() => h.chain.judged(key),
                 Some(TensorSpan {
                     kept: Some(kept), ..
                 }) => self.as_kept(h, kept, key),
@@ -550,10 +553,7 @@ impl Analysis {
         match kept.stopped {
             Some(until_x) if self.last_x >= until_x => Judged::From(f64::INFINITY),
             Some(_) => Judged::Kept(kept.stacks.get(key)),
-            None => {
-                let series = h.chain.stacks.get(key).map(|t| &t.series);
-                Judged::Chain(series, TENSOR_RAMP, &h.chain)
-            }
+            None => h.chain.judged(key),
         }
     }
 
