@@ -17,7 +17,7 @@ use tracer_common::{
     PyFrame, PyStackEvent, py_flags,
 };
 
-use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
+use crate::ring::{EVENTS, count, data_flags, untimed_event};
 use crate::unwind::{get, set};
 
 /// Processes whose frames are walked, and where: set by user space, copied to forked children.
@@ -236,7 +236,7 @@ pub extern "C" fn emit_frames(id: u64, hint: u64) -> u64 {
         (*rec).event = ev;
         core::slice::from_raw_parts(rec.cast::<u8>(), HEADER + size_of::<PyFrame>() * n)
     };
-    if EVENTS.output(used, DATA_FLAGS).is_err() {
+    if EVENTS.output(used, data_flags()).is_err() {
         count(tracer_common::Counter::RingbufFull);
     }
     tstate

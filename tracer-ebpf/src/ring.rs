@@ -2,7 +2,8 @@
 //! counters, and the bare event header every record starts from.
 
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
+    Global,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
@@ -40,8 +41,23 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
     ev
 }
 
-/// Data records never wake the consumer: user space polls every 50 ms and drains everything. A
-/// wakeup is an inter-processor interrupt, and one per record costs more than the record (the
-/// default 32 MiB of ring at ~100 bytes a record takes over 6 million records/s to fill between
-/// two polls; a full ring is counted as `ringbuf_full`, never silent).
-pub const DATA_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
+/// Bytes waiting in the ring from which a data record wakes the consumer: a quarter of the ring,
+/// set by user space at load (the ring's size is chosen then).
+#[unsafe(no_mangle)]
+static WAKE_AT_BYTES: Global<u64> = Global::new(RINGBUF_BYTES as u64 / 4);
+
+/// How a data record is sent: without waking the consumer while the ring holds less than
+/// [`WAKE_AT_BYTES`], which looks at it on a clock and drains everything; waking it past that,
+/// so that a burst is drained as it comes, however long the consumer's clock waits. A wakeup is
+/// an inter-processor interrupt, and one per record costs more than the record; a consumer
+/// woken on a short clock instead costs the traced program's CPUs a timer interrupt each time
+/// (a hundred a second, most of leaktracer's own CPU while a training loop's memory held). A
+/// full ring is counted as `ringbuf_full`, never silent.
+#[inline(always)]
+pub fn data_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKE_AT_BYTES.load() {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}

@@ -21,7 +21,7 @@ use tracer_common::{
     TRACED_LEAF, TRACED_NO_HEAP, TRACED_NO_TENSORS, TRACED_OBJECTS,
 };
 
-pub use crate::ring::{DATA_FLAGS, EVENTS, count, untimed_event};
+pub use crate::ring::{EVENTS, count, data_flags, untimed_event};
 use crate::task_storage::TaskStorage;
 pub use crate::unwind::{
     STEP, Stack, UserRegs, capture, deep, deep_heap, next_hint, read_len, share_suffix,
@@ -256,7 +256,7 @@ pub fn emit_now(ev: &Event) {
 /// Sends a record without a stack.
 #[inline(always)]
 pub fn emit(ev: &Event) {
-    match EVENTS.output(ev, DATA_FLAGS) {
+    match EVENTS.output(ev, data_flags()) {
         Ok(()) => {}
         Err(_) => count(Counter::RingbufFull),
     }
@@ -343,7 +343,7 @@ pub fn emit_alloc(stack: &Stack, ev: &Event, p: &mut Pending, leaf: Option<&User
         core::slice::from_raw_parts(start, head + 8 * (n + m))
     };
     p.n_frees = 0;
-    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+    if EVENTS.output(bytes, data_flags()).is_err() {
         count(Counter::RingbufFull);
         p.n_prev = 0; // user space never saw this stack: the next record sends its own whole
     }
@@ -381,7 +381,7 @@ pub fn send_frees(ev: &FreesEvent) {
     // SAFETY: 16 + 8n <= size_of::<FreesEvent>() bytes of `ev`.
     let bytes =
         unsafe { core::slice::from_raw_parts((ev as *const FreesEvent).cast::<u8>(), 16 + 8 * n) };
-    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+    if EVENTS.output(bytes, data_flags()).is_err() {
         count(Counter::RingbufFull);
     }
 }
@@ -400,7 +400,7 @@ fn send_stack(stack: &Stack, ev: &Event, leaf_caller: u64) {
         (*stack.record).stack_bytes = (n * 8) as i64;
         core::slice::from_raw_parts(stack.record.cast::<u8>(), HEADER + 8 * n)
     };
-    if EVENTS.output(used, DATA_FLAGS).is_err() {
+    if EVENTS.output(used, data_flags()).is_err() {
         count(Counter::RingbufFull);
     }
 }
@@ -452,7 +452,7 @@ pub fn emit_deep_heap(regs: &UserRegs, ev: &Event, p: &mut Pending) {
 
 #[inline(always)]
 fn send_deep(bytes: &[u8]) {
-    if EVENTS.output(bytes, DATA_FLAGS).is_err() {
+    if EVENTS.output(bytes, data_flags()).is_err() {
         count(Counter::RingbufFull);
     }
 }

@@ -5,8 +5,9 @@
 //! were lost. Copied out as they come, they wait in user memory instead, for as long as the
 //! decoder needs; the kernel ring only has to hold what arrives between two copies.
 //!
-//! The thread waits on the ring for a wakeup (process events ask for one) or 10 ms, less when
-//! records come fast: they are read once they have left the producing CPU's cache.
+//! The thread waits on the ring for a wakeup (process events ask for one, and any record once a
+//! quarter of the ring waits) or 50 ms, less when records come fast: they are read once they
+//! have left the producing CPU's cache.
 
 use std::{
     os::fd::{AsRawFd, RawFd},
@@ -23,9 +24,12 @@ use tokio::sync::mpsc;
 use crate::probes::Ring;
 
 /// How long the thread waits for a wakeup before looking at the ring anyway, when the records
-/// come slowly. Records can go from none to 800 MB/s at once (an allocation-heavy C++ program let
-/// go after its libraries loaded): 8 MB of a 32 MiB ring in this time.
-const POLL: Duration = Duration::from_millis(10);
+/// come slowly: what a record waits at most before the ledger has it. Records can go from none
+/// to 800 MB/s at once (an allocation-heavy C++ program let go after its libraries loaded), and
+/// fill a 32 MiB ring in 40 ms: the kernel side wakes the thread once a quarter of it waits.
+/// Each look costs the machine a timer interrupt; at 10 ms they were most of leaktracer's own CPU
+/// while a training loop's memory held.
+const POLL: Duration = Duration::from_millis(50);
 
 /// Chunks kept for reuse once decoded: fresh memory costs a page fault per page while the ring
 /// waits (a copy of a burst took 100 ms with it), and more than this many are rarely in use.
@@ -164,7 +168,11 @@ impl Worker {
         let (mut wait, mut since) = (fixed.unwrap_or(POLL), std::time::Instant::now());
         let shared = self.shared.clone();
         while !shared.stop.load(Ordering::Relaxed) {
-            epoll.wait(wait);
+            match fixed {
+                // A slow reader sleeps through the kernel's wakeups.
+                Some(fixed) => std::thread::sleep(fixed),
+                None => epoll.wait(wait),
+            }
             let mut ring = shared.ring.lock().unwrap_or_else(|e| e.into_inner());
             let mut copied = 0;
             let last = copy(&mut ring, &shared.spare, |full| {
@@ -219,16 +227,21 @@ const RECORDS_PER_PUBLISH: usize = 4096;
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// Copies every committed record out of the ring, giving the space back as it goes, and hands
-/// each full chunk to `send` (the last one, maybe empty, is returned).
+/// each full chunk to `send` (the last one, maybe empty, is returned). A chunk's memory is taken
+/// only for a record: the copier looks at the ring a hundred times a second, mostly to find
+/// nothing, and a chunk taken and dropped each time cost a megabyte's allocation, its pages
+/// faulted in and given back (most of leaktracer's own CPU while a training loop's memory held).
 fn copy(ring: &mut Ring, spare: &Mutex<Vec<Vec<u8>>>, mut send: impl FnMut(Chunk)) -> Chunk {
     let fresh = || {
         let reused = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
         reused.unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES))
     };
-    let mut out = fresh();
+    let mut out = Vec::new();
     loop {
         let n = ring.read(RECORDS_PER_PUBLISH, |record| {
-            if out.len() + 4 + record.len() > out.capacity() && !out.is_empty() {
+            if out.capacity() == 0 {
+                out = fresh();
+            } else if out.len() + 4 + record.len() > out.capacity() && !out.is_empty() {
                 send(Chunk(std::mem::replace(&mut out, fresh())));
             }
             out.extend_from_slice(&(record.len() as u32).to_le_bytes());

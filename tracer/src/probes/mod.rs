@@ -290,6 +290,7 @@ impl Probes {
             .override_global("NEWTASK_PID_OFF", &newtask_pid, true)
             .override_global("NEWTASK_FLAGS_OFF", &newtask_flags, true)
             .override_global("EXIT_GROUP_DEAD_OFF", &exit_group_dead, true)
+            .override_global("WAKE_AT_BYTES", &(u64::from(ring_bytes) / 4), true)
             .map_max_entries("EVENTS", ring_bytes)
             .load(OBJECT)
             .map_err(load_error)?;
