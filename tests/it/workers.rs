@@ -73,7 +73,20 @@ fn samples_kept_by_dataloader_workers_fail_the_check_at_the_keeping_line() {
     // (Listed again where it is traced again.)
     engaged.sort_unstable();
     engaged.dedup();
-    assert_eq!(engaged, workers, "{}", r.0["libraries"]);
+    // Each worker's; the main process's too in some runs (about one in eight), where its brk
+    // heap's top rose under the backward pass beyond what its tensors explain: asked for as
+    // such, and a cost, not a leak (the first two leaks are the workers').
+    let (mine, others): (Vec<u64>, Vec<u64>) =
+        engaged.iter().copied().partition(|p| workers.contains(p));
+    assert_eq!(mine, workers, "{}", r.0["libraries"]);
+    for pid in others {
+        let main = r
+            .processes()
+            .iter()
+            .find(|p| p["pid"] == pid && pid == root);
+        let asked = main.map(|p| p["heap_asked"].as_str());
+        assert_eq!(asked, Some(Some("beyond_tensors")), "{}", r.0["libraries"]);
+    }
     let mut probed = std::collections::HashSet::new();
     for p in r.0["probes"].as_array().unwrap() {
         let at = (&p["function"], &p["library"], &p["offset"]);
