@@ -47,12 +47,10 @@ pub fn untimed_event(kind: tracer_common::EventKind, func: u32, id: u64) -> Even
 static WAKE_AT_BYTES: Global<u64> = Global::new(RINGBUF_BYTES as u64 / 4);
 
 /// How a data record is sent: without waking the consumer while the ring holds less than
-/// [`WAKE_AT_BYTES`], which looks at it on a clock and drains everything; waking it past that,
-/// so that a burst is drained as it comes, however long the consumer's clock waits. A wakeup is
-/// an inter-processor interrupt, and one per record costs more than the record; a consumer
-/// woken on a short clock instead costs the traced program's CPUs a timer interrupt each time
-/// (a hundred a second, most of leaktracer's own CPU while a training loop's memory held). A
-/// full ring is counted as `ringbuf_full`, never silent.
+/// [`WAKE_AT_BYTES`] (it looks at the ring on a clock and drains everything); waking it past
+/// that, so that a burst faster than its clock expects is drained as it comes. A wakeup is an
+/// inter-processor interrupt, and one per record costs more than the record. A full ring is
+/// counted as `ringbuf_full`, never silent.
 #[inline(always)]
 pub fn data_flags() -> u64 {
     if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKE_AT_BYTES.load() {

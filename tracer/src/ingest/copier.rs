@@ -6,7 +6,7 @@
 //! decoder needs; the kernel ring only has to hold what arrives between two copies.
 //!
 //! The thread waits on the ring for a wakeup (process events ask for one, and any record once a
-//! quarter of the ring waits) or 50 ms, less when records come fast: they are read once they
+//! quarter of the ring waits) or 10 ms, less when records come fast: they are read once they
 //! have left the producing CPU's cache.
 
 use std::{
@@ -24,12 +24,11 @@ use tokio::sync::mpsc;
 use crate::probes::Ring;
 
 /// How long the thread waits for a wakeup before looking at the ring anyway, when the records
-/// come slowly: what a record waits at most before the ledger has it. Records can go from none
-/// to 800 MB/s at once (an allocation-heavy C++ program let go after its libraries loaded), and
-/// fill a 32 MiB ring in 40 ms: the kernel side wakes the thread once a quarter of it waits.
-/// Each look costs the machine a timer interrupt; at 10 ms they were most of leaktracer's own CPU
-/// while a training loop's memory held.
-const POLL: Duration = Duration::from_millis(50);
+/// come slowly: what a record waits at most before the ledger has it, and so how far behind a
+/// sample the ledger may be. Records can go from none to 800 MB/s at once (an allocation-heavy
+/// C++ program let go after its libraries loaded): 8 MB of a 32 MiB ring in this time, and the
+/// kernel side wakes the thread once a quarter of it waits.
+const POLL: Duration = Duration::from_millis(10);
 
 /// Chunks kept for reuse once decoded: fresh memory costs a page fault per page while the ring
 /// waits (a copy of a burst took 100 ms with it), and more than this many are rarely in use.
