@@ -79,13 +79,15 @@ fn samples_kept_by_dataloader_workers_fail_the_check_at_the_keeping_line() {
     let (mine, others): (Vec<u64>, Vec<u64>) =
         engaged.iter().copied().partition(|p| workers.contains(p));
     assert_eq!(mine, workers, "{}", r.0["libraries"]);
+    let main = r.processes().iter().find(|p| p["pid"] == root);
+    let main_asked = main.and_then(|p| p["heap_asked"].as_str());
     for pid in others {
-        let main = r
-            .processes()
-            .iter()
-            .find(|p| p["pid"] == pid && pid == root);
-        let asked = main.map(|p| p["heap_asked"].as_str());
-        assert_eq!(asked, Some(Some("beyond_tensors")), "{}", r.0["libraries"]);
+        assert_eq!(
+            (pid, main_asked),
+            (root, Some("beyond_tensors")),
+            "{}",
+            r.0["libraries"]
+        );
     }
     let mut probed = std::collections::HashSet::new();
     for p in r.0["probes"].as_array().unwrap() {
