@@ -160,3 +160,42 @@ fn bad_heap_mode_ring_size_sample_interval_or_heap_start_is_a_usage_error() {
         );
     }
 }
+
+/// A terminal that went away (stderr or stdout piped into a reader that stopped) loses lines,
+/// not the run: its command's exit status and its report file as always. Debug logging writes
+/// to stderr all through the run, so most writes find it closed.
+#[test]
+fn a_closed_stderr_or_stdout_loses_lines_not_the_run() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    use std::process::Stdio;
+    let report = fixture::target_dir().join("closed-stderr.json");
+    let _ = std::fs::remove_file(&report);
+    let mut child = fixture::leaktracer_cmd()
+        .args(["run", "--no-store", "--json", "-o", report.to_str().unwrap()])
+        .args(["--", "sh", "-c", "exit 3"])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    let text = std::fs::read_to_string(&report).expect("the report written");
+    let last = tests::report::Report::parse(text.lines().last().unwrap()).unwrap();
+    assert!(last.0["events"].as_u64() > Some(0), "{text}");
+    // `check` into a reader that read nothing: the gate's own exit status (0: a command that
+    // keeps nothing).
+    let mut child = fixture::leaktracer_cmd()
+        .args(["check", "--no-store", "--", "true"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

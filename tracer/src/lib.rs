@@ -6,7 +6,7 @@
 //!          probes → ingest → ledger → analysis → report → render · store · api · check
 //!          python · hold · launch · serve · symbolize · gpu
 //!          model (shared vocabulary) · procfs (every /proc read) · kernel_types (its BTF)
-//!          error · fault
+//!          error · fault · say (lines for the terminal)
 //! ```
 
 pub mod analysis;
@@ -29,6 +29,7 @@ pub mod procfs;
 pub mod python;
 pub mod render;
 pub mod report;
+pub mod say;
 pub mod serve;
 pub mod session;
 pub mod store;

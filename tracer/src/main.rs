@@ -88,7 +88,7 @@ fn stored(
     exports: &render::Exports,
 ) -> ! {
     let fail = |code: i32, msg: &str| -> ! {
-        eprintln!("leaktracer: {msg}");
+        tracer::say!("leaktracer: {msg}");
         std::process::exit(code)
     };
     let db = Store::open_read(path).unwrap_or_else(|e| fail(exit::STORE, &e.to_string()));
@@ -98,9 +98,12 @@ fn stored(
                 .runs()
                 .unwrap_or_else(|e| fail(exit::STORE, &e.to_string()));
             if json {
-                println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+                print_out(
+                    &format!("{}\n", serde_json::to_string(&runs).unwrap_or_default()),
+                    exit::FAILURE,
+                );
             } else {
-                print!("{}", store::runs_text(&runs));
+                print_out(&store::runs_text(&runs), exit::FAILURE);
             }
             std::process::exit(0);
         }
@@ -117,17 +120,23 @@ fn stored(
         .unwrap_or_else(|e| fail(exit::USAGE, &e.to_string()));
     let r = snap.report;
     if json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        print_out(
+            &format!("{}\n", serde_json::to_string(&r).unwrap_or_default()),
+            exit::FAILURE,
+        );
     } else {
-        println!(
-            "run {run}, snapshot {} ({}, {})",
-            snap.seq,
-            snap.reason,
-            store::when(snap.taken_unix)
+        print_out(
+            &format!(
+                "run {run}, snapshot {} ({}, {})\n",
+                snap.seq,
+                snap.reason,
+                store::when(snap.taken_unix)
+            ),
+            exit::FAILURE,
         );
         let mut shown = r.clone();
         shown.stacks.truncate(top.max(1));
-        print!("{}", render::text(&shown));
+        print_out(&render::text(&shown), exit::FAILURE);
     }
     let stamp = (snap.taken_unix * 1e9) as i64;
     if let Err(e) = render::export::write(&r, exports, stamp) {
@@ -147,11 +156,11 @@ fn diff(store: &std::path::Path, old: &str, new: &str, top: usize, json: bool) -
     let deltas = diff::diff(&old, &new);
     if json {
         match serde_json::to_string(&deltas) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => print_out(&format!("{s}\n"), exit::FAILURE),
             Err(e) => usage(&e.to_string()),
         }
     } else {
-        print!("{}", diff::text(&deltas, top));
+        print_out(&diff::text(&deltas, top), exit::FAILURE);
     }
     std::process::exit(0)
 }
@@ -160,7 +169,7 @@ fn diff(store: &std::path::Path, old: &str, new: &str, top: usize, json: bool) -
 fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
     use tracer::check;
     let fail = |msg: &str| -> ! {
-        eprintln!("leaktracer: {msg}");
+        tracer::say!("leaktracer: {msg}");
         std::process::exit(check::exit::TOOL)
     };
     let outcome = session::run(tracer::config::Target::Launch(command), config)
@@ -175,11 +184,14 @@ fn check(command: Vec<String>, config: Config, gate: &Gate) -> ! {
         &gate.kinds,
         gate.pages_of_untraced,
     );
-    print!("{}", check::summary(&findings, gate.budget, run));
+    print_out(
+        &check::summary(&findings, gate.budget, run),
+        check::exit::TOOL,
+    );
     let last = &outcome.last;
     let notes = tracer::render::layer_notes(last);
     for note in notes.into_iter().chain(tracer::render::pages_notes(last)) {
-        println!("  note: {note}");
+        print_out(&format!("  note: {note}\n"), check::exit::TOOL);
     }
     if let Some(path) = &gate.junit {
         let xml = check::junit(&findings, gate.budget, run);
@@ -192,7 +204,7 @@ fn finish(result: Result<i32, Error>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("leaktracer: {e}");
+            tracer::say!("leaktracer: {e}");
             std::process::exit(e.exit_code());
         }
     }
@@ -206,13 +218,21 @@ fn exit_on_panic(code: i32) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("leaktracer: internal error (above); the traced job goes on untraced");
+        tracer::say!("leaktracer: internal error (above); the traced job goes on untraced");
         std::process::exit(code);
     }));
 }
 
+/// `text` on stdout; where it could not be written (other than to a reader that stopped
+/// reading), leaktracer ends with `code` after saying so.
+fn print_out(text: &str, code: i32) {
+    if !tracer::say::stdout(text) {
+        std::process::exit(code);
+    }
+}
+
 fn usage(msg: &str) -> ! {
-    eprintln!("leaktracer: {msg}");
+    tracer::say!("leaktracer: {msg}");
     std::process::exit(exit::USAGE);
 }
 
@@ -223,8 +243,10 @@ fn init_logging(verbose: u8) {
         _ => "debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Its fallback for a failed write is `eprintln!`, which panics when stderr is gone.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
 }

@@ -104,7 +104,7 @@ pub fn watch(root: u32, tracer: u32) -> i32 {
     continued.dedup();
     if let Some(first) = continued.first() {
         let (n, others) = (continued.len(), continued.len() > 1);
-        eprintln!(
+        crate::say!(
             "leaktracer: ended while holding the traced job; continued what it left stopped: {n} process{} (pid {first}{})",
             if others { "es" } else { "" },
             if others { " and others" } else { "" }

@@ -264,7 +264,7 @@ fn close_history(w: store::Writer, last: &report::Report, exit: Option<i32>) {
     if done.failed > 0 {
         tracing::warn!(failed = done.failed, "snapshots could not be stored");
     }
-    eprintln!(
+    crate::say!(
         "leaktracer: run {run} stored in {} ({} snapshots): leaktracer report --run {run}",
         path.display(),
         done.snapshots

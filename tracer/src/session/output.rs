@@ -26,10 +26,13 @@ impl Output {
         } else {
             render::text(r)
         };
-        let res = match self {
-            Self::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
-            Self::File(f) => f.write_all(text.as_bytes()),
-        };
-        res.map_err(|e| anyhow::anyhow!("writing the report: {e}").into())
+        match self {
+            // Piped into a reader that stopped (`| head`): what it read was what it wanted.
+            Self::Stdout if crate::say::stdout(&text) => Ok(()),
+            Self::Stdout => Err(anyhow::anyhow!("the report could not be written").into()),
+            Self::File(f) => f
+                .write_all(text.as_bytes())
+                .map_err(|e| anyhow::anyhow!("writing the report: {e}").into()),
+        }
     }
 }

@@ -450,7 +450,7 @@ impl Owner {
         match adopted {
             Ok(()) => {
                 let command = procfs::command(pid).unwrap_or_default();
-                eprintln!("leaktracer: tracing {pid} ({command})");
+                crate::say!("leaktracer: tracing {pid} ({command})");
                 let env = procfs::allocator_env(pid);
                 self.ledger.add_root(pid, command, env, monotonic_ns());
             }
@@ -483,7 +483,7 @@ impl Owner {
         self.prober.finish().detach_in_background();
         tracing::debug!(ms = ms(t), "probes let go");
         if self.live.is_some() && self.config.ui.as_ref().is_some_and(|u| u.keep_serving) {
-            eprintln!(
+            crate::say!(
                 "leaktracer: the run ended; the explorer keeps serving its final report until Ctrl-C"
             );
             ends::interrupted().await;

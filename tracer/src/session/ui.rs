@@ -31,7 +31,7 @@ pub(super) fn listen(ui: &UiConfig) -> Result<Ui, Error> {
         .as_deref()
         .map(|t| format!("?token={t}"))
         .unwrap_or_default();
-    eprintln!("leaktracer: explorer at http://{bound}/{query} (API under /api/v1)");
+    crate::say!("leaktracer: explorer at http://{bound}/{query} (API under /api/v1)");
     Ok(Ui {
         listener,
         token,
