@@ -173,7 +173,13 @@ fn a_closed_stderr_or_stdout_loses_lines_not_the_run() {
     let report = fixture::target_dir().join("closed-stderr.json");
     let _ = std::fs::remove_file(&report);
     let mut child = fixture::leaktracer_cmd()
-        .args(["run", "--no-store", "--json", "-o", report.to_str().unwrap()])
+        .args([
+            "run",
+            "--no-store",
+            "--json",
+            "-o",
+            report.to_str().unwrap(),
+        ])
         .args(["--", "sh", "-c", "exit 3"])
         .env("RUST_LOG", "debug")
         .stdout(Stdio::null())

@@ -627,6 +627,20 @@ fn a_heap_leak_that_moves_is_found_at_its_new_line_once_the_malloc_family_is_tra
     let process = r.process(r.root_pid());
     assert_eq!(process["heap_again"], 1, "{process}");
     assert!(process["heap_as_of_s"].as_f64().is_some(), "{process}");
+    // Its tensors first the first time; the second, its malloc family at once, its tensors
+    // with it: last time they did not explain its pages, and two seconds of them alone before
+    // it cost a quarter of the loop's pace.
+    let engaged = |role: &str| -> Vec<f64> {
+        let libraries = r.0["libraries"].as_array().unwrap().iter();
+        libraries
+            .filter(|l| l["roles"][0] == role && l["timing"]["when"] == "engaged")
+            .filter_map(|l| l["timing"]["after_s"].as_f64())
+            .collect()
+    };
+    let (tensors, heap) = (engaged("torch-cpu"), engaged("libc"));
+    assert_eq!((tensors.len(), heap.len()), (2, 2), "{}", r.0["libraries"]);
+    assert!(tensors[0] < heap[0], "{tensors:?} {heap:?}");
+    assert_eq!(tensors[1], heap[1], "{}", r.0["libraries"]);
     let at = |n: u64| {
         move |s: &&Value| {
             s["kind"] == "heap"
