@@ -4,6 +4,7 @@
 mod api;
 mod attach;
 mod check;
+mod ddp;
 mod diff;
 mod errors;
 mod explorer;
