@@ -165,7 +165,13 @@ pub fn classify(series: &Series, warmup_s: f64) -> Option<Evidence> {
     let (verdict, support) = if rises == WINDOWS - 1 && grows && still_growing {
         (Verdict::Leak, 1.0)
     } else if growth > tol as i64 && rises >= 1 && falls == 0 {
-        let tail_flat = floors[WINDOWS - 1].abs_diff(floors[WINDOWS - 2]) <= tol || !still_growing;
+        // One step up, into a last window that held flat through: a block or an allocator's
+        // heap that grew once (a thread's arena extended as a native pool warmed up), not a
+        // trend.
+        let last = windows[WINDOWS - 1];
+        let stepped = rises == 1 && last.peak <= last.floor + tol;
+        let tail_flat =
+            floors[WINDOWS - 1].abs_diff(floors[WINDOWS - 2]) <= tol || !still_growing || stepped;
         if tail_flat {
             (Verdict::BoundedCache, (pairs - rises as f64 + 1.0) / pairs)
         } else if grows {
@@ -450,6 +456,16 @@ mod tests {
             Verdict::BoundedCache,
             "a spike that came back"
         );
+    }
+
+    #[test]
+    fn one_step_up_held_through_the_last_window_is_not_a_leak() {
+        // A native thread's arena extended once by 200 KiB, then held (a DDP rank's gloo pool).
+        let step = |i: u64| if i < 25 { 812 << 10 } else { 1012 << 10 };
+        assert_eq!(verdict(&series(step, 40)), Verdict::BoundedCache);
+        // The same step with the last window still rising is a leak that began.
+        let began = |i: u64| step(i) + i.saturating_sub(30) * (32 << 10);
+        assert_eq!(verdict(&series(began, 40)), Verdict::Leak);
     }
 
     #[test]

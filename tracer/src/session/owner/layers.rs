@@ -320,10 +320,12 @@ impl Owner {
             })
             .collect();
         for tgid in due {
-            if self.heap_leaked_before(tgid, at_s) {
-                self.ask_heap(tgid, at_s, x, HeapAsked::BeyondTensors);
-            } else {
-                self.ask_tensors(tgid, at_s, x);
+            match self.heap_leaked_before(tgid) {
+                Some(again_s) if at_s >= again_s => {
+                    self.ask_heap(tgid, at_s, x, HeapAsked::BeyondTensors)
+                }
+                Some(_) => {} // waits for its malloc family's time
+                None => self.ask_tensors(tgid, at_s, x),
             }
         }
     }

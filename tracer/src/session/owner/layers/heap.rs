@@ -222,21 +222,19 @@ impl Owner {
         self.analysis.heap_traced_again(tgid, x);
     }
 
-    /// Whether `tgid`'s pages that grow on call for its malloc family at once (which brings its
-    /// tensors with it), not for its tensors first: its heap leaked when it was last traced, its
-    /// tensors did not (they are not kept as a leak of theirs), and its time to be traced again
-    /// has come. Its tensors' window before it, two seconds at a quarter slower, told last time
-    /// that they do not explain its pages.
-    pub(super) fn heap_leaked_before(&self, tgid: u32, at_s: f64) -> bool {
-        let Some(layers) = &self.layers else {
-            return false;
-        };
+    /// When `tgid`'s pages that grow on call for its malloc family (which brings its tensors
+    /// with it), not for its tensors first: where its heap leaked when it was last traced and
+    /// its tensors did not (they are not kept as a leak of theirs), at its time to be traced
+    /// again. Its tensors' window before it, two seconds at a quarter slower, told last time
+    /// that they do not explain its pages; pages that grow before that time wait for it.
+    pub(super) fn heap_leaked_before(&self, tgid: u32) -> Option<f64> {
+        let layers = self.layers.as_ref()?;
         let kept = layers
             .tensors
             .get(&tgid)
             .is_some_and(|t| t.again_s.is_some());
-        let heap = layers.heap.get(&tgid);
-        !kept && heap.is_some_and(|h| h.out && h.leaked && at_s >= h.again_s)
+        let heap = layers.heap.get(&tgid).filter(|h| h.out && h.leaked);
+        heap.filter(|_| !kept).map(|h| h.again_s)
     }
 
     /// Whether `pid`'s malloc family was asked for and is not taken out yet.
