@@ -13,6 +13,15 @@ macro_rules! say {
     };
 }
 
+/// A line on stdout (`format!` arguments); lost if stdout is gone (a benchmark's table piped
+/// into `head`).
+#[macro_export]
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        let _ = $crate::say::stdout(&format!("{}\n", format_args!($($arg)*)));
+    }};
+}
+
 /// `line` and a newline on stderr, in one write; lost if stderr is gone.
 pub fn stderr(line: &str) {
     let _ = std::io::stderr()

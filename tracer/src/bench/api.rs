@@ -46,7 +46,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
         .build()
         .map_err(|e| anyhow::anyhow!("tokio runtime: {e}"))?;
     let mut last = None;
-    println!("explorer API, {REQUESTS} requests each, without a socket:");
+    crate::tell!("explorer API, {REQUESTS} requests each, without a socket:");
     for (stacks, per_stack) in [(1_000u32, 10u32), (100_000, 10)] {
         let (ledger, analysis) = ledger_with(stacks, per_stack);
         // An hour of publications, one a second (not timed: the session records one at a time).
@@ -68,7 +68,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
             token: None,
             web: Default::default(),
         };
-        println!(
+        crate::tell!(
             "{stacks:>7} stacks, {:>9} allocations: publishing a report (top {PUBLISHED}) {publish_ms:.1} ms",
             u64::from(stacks) * u64::from(per_stack)
         );
@@ -81,7 +81,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
             "/metrics",
         ] {
             let (p50, p99) = rt.block_on(latency(&state, uri));
-            println!("    {uri:<40} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms");
+            crate::tell!("    {uri:<40} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms");
         }
         last = Some(state);
     }
@@ -90,7 +90,7 @@ pub fn run(serve: Option<&str>) -> Result<i32, Error> {
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| Error::Usage(format!("--serve {addr}: {e}")))?;
         let bound = listener.local_addr().map_err(|e| anyhow::anyhow!("{e}"))?;
-        eprintln!("leaktracer: explorer at http://{bound}/ (the 100k-stack report; Ctrl-C ends)");
+        crate::say!("leaktracer: explorer at http://{bound}/ (the 100k-stack report; Ctrl-C ends)");
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             tokio::select! {

@@ -148,7 +148,9 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
     }
     let memleak = memleak::find();
     if memleak.is_none() {
-        println!("bcc memleak: not installed (scripts/bench.sh installs it): its row is left out");
+        crate::tell!(
+            "bcc memleak: not installed (scripts/bench.sh installs it): its row is left out"
+        );
     }
     let mut configs = vec![
         Config::Untraced,
@@ -170,7 +172,7 @@ pub fn run(pairs: u64, rounds: usize) -> Result<i32, Error> {
             samples.push(measure(*config, pairs, memleak.as_deref())?);
         }
     }
-    println!("ns per malloc(64)+free pair, {pairs} pairs, median of {rounds} rounds:");
+    crate::tell!("ns per malloc(64)+free pair, {pairs} pairs, median of {rounds} rounds:");
     table("wall clock", &results, |c| c.wall_ns);
     table(
         "the workload thread's CPU time (user + kernel; without time other tasks took)",
@@ -189,10 +191,10 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
         Some(v)
     };
     let median = |c: Config| samples(c).and_then(|v| v.get(v.len() / 2).copied());
-    println!(" {title}:");
+    crate::tell!(" {title}:");
     for (c, s) in results {
         let all: Vec<String> = s.iter().map(|s| format!("{:.1}", clock(s))).collect();
-        println!(
+        crate::tell!(
             "  {:<36} {:>10.1}   [{}]",
             c.label(),
             median(*c).unwrap_or(f64::NAN),
@@ -201,7 +203,7 @@ fn table(title: &str, results: &[(Config, Vec<PairCost>)], clock: impl Fn(&PairC
     }
     let ratio = |label: &str, num: Option<f64>, den: Option<f64>| {
         if let (Some(n), Some(d)) = (num, den) {
-            println!("  {label:<46} {:>6.2}x", n / d);
+            crate::tell!("  {label:<46} {:>6.2}x", n / d);
         }
     };
     let untraced = median(Config::Untraced);

@@ -90,13 +90,18 @@ fn traced(workload: &[&str], heap: &str, ring_mb: u32) -> Result<(Report, f64, S
 /// `bench --storm`: 1, 2 and 4 threads for `seconds` each, `--heap full` and `sampled`.
 pub fn storm(seconds: f64) -> Result<i32, Error> {
     crate::probes::detach_in_foreground();
-    println!(
+    crate::tell!(
         "allocation storm: threads doing malloc(64)+free for {seconds} s each, {} CPUs",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    println!(
+    crate::tell!(
         "  {:<8} {:>7} {:>14} {:>14} {:>12} {:>10}  ledger",
-        "heap", "threads", "probe hits/s", "records/s", "lost", "untraced/s"
+        "heap",
+        "threads",
+        "probe hits/s",
+        "records/s",
+        "lost",
+        "untraced/s"
     );
     for heap in ["full", "sampled"] {
         for threads in [1usize, 2, 4] {
@@ -125,7 +130,7 @@ pub fn storm(seconds: f64) -> Result<i32, Error> {
                 })
                 .map(|s| s.bytes)
                 .sum();
-            println!(
+            crate::tell!(
                 "  {:<8} {:>7} {:>14.0} {:>14.0} {:>12} {:>10.0}  {} bytes held at storm_pair{}",
                 heap,
                 threads,
@@ -157,11 +162,11 @@ fn program_times(seconds: f64) -> Result<(), Error> {
     let _on = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
         Ok(fd) => fd,
         Err(e) => {
-            println!("  kernel time per program: statistics unavailable ({e})");
+            crate::tell!("  kernel time per program: statistics unavailable ({e})");
             return Ok(());
         }
     };
-    println!("  kernel time per call, 1 thread (BPF run-time statistics):");
+    crate::tell!("  kernel time per call, 1 thread (BPF run-time statistics):");
     for heap in ["full", "sampled"] {
         let done = std::sync::Arc::new(AtomicBool::new(false));
         let sampler = {
@@ -193,7 +198,7 @@ fn program_times(seconds: f64) -> Result<(), Error> {
             .map(|(name, ns)| format!("{name} {ns:.0} ns"))
             .collect();
         let pair: f64 = times.iter().map(|(_, ns)| ns).sum();
-        println!("  {heap:<8} {}; a pair: {pair:.0} ns", cells.join(", "));
+        crate::tell!("  {heap:<8} {}; a pair: {pair:.0} ns", cells.join(", "));
     }
     Ok(())
 }
@@ -274,12 +279,17 @@ static MIDS: [Mid; 100] = hundred!(mid, Mid);
 /// process (`bench-rss-one`), so each peak is its own.
 pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("own executable: {e}"))?;
-    println!(
+    crate::tell!(
         "tracer memory with {blocks} allocations outstanding (malloc(64) across 10,000 stacks):"
     );
-    println!(
+    crate::tell!(
         "  {:>8} {:>14} {:>9} {:>13} {:>13} {:>10}",
-        "ring MiB", "blocks held", "stacks", "peak RSS MiB", "anon MiB", "ring+files"
+        "ring MiB",
+        "blocks held",
+        "stacks",
+        "peak RSS MiB",
+        "anon MiB",
+        "ring+files"
     );
     for ring in [crate::cli::DEFAULT_RING_MB, 16, 64] {
         let status = std::process::Command::new(&exe)
@@ -290,7 +300,7 @@ pub fn rss_bench(blocks: u64) -> Result<i32, Error> {
             return Err(anyhow::anyhow!("the run with a {ring} MiB ring failed").into());
         }
     }
-    println!("  goal: 150 MB (143.1 MiB) peak RSS");
+    crate::tell!("  goal: 150 MB (143.1 MiB) peak RSS");
     Ok(0)
 }
 
@@ -326,7 +336,7 @@ pub fn rss_one(blocks: u64, ring_mb: u32) -> Result<i32, Error> {
         .find(|f| f.name == "distinct stacks")
         .map_or(0, |f| f.peak.unwrap_or(f.used));
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
-    println!(
+    crate::tell!(
         "  {:>8} {:>14} {:>9} {:>13.1} {:>13.1} {:>10.1}",
         ring_mb,
         r.totals.heap.blocks,

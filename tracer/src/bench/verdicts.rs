@@ -52,19 +52,19 @@ pub fn run() -> Result<i32, Error> {
     let leak = steps_to_flag(MIB, warmup, 1000);
     let steady = steps_to_flag(0, warmup, 1000);
     let show = |s: Option<u64>| s.map_or("never (1000 steps)".into(), |n| format!("{n} steps"));
-    println!(
+    crate::tell!(
         "verdicts on one stack's series: 256 MiB working set, 64 KiB jitter, 300 MiB spike every 10th step, warm-up {warmup} steps:"
     );
-    println!(
+    crate::tell!(
         "  1 MiB/step leak flagged after     {:>20}   (goal: ≤ 5)",
         show(leak)
     );
-    println!(
+    crate::tell!(
         "  same loop without the leak        {:>20}   (baseline: never)",
         show(steady)
     );
     let per_series = size_of::<Series>() + series::CAP * size_of::<series::Point>();
-    println!(
+    crate::tell!(
         "memory per tracked stack series: {per_series} bytes (bounded); 100k stacks: {:.1} MiB",
         per_series as f64 * 1e5 / MIB as f64
     );
@@ -74,7 +74,7 @@ pub fn run() -> Result<i32, Error> {
         (1_000, 1_000),
         (100_000, 100_000),
     ] {
-        println!(
+        crate::tell!(
             "report with {n:>7} stacks, top {top:>7}: {:>9.1} ms",
             report_ms(n, top)
         );
