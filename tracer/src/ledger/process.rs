@@ -18,6 +18,10 @@ use crate::{
 
 const PAGE: u64 = 4096;
 
+/// Kept tensors of a stack all made within this much of the last one kept are a pass's
+/// temporaries in flight, not held ([`Process::forget_kept_tensors_but`]).
+const IN_FLIGHT_NS: u64 = 1_000_000_000;
+
 pub fn page_up(n: u64) -> u64 {
     n.saturating_add(PAGE - 1) & !(PAGE - 1)
 }
@@ -381,14 +385,23 @@ impl Process {
     }
 
     /// Its CPU tensors kept as they were (made up to `tensors_kept_ns`) whose stacks `keep` does
-    /// not pick are forgotten; those made since stay.
+    /// not pick are forgotten, and those of a picked stack none of whose kept tensors was made
+    /// [`IN_FLIGHT_NS`] before the last: a pass's temporaries, in flight as they were kept (a
+    /// Trainer's backward pass, sampled mid-step every time on a loaded machine, read as held
+    /// and rising, its temporaries piling up at each keep into a leak at the line that calls
+    /// `train()`). Those made since stay.
     pub fn forget_kept_tensors_but(&mut self, keep: impl Fn(Option<StackId>) -> bool) {
         let kept_ns = self.tensors_kept_ns;
-        self.heap.retain(|_, b| {
-            Kind::of(b.origin.func) != Kind::Tensor
-                || b.origin.ts_ns > kept_ns
-                || keep(b.origin.stack)
-        });
+        let kept = |b: &Block| Kind::of(b.origin.func) == Kind::Tensor && b.origin.ts_ns <= kept_ns;
+        let mut oldest: std::collections::HashMap<Option<StackId>, u64> = Default::default();
+        for b in self.heap.values().filter(|b| kept(b)) {
+            let at = oldest.entry(b.origin.stack).or_insert(u64::MAX);
+            *at = (*at).min(b.origin.ts_ns);
+        }
+        let held = |s: Option<StackId>| {
+            keep(s) && oldest.get(&s).is_some_and(|&t| t + IN_FLIGHT_NS <= kept_ns)
+        };
+        self.heap.retain(|_, b| !kept(b) || held(b.origin.stack));
     }
 
     /// Its malloc family is traced again: its heap blocks that `keep` does not pick are set

@@ -158,7 +158,8 @@ fn a_kept_large_tensor_whose_pages_were_unmapped_goes() {
 /// Tensors kept as they were and asked for again: the kept ones of other stacks than the held
 /// ones are forgotten once they are traced, not at the asking (a process that ends before is
 /// reported with its tensors as they were kept), and tensors made since stay whatever their
-/// stack.
+/// stack. So are those of a held stack all made within a second of the last kept: a pass's
+/// temporaries, in flight as they were kept.
 #[test]
 fn kept_tensors_asked_for_again_are_forgotten_once_traced() {
     let tensor = |addr, stack, ts_ns| {
@@ -168,15 +169,21 @@ fn kept_tensors_asked_for_again_are_forgotten_once_traced() {
             ..ev(AllocFn::C10AllocCpu, What::Alloc { addr, size: 4096 })
         })
     };
-    let mut l = ledger(vec![tensor(0x5000, 4, 10), tensor(0x6000, 5, 11)]);
+    const S: u64 = 1_000_000_000;
+    let mut l = ledger(vec![
+        tensor(0x5000, 4, 10),
+        tensor(0x8000, 6, 2 * S - S / 10),
+        tensor(0x6000, 5, 2 * S),
+    ]);
     l.keep_tensors(PID, 1.0);
-    l.forget_tensors_when_traced(PID, vec![Some(StackId::new(4))]);
+    let held = [4, 6].map(|s| Some(StackId::new(s)));
+    l.forget_tensors_when_traced(PID, held.to_vec());
     assert_eq!(
         outstanding(&l, Kind::Tensor),
-        (8192, 2),
+        (3 * 4096, 3),
         "asked for, not traced yet"
     );
-    l.apply(tensor(0x7000, 5, 30)); // made once traced, before the session saw them traced
+    l.apply(tensor(0x7000, 5, 3 * S)); // made once traced, before the session saw them traced
     l.tensors_traced(PID, 2.0);
     assert_eq!(
         outstanding(&l, Kind::Tensor),
