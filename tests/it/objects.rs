@@ -413,6 +413,11 @@ fn objects_passed_to_malloc_in_the_window_are_exact_heap_blocks() {
     let pid = r.root_pid();
     assert!(r.process(pid)["objects"].is_array(), "a window opened");
     assert_eq!(r.losses()["unmatched_frees"], 0, "{}", r.losses());
+    // Nested calls are the large objects' mallocs inside their object calls, at most two a
+    // step. An object call whose return probe went with the window, left open, took thousands
+    // of later calls for nested ones (2,119 in a loaded run) and dropped them.
+    let nested = r.losses()["nested_calls"].as_u64().unwrap();
+    assert!(nested <= 2 * 80, "{}", r.losses());
     let large = line("objects_leak", "# LARGE");
     let kept = r.sum(|s| {
         s["kind"] == "heap"
