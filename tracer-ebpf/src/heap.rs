@@ -47,7 +47,7 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
             count(Counter::Nested);
             return 0;
         }
-        if heap_off(func, p, id) {
+        if heap_off(func as u32, p, id) {
             skip(p, sp);
             return 0;
         }
@@ -61,7 +61,7 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
     match entries::of_probe_or_create(ctx.regs) {
         Some((p, id)) => {
             sampling::first_points(p);
-            if heap_off(func, p, id) {
+            if heap_off(func as u32, p, id) {
                 skip(p, sp);
                 return 0;
             }
@@ -81,14 +81,7 @@ pub fn enter(ctx: &ProbeContext, func: AllocFn, arg0: u64, size: u64) -> u32 {
 /// opens in its place (a block pymalloc passes to malloc is then a heap block).
 #[inline(always)]
 fn open_call_gone(p: &mut Pending, id: u64) -> bool {
-    let s = settings(p, (id >> 32) as u32);
-    let gone = if object_call(p) {
-        s & OBJECTS_ON == 0
-    } else if p.func == AllocFn::C10AllocCpu as u32 {
-        s & TENSORS_OFF != 0
-    } else {
-        s & HEAP_OFF != 0
-    };
+    let gone = heap_off(p.func, p, id);
     if gone {
         skip(p, p.sp);
         p.depth = 0;
@@ -96,17 +89,17 @@ fn open_call_gone(p: &mut Pending, id: u64) -> bool {
     gone
 }
 
-/// Whether `func` is of the malloc family and the process of entry `p` (`id`) has it untraced
-/// ([`HEAP_OFF`]), or of CPython's object allocator and its objects are not sampled now
-/// ([`OBJECTS_ON`]), or a CPU tensor's and its tensors are untraced ([`TENSORS_OFF`]): then
-/// neither its entry nor its return records anything.
+/// Whether `func` (an [`AllocFn`] value) is of the malloc family and the process of entry `p`
+/// (`id`) has it untraced ([`HEAP_OFF`]), or of CPython's object allocator and its objects are
+/// not sampled now ([`OBJECTS_ON`]), or a CPU tensor's and its tensors are untraced
+/// ([`TENSORS_OFF`]): then neither its entry nor its return records anything.
 #[inline(always)]
-fn heap_off(func: AllocFn, p: &mut Pending, id: u64) -> bool {
+fn heap_off(func: u32, p: &mut Pending, id: u64) -> bool {
     let s = settings(p, (id >> 32) as u32);
-    if func.is_object() {
+    if AllocFn::is_object_tag(func) {
         return s & OBJECTS_ON == 0;
     }
-    if func == AllocFn::C10AllocCpu {
+    if func == AllocFn::C10AllocCpu as u32 {
         return s & TENSORS_OFF != 0;
     }
     s & HEAP_OFF != 0
