@@ -228,10 +228,13 @@ impl Ledger {
     /// `pid`'s CPU tensors kept as they were are asked for again: once they are traced, those
     /// kept at stacks other than `held` are forgotten ([`Ledger::forget_tensors_but`]). Not
     /// before: a process that ends first (a retrace asked for just before the end) is reported
-    /// with its tensors as they were kept.
+    /// with its tensors as they were kept. Kept are all it holds now: those made after the keep,
+    /// before their probes went out, were untraced too (a backward pass's gradients made then,
+    /// their frees unseen, stayed through every later span as a stack held and rising).
     pub fn forget_tensors_when_traced(&mut self, pid: u32, held: Vec<Option<StackId>>) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.tensors_held_on_trace = Some(held);
+            p.tensors_kept_ns = p.tensors_kept_ns.max(p.latest_made(Kind::Tensor));
         }
     }
 

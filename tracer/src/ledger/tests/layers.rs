@@ -157,9 +157,10 @@ fn a_kept_large_tensor_whose_pages_were_unmapped_goes() {
 
 /// Tensors kept as they were and asked for again: the kept ones of other stacks than the held
 /// ones are forgotten once they are traced, not at the asking (a process that ends before is
-/// reported with its tensors as they were kept), and tensors made since stay whatever their
-/// stack. So are those of a held stack all made within a second of the last kept: a pass's
-/// temporaries, in flight as they were kept.
+/// reported with its tensors as they were kept), those made after the keep and before the
+/// probes went out with them; tensors made since stay whatever their stack. So are forgotten
+/// those of a held stack all made within a second of the last kept: a pass's temporaries, in
+/// flight as they were kept.
 #[test]
 fn kept_tensors_asked_for_again_are_forgotten_once_traced() {
     let tensor = |addr, stack, ts_ns| {
@@ -176,11 +177,12 @@ fn kept_tensors_asked_for_again_are_forgotten_once_traced() {
         tensor(0x6000, 5, 2 * S),
     ]);
     l.keep_tensors(PID, 1.0);
+    l.apply(tensor(0x9000, 5, 2 * S + S / 100)); // made after the keep, before the probes went out
     let held = [4, 6].map(|s| Some(StackId::new(s)));
     l.forget_tensors_when_traced(PID, held.to_vec());
     assert_eq!(
         outstanding(&l, Kind::Tensor),
-        (3 * 4096, 3),
+        (4 * 4096, 4),
         "asked for, not traced yet"
     );
     l.apply(tensor(0x7000, 5, 3 * S)); // made once traced, before the session saw them traced
