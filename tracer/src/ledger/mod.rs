@@ -192,6 +192,10 @@ impl Ledger {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
+        // Kept are all its heap blocks now, as for its tensors (see
+        // [`Ledger::forget_tensors_when_traced`]): those made after the take-out, before the
+        // probes went out, had their frees unseen too.
+        p.heap_kept_ns = p.heap_kept_ns.max(p.latest_made(Kind::Heap));
         p.heap_retraced = true;
         p.displaced.clear();
         p.set_heap_aside(keep);

@@ -53,8 +53,9 @@ fn heap_blocks_kept_at_the_take_out_give_their_address_up_without_a_mismatch() {
 }
 
 /// Traced again after it was taken out (`--heap auto`, its pages grew on): the heap blocks of
-/// its leak's stack stay as they were, the others are forgotten (their frees went unseen); a new
-/// block at the address of one kept replaces it without a mismatch, and its own free releases it.
+/// its leak's stack stay as they were (those made after the take-out, before the probes went
+/// out, too), the others are forgotten (their frees went unseen); a new block at the address of
+/// one kept replaces it without a mismatch, and its own free releases it.
 #[test]
 fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
     let mut l = ledger(vec![
@@ -63,6 +64,15 @@ fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
         alloc(AllocFn::Malloc, 0x7000, 32, 2),
     ]);
     l.heap_taken_out(PID, 1.0, false);
+    let made = |ts_ns, stack, addr, size| {
+        Input::Event(Event {
+            ts_ns,
+            stack: Some(StackId::new(stack)),
+            ..ev(AllocFn::Malloc, What::Alloc { addr, size })
+        })
+    };
+    // Made after the take-out, before the probes went out: its free was not seen either.
+    l.apply(made(3, 1, 0x9000, 64));
     l.heap_traced_again(PID, |s| s == Some(StackId::new(1)));
     // The window before stands until this one is decided.
     let p = &l.procs[&PID];
@@ -70,19 +80,15 @@ fn heap_traced_again_keeps_its_leaks_blocks_and_forgets_the_others() {
         (p.heap_as_of_s, p.heap_again, p.heap_retraced),
         (Some(1.0), 0, true)
     );
-    assert_eq!(outstanding(&l, Kind::Heap), (128, 2));
-    // 0x6000 was freed while untraced and handed out again.
-    let later = |addr, size| {
-        Input::Event(Event {
-            ts_ns: 5,
-            stack: Some(StackId::new(3)),
-            ..ev(AllocFn::Malloc, What::Alloc { addr, size })
-        })
-    };
-    l.apply(later(0x6000, 16));
-    assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
-    assert_eq!(l.procs[&PID].mismatches.untraced_frees, 0);
-    l.apply(free(0x6000));
+    assert_eq!(outstanding(&l, Kind::Heap), (192, 3));
+    // 0x6000 and 0x9000 were freed while untraced and handed out again.
+    let later = |addr, size| made(5, 3, addr, size);
+    for addr in [0x6000, 0x9000] {
+        l.apply(later(addr, 16));
+        assert_eq!(l.procs[&PID].mismatches.reused_addresses, 0);
+        assert_eq!(l.procs[&PID].mismatches.untraced_frees, 0);
+        l.apply(free(addr));
+    }
     assert_eq!(outstanding(&l, Kind::Heap), (64, 1));
     // A block made while traced again and replaced before its free came is a reuse as ever.
     l.apply(later(0x8000, 16));
