@@ -162,7 +162,7 @@ impl Ledger {
         if let Some(p) = self.procs.get_mut(&pid) {
             (p.tensor_layer, p.tensors_as_of_s) = (Some(TensorLayer::Kept), Some(at_s));
             p.tensors_since_s = None;
-            p.tensors_kept_ns = p.tensors_kept_ns.max(p.latest_made(Kind::Tensor));
+            p.keep_made(Kind::Tensor);
         }
     }
 
@@ -174,7 +174,7 @@ impl Ledger {
             (p.heap_as_of_s, p.heap_held) = (Some(at_s), held);
             p.pages_at_heap_out = p.pages_bytes();
             p.pages_most_after_heap = p.pages_at_heap_out;
-            p.heap_kept_ns = p.heap_kept_ns.max(p.latest_made(Kind::Heap));
+            p.keep_made(Kind::Heap);
             if p.heap_retraced {
                 (p.heap_retraced, p.heap_again) = (false, p.heap_again + 1);
                 p.heap_aside.clear();
@@ -195,7 +195,7 @@ impl Ledger {
         // Kept are all its heap blocks now, as for its tensors (see
         // [`Ledger::forget_tensors_when_traced`]): those made after the take-out, before the
         // probes went out, had their frees unseen too.
-        p.heap_kept_ns = p.heap_kept_ns.max(p.latest_made(Kind::Heap));
+        p.keep_made(Kind::Heap);
         p.heap_retraced = true;
         p.displaced.clear();
         p.set_heap_aside(keep);
@@ -238,7 +238,7 @@ impl Ledger {
     pub fn forget_tensors_when_traced(&mut self, pid: u32, held: Vec<Option<StackId>>) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.tensors_held_on_trace = Some(held);
-            p.tensors_kept_ns = p.tensors_kept_ns.max(p.latest_made(Kind::Tensor));
+            p.keep_made(Kind::Tensor);
         }
     }
 

@@ -355,14 +355,19 @@ impl Process {
         }
     }
 
-    /// When (kernel ns) its latest outstanding block of `kind` (heap block or CPU tensor) was
-    /// made; 0 where it has none.
-    pub fn latest_made(&self, kind: Kind) -> u64 {
+    /// Its outstanding blocks of `kind` (heap blocks or CPU tensors) are kept as they were, their
+    /// frees unseen from now on: `heap_kept_ns` or `tensors_kept_ns` covers the latest made.
+    pub fn keep_made(&mut self, kind: Kind) {
         let made = self
             .heap
             .values()
             .filter(|b| Kind::of(b.origin.func) == kind);
-        made.map(|b| b.origin.ts_ns).max().unwrap_or(0)
+        let latest = made.map(|b| b.origin.ts_ns).max().unwrap_or(0);
+        let kept_ns = match kind {
+            Kind::Tensor => &mut self.tensors_kept_ns,
+            _ => &mut self.heap_kept_ns,
+        };
+        *kept_ns = (*kept_ns).max(latest);
     }
 
     /// Forgets its outstanding blocks of `kind` (heap blocks or CPU tensors) but those of the
