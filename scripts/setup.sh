@@ -80,31 +80,53 @@ fi
 #    Its torch/ is also the tch harness's libtorch (LIBTORCH in .cargo/config.toml): a CPU-usable
 #    libtorch whose libraries find the CUDA runtime they link against beside them.
 #    Pinned: the newest numpy for CPython 3.11, and the PyTorch release tch 0.26 is built for.
-if ! [ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || ! [ -f .pydeps/torch-2.13.0.dist-info/METADATA ]; then
-  if ! python3 -m pip --version >/dev/null 2>&1; then
-    log "apt-get install python3-pip"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
+#
+#    A wheel set is installed once per machine, into a directory of $LEAKTRACER_CACHE named by its
+#    pins (a set that installed whole is marked so), and .pydeps links to it: a second clone, as
+#    the test command's run on a clean clone, does not unpack 4.5 GB again. A .pydeps that is a
+#    directory of its own, complete, is kept as it is.
+CACHE=${LEAKTRACER_CACHE:-/var/cache/leaktracer}
+
+# wheels_at LINK NAME CHECK PIP_ARGS...: LINK (in the clone) names a wheel set NAME complete when
+# CHECK (a file in it) is there; installs the set into $CACHE/NAME when it is not whole there.
+wheels_at() {
+  local link=$1 name=$2 check=$3
+  shift 3
+  if [ -d "$link" ] && ! [ -L "$link" ] && [ -f "$link/$check" ]; then
+    return 0
   fi
-  log "installing numpy 2.4.6 and torch 2.13.0 (with its dependencies) into .pydeps"
-  pip_into .pydeps 'numpy==2.4.6' 'torch==2.13.0'
-  for d in numpy-2.4.6 torch-2.13.0; do
-    [ -f ".pydeps/$d.dist-info/METADATA" ] || { echo "setup: $d did not install into .pydeps" >&2; exit 1; }
-  done
-fi
+  local dir="$CACHE/$name"
+  mkdir -p "$CACHE"
+  (
+    flock 9
+    if ! [ -f "$dir/.installed" ] || ! [ -f "$dir/$check" ]; then
+      if ! python3 -m pip --version >/dev/null 2>&1; then
+        log "apt-get install python3-pip"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
+      fi
+      log "installing $* into $dir"
+      pip_into "$dir" "$@"
+      [ -f "$dir/$check" ] || { echo "setup: $check did not install into $dir" >&2; exit 1; }
+      touch "$dir/.installed"
+    fi
+  ) 9>"$CACHE/.lock"
+  rm -rf "$link"
+  ln -s "$dir" "$link"
+}
+
+wheels_at .pydeps pydeps-numpy-2.4.6-torch-2.13.0 torch-2.13.0.dist-info/METADATA \
+  'numpy==2.4.6' 'torch==2.13.0'
+[ -f .pydeps/numpy-2.4.6.dist-info/METADATA ] || { echo "setup: numpy is not in .pydeps" >&2; exit 1; }
 
 # 4b. Hugging Face's Trainer for the test of a job as its users write one (transformers and
 #     accelerate over the torch of .pydeps), into .pydeps-hf: each package pinned and without
 #     its dependencies (accelerate's would install torch a second time).
-if ! [ -f .pydeps-hf/transformers-4.46.3.dist-info/METADATA ]; then
-  log "installing transformers 4.46.3 and accelerate 1.1.1 into .pydeps-hf"
-  pip_into .pydeps-hf --no-deps 'transformers==4.46.3' 'accelerate==1.1.1' 'tokenizers==0.20.3' \
-    'huggingface-hub==0.29.3' 'safetensors==0.8.0' 'regex==2026.12.2' 'PyYAML==6.0.4' \
-    'requests==2.34.2' 'urllib3==2.8.0' 'idna==3.20' 'certifi==2026.10.19.post1' \
-    'charset-normalizer==3.5.3' 'tqdm==4.70.1' 'packaging==26.4' 'psutil==7.2.2'
-  [ -f .pydeps-hf/transformers-4.46.3.dist-info/METADATA ] \
-    || { echo "setup: transformers did not install into .pydeps-hf" >&2; exit 1; }
-fi
+wheels_at .pydeps-hf pydeps-hf-transformers-4.46.3 transformers-4.46.3.dist-info/METADATA \
+  --no-deps 'transformers==4.46.3' 'accelerate==1.1.1' 'tokenizers==0.20.3' \
+  'huggingface-hub==0.29.3' 'safetensors==0.8.0' 'regex==2026.12.2' 'PyYAML==6.0.4' \
+  'requests==2.34.2' 'urllib3==2.8.0' 'idna==3.20' 'certifi==2026.10.19.post1' \
+  'charset-normalizer==3.5.3' 'tqdm==4.70.1' 'packaging==26.4' 'psutil==7.2.2'
 
 # 5. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
 if ! [ -e /sys/kernel/tracing/events ]; then
