@@ -11,12 +11,6 @@ bash scripts/setup.sh
 RUSTC_WORKSPACE_WRAPPER=$(rustup which clippy-driver)
 export RUSTC_WORKSPACE_WRAPPER
 export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
-# A build from scratch (a clean clone: no incremental cache yet) is not incremental: the tracer's
-# crate then compiles in 145 s rather than 189 s, its unit tests in 86 s rather than 135 s, here.
-# A tree built incrementally before stays so.
-if ! [ -d target/debug/incremental ]; then
-  export CARGO_INCREMENTAL=0
-fi
 # leaktracer apart from the tch harness: the harness's build dependencies ask for another feature
 # of `cc`, and built together the tracer's dependencies (SQLite's C) and the tracer itself were
 # built a second time for the tests below, which do not build the harness.
