@@ -12,6 +12,8 @@ use std::{
 
 use crate::error::Error;
 
+mod pyenv;
+
 /// A forked child waiting for [`HeldChild::release`] before it execs.
 pub struct HeldChild {
     pub pid: u32,
@@ -22,11 +24,6 @@ pub struct HeldChild {
 
 /// Finds `cmd` the way execvp would: a path when it has a slash, else in $PATH.
 pub fn resolve(cmd: &str) -> Result<PathBuf, Error> {
-    let executable = |p: &Path| {
-        let c = CString::new(p.as_os_str().as_bytes()).ok();
-        // SAFETY: access(2) on a NUL-terminated path.
-        p.is_file() && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
-    };
     if cmd.contains('/') {
         let p = PathBuf::from(cmd);
         return if executable(&p) {
@@ -40,6 +37,13 @@ pub fn resolve(cmd: &str) -> Result<PathBuf, Error> {
         .map(|d| d.join(cmd))
         .find(|p| executable(p))
         .ok_or_else(|| Error::CommandNotFound(cmd.into()))
+}
+
+/// Whether `p` is a file this process may execute.
+fn executable(p: &Path) -> bool {
+    let c = CString::new(p.as_os_str().as_bytes()).ok();
+    // SAFETY: access(2) on a NUL-terminated path.
+    p.is_file() && c.is_some_and(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
 }
 
 /// Commands that exec the command they are given after their own options, and those options that
@@ -92,26 +96,39 @@ fn runs_in_the_end(argv: &[String], depth: u8) -> Option<PathBuf> {
         return None;
     }
     match interpreter_line(&program) {
-        Some(interpreter) => runs_in_the_end(&interpreter, depth + 1),
+        Some(Script::Shim(target)) => {
+            runs_in_the_end(&[target.to_string_lossy().into_owned()], depth + 1)
+        }
+        Some(Script::Interpreter(interpreter)) => runs_in_the_end(&interpreter, depth + 1),
         None => Some(program),
     }
 }
 
-/// A script's `#!` line as an argv (the interpreter and its one argument), None for a binary.
-fn interpreter_line(program: &Path) -> Option<Vec<String>> {
+/// What a script runs: the program a pyenv shim execs, or its `#!` line's interpreter.
+enum Script {
+    Shim(PathBuf),
+    /// The interpreter and its one argument.
+    Interpreter(Vec<String>),
+}
+
+/// What the script `program` runs (see [`Script`]), None for a binary.
+fn interpreter_line(program: &Path) -> Option<Script> {
     use std::io::Read;
-    let mut head = [0u8; 256];
+    let mut head = [0u8; 1024];
     let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
     let line = head[..n].strip_prefix(b"#!")?;
+    if let Some(target) = pyenv::shim_target(program, &String::from_utf8_lossy(line)) {
+        return Some(Script::Shim(target));
+    }
     let line = line.split(|&b| b == b'\n').next()?;
     let line = std::str::from_utf8(line).ok()?.trim();
     let (interpreter, arg) = line.split_once([' ', '\t']).unwrap_or((line, ""));
-    Some(
+    Some(Script::Interpreter(
         std::iter::once(interpreter)
             .chain((!arg.trim().is_empty()).then_some(arg.trim()))
             .map(String::from)
             .collect(),
-    )
+    ))
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
