@@ -32,8 +32,10 @@ ONLY = os.environ.get("ONLY", "")
 PY = sys.executable
 # How long a peer may take (heaptrack did not finish the job with DataLoader workers).
 PEER_TIMEOUT = int(os.environ.get("PEER_TIMEOUT", "300"))
-# transformers and its dependencies are in .pydeps-hf (scripts/setup.sh), read offline.
-PY_ENV = {**os.environ, "PYTHONPATH": f"{ROOT / '.pydeps'}:{ROOT / '.pydeps-hf'}",
+# transformers and its dependencies are in .pydeps-hf, Lightning's in .pydeps-pl
+# (scripts/setup.sh); read offline.
+PY_ENV = {**os.environ,
+          "PYTHONPATH": f"{ROOT / '.pydeps'}:{ROOT / '.pydeps-hf'}:{ROOT / '.pydeps-pl'}",
           "HF_HUB_OFFLINE": "1"}
 # The counters of records the tracer lost (the rest of `losses` are unmatched frees and such).
 LOST = (
@@ -96,6 +98,12 @@ def workloads(build):
          FIXTURES / "hf_trainer.py"),
         ("Hugging Face Trainer (PyTorch), no leak", "python",
          [PY, str(FIXTURES / "hf_trainer.py"), "100" if QUICK else "600", "fixed"], None),
+        # A Lightning job (Lightning's own Trainer) whose training_step keeps each step's loss,
+        # its graph's nodes malloc'd by the forward line; and one that keeps its value.
+        ("Lightning (PyTorch), losses kept", "python",
+         [PY, str(FIXTURES / "pl_train.py"), "20" if QUICK else "150"], FIXTURES / "pl_train.py"),
+        ("Lightning (PyTorch), no leak", "python",
+         [PY, str(FIXTURES / "pl_train.py"), "20" if QUICK else "150", "fixed"], None),
         ("pure-Python service", "python", [PY, str(BENCH / "py_service.py"), requests],
          BENCH / "py_service.py"),
         ("C++ allocation-heavy (-O2)", "native", [str(cpp), lines], src),

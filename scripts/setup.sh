@@ -128,6 +128,12 @@ wheels_at .pydeps-hf pydeps-hf-transformers-4.46.3 transformers-4.46.3.dist-info
   'requests==2.34.2' 'urllib3==2.8.0' 'idna==3.20' 'certifi==2026.10.19.post1' \
   'charset-normalizer==3.5.3' 'tqdm==4.70.1' 'packaging==26.4' 'psutil==7.2.2'
 
+# 4c. Lightning, for the test of a job as its users write one with it (over the torch of .pydeps),
+#     into .pydeps-pl, pinned and without dependencies likewise.
+wheels_at .pydeps-pl pydeps-pl-lightning-2.6.6 lightning-2.6.6.dist-info/METADATA \
+  --no-deps 'lightning==2.6.6' 'lightning-utilities==0.15.3' 'torchmetrics==1.9.0' \
+  'PyYAML==6.0.4' 'tqdm==4.70.1' 'packaging==26.4'
+
 # 5. tracefs (syscall tracepoints need it; the tool mounts it too, this keeps the tests' view simple).
 if ! [ -e /sys/kernel/tracing/events ]; then
   log "mounting tracefs"

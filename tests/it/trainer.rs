@@ -130,3 +130,65 @@ fn leaking(s: &Value, line: u64) -> bool {
         && s["verdict"]["verdict"] == "leak"
         && line_of(s, "hf_trainer") == Some(line)
 }
+
+/// A training job as Lightning's users write one (`pl_train.py`: a LightningModule fit by
+/// Lightning's Trainer, from scripts/setup.sh's .pydeps-pl), whose training_step keeps each
+/// step's loss in a list, as Lightning's docs keep `training_step_outputs`: the losses' graphs
+/// hold their nodes, malloc'd by the forward line. `check` fails first at that line, on heap
+/// stacks, and at no other; the same job keeping each loss's value passes.
+#[test]
+fn losses_kept_by_a_lightning_modules_training_step_fail_the_check_at_its_forward_line() {
+    if !fixture::bpf_available() {
+        return;
+    }
+    let _x = fixture::exclusive();
+    let pl = fixture::pydeps().with_file_name(".pydeps-pl");
+    assert!(
+        pl.join("lightning").is_dir(),
+        "lightning in {} (scripts/setup.sh installs it)",
+        pl.display()
+    );
+    let path = format!(
+        "PYTHONPATH={}:{}",
+        fixture::pydeps().display(),
+        pl.display()
+    );
+    let job = |name: &str, args: &[&str]| {
+        let (o, r) = check_torch_at(name, &script("pl_train"), &[path.as_str()], &[], args);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            r,
+        )
+    };
+    let (code, out, r) = job("pl-train", &["150"]);
+    assert_eq!(code, Some(1), "{out}");
+    let at = line("pl_train", "# LEAK-SITE");
+    let site = format!("Net.training_step (pl_train.py:{at})");
+    let leaks: Vec<&str> = out.lines().filter(|l| l.contains("LEAK ")).collect();
+    assert!(
+        leaks.first().is_some_and(|l| l.contains("LEAK heap")),
+        "{out}"
+    );
+    assert!(
+        !leaks.is_empty() && leaks.iter().all(|l| l.ends_with(&site)),
+        "{out}"
+    );
+    // Its nodes are made at several stacks of that line; those of the leak's pace are judged one.
+    let heap_at_site = |s: &&Value| s["kind"] == "heap" && line_of(s, "pl_train") == Some(at);
+    assert!(
+        r.stacks()
+            .iter()
+            .filter(heap_at_site)
+            .any(|s| s["verdict"]["verdict"] == "leak"),
+        "{out}"
+    );
+    let not_losses = ["nested_calls", "untraced_frees", "thread_exit_frees"];
+    for (loss, n) in r.losses().as_object().unwrap() {
+        assert!(not_losses.contains(&loss.as_str()) || n == 0, "{loss}: {n}");
+    }
+    let (code, out, r) = job("pl-train-fixed", &["100", "fixed"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("LEAK "), "{out}");
+    assert!(r.stacks().iter().all(|s| s["verdict"]["verdict"] != "leak"));
+}
