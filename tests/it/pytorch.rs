@@ -562,13 +562,19 @@ fn each_steps_loss_kept_is_a_heap_leak_at_the_forward_line() {
             })
             .any(|f| f["line"] == site)
     };
-    let heap = r
+    // The nodes are made at several stacks of that line: those of the leak's pace are a leak
+    // (one made at a slower pace may be judged steady).
+    let heap: Vec<&Value> = r
         .stacks()
         .iter()
         .filter(|s| s["kind"] == "heap")
-        .find(at_site);
-    let heap = heap.unwrap_or_else(|| panic!("no heap stack at line {site}: {out}"));
-    assert_eq!(heap["verdict"]["verdict"], "leak", "{heap}");
+        .filter(at_site)
+        .collect();
+    assert!(!heap.is_empty(), "no heap stack at line {site}: {out}");
+    assert!(
+        heap.iter().any(|s| s["verdict"]["verdict"] == "leak"),
+        "{out}"
+    );
     // Not losses: calls inside an outer call, frees of blocks made while untraced, and the
     // allocator's own frees as threads exit.
     let not_losses = ["nested_calls", "untraced_frees", "thread_exit_frees"];
