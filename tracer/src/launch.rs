@@ -95,7 +95,7 @@ fn runs_in_the_end(argv: &[String], depth: u8) -> Option<PathBuf> {
         }
         return None;
     }
-    match interpreter_line(&program) {
+    match script_runs(&program) {
         Some(Script::Shim(target)) => {
             runs_in_the_end(&[target.to_string_lossy().into_owned()], depth + 1)
         }
@@ -112,7 +112,7 @@ enum Script {
 }
 
 /// What the script `program` runs (see [`Script`]), None for a binary.
-fn interpreter_line(program: &Path) -> Option<Script> {
+fn script_runs(program: &Path) -> Option<Script> {
     use std::io::Read;
     let mut head = [0u8; 1024];
     let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
