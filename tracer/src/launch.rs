@@ -32,11 +32,16 @@ pub fn resolve(cmd: &str) -> Result<PathBuf, Error> {
             Err(Error::CommandNotFound(cmd.into()))
         };
     }
+    on_path(cmd.as_ref(), None).ok_or_else(|| Error::CommandNotFound(cmd.into()))
+}
+
+/// The first executable file `name` in a directory of $PATH (but `skip`).
+fn on_path(name: &std::ffi::OsStr, skip: Option<&Path>) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path)
-        .map(|d| d.join(cmd))
+        .filter(|d| Some(d.as_path()) != skip)
+        .map(|d| d.join(name))
         .find(|p| executable(p))
-        .ok_or_else(|| Error::CommandNotFound(cmd.into()))
 }
 
 /// Whether `p` is a file this process may execute.

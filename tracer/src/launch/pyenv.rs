@@ -5,7 +5,7 @@
 //! whole: about a second of the start of every traced job).
 
 use std::{
-    ffi::{OsStr, OsString},
+    ffi::OsString,
     path::{Path, PathBuf},
 };
 
@@ -39,7 +39,7 @@ fn shim_target_from(
     let versions = selected_versions(&root, env_version, start);
     versions.iter().find_map(|v| {
         let found = if v == "system" {
-            system_program(shim, name)
+            super::on_path(name, shim.parent())
         } else {
             let dir = version_dir(&root, v)?;
             Some(dir.join("bin").join(name))
@@ -90,16 +90,6 @@ fn version_dir(root: &Path, v: &str) -> Option<PathBuf> {
         .filter_map(|name| Some((numbers(&name)?, name)))
         .max()
         .map(|(_, name)| versions.join(name))
-}
-
-/// The program `name` on PATH outside the shim's own directory (pyenv's `system` version).
-fn system_program(shim: &Path, name: &OsStr) -> Option<PathBuf> {
-    let shims = shim.parent()?;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .filter(|d| d != shims)
-        .map(|d| d.join(name))
-        .find(|p| super::executable(p))
 }
 
 #[cfg(test)]
